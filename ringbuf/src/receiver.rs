@@ -1,0 +1,388 @@
+//! The receiving end of a ring.
+//!
+//! Nothing read from the ring is trusted: the published tail must move
+//! forward by at most N slots beyond our head, every record header must
+//! carry the magic and known flags, and every record must fit inside what
+//! was published and before the end of the ring. A violation fails this
+//! ring (sticky `Corrupt` error); it never panics or touches memory outside
+//! the ring.
+
+use crate::config::RingConfig;
+use crate::error::{Corruption, RingError};
+use crate::layout::{bump, RingControl};
+use crate::memory::RingMem;
+use crate::record::{self, Header, HEADER_BYTES};
+use crate::sync::{fence, Ordering};
+use crate::transport::{PeerWord, Transport, Visibility};
+
+pub struct Receiver<T: Transport> {
+    mem: RingMem,
+    transport: T,
+    cfg: RingConfig,
+    slots: u64,
+    slot_size: usize,
+    /// First slot of the current record.
+    head: u64,
+    /// The current record's header, once validated, and payload bytes of it
+    /// already consumed.
+    current: Option<Header>,
+    consumed: usize,
+    /// Our copy of the published tail.
+    local_tail: u64,
+    synced_head: u64,
+    eof: bool,
+    failed: Option<RingError>,
+}
+
+/// Where a read cursor stands; `peek` walks a copy of it.
+#[derive(Clone, Copy)]
+struct Cursor {
+    head: u64,
+    current: Option<Header>,
+    consumed: usize,
+}
+
+impl<T: Transport> Receiver<T> {
+    pub fn new(mem: RingMem, transport: T, cfg: RingConfig) -> Result<Self, RingError> {
+        cfg.validate()?;
+        if mem.slots().len() != cfg.ring_bytes() as usize {
+            return Err(RingError::Config("ring memory does not match the geometry"));
+        }
+        Ok(Receiver {
+            mem,
+            transport,
+            slots: cfg.slots as u64,
+            slot_size: cfg.slot_size as usize,
+            cfg,
+            head: 0,
+            current: None,
+            consumed: 0,
+            local_tail: 0,
+            synced_head: 0,
+            eof: false,
+            failed: None,
+        })
+    }
+
+    pub fn config(&self) -> &RingConfig {
+        &self.cfg
+    }
+
+    pub fn transport_mut(&mut self) -> &mut T {
+        &mut self.transport
+    }
+
+    fn ctrl(&self) -> &RingControl {
+        self.mem.ctrl()
+    }
+
+    fn fail(&mut self, e: RingError) -> RingError {
+        if matches!(e, RingError::Corrupt(_) | RingError::Os(_)) {
+            self.failed = Some(e.clone());
+        }
+        e
+    }
+
+    /// Re-reads the published tail and validates it.
+    fn refresh_tail(&mut self) -> Result<(), RingError> {
+        let tail = self.ctrl().local_tail.value.load(Ordering::Acquire);
+        if tail < self.local_tail || tail - self.head > self.slots {
+            return Err(self.fail(RingError::Corrupt(Corruption::Tail {
+                head: self.head,
+                tail,
+            })));
+        }
+        self.local_tail = tail;
+        Ok(())
+    }
+
+    /// The record starting at `head`, validated against the published tail.
+    fn record_at(&mut self, head: u64) -> Result<Header, RingError> {
+        let off = (head % self.slots) as usize * self.slot_size;
+        let raw = self.mem.slots().read_word(off);
+        let Some(h) = Header::decode(raw) else {
+            return Err(self.fail(RingError::Corrupt(Corruption::Header { slot: head, raw })));
+        };
+        let n = record::slots_for(h.len as usize, self.slot_size) as u64;
+        if n > self.local_tail - head || head % self.slots + n > self.slots {
+            return Err(self.fail(RingError::Corrupt(Corruption::Length {
+                slot: head,
+                len: h.len,
+            })));
+        }
+        Ok(h)
+    }
+
+    /// Copies available bytes into `buf`, consuming them when `consume`.
+    /// Returns bytes copied and whether the end-of-stream mark was reached.
+    fn transfer(&mut self, buf: &mut [u8], consume: bool) -> Result<(usize, bool), RingError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        let mut cur = Cursor {
+            head: self.head,
+            current: self.current,
+            consumed: self.consumed,
+        };
+        let mut done = 0;
+        let mut eos = self.eof;
+        let mut refreshed = false;
+        while done < buf.len() && !eos {
+            let h = match cur.current {
+                Some(h) => h,
+                None => {
+                    if cur.head == self.local_tail {
+                        if refreshed {
+                            break;
+                        }
+                        self.refresh_tail()?;
+                        refreshed = true;
+                        continue;
+                    }
+                    let h = self.record_at(cur.head)?;
+                    cur.current = Some(h);
+                    h
+                }
+            };
+            if h.is_eos() {
+                eos = true;
+                if consume {
+                    self.advance(&mut cur, 1);
+                }
+                break;
+            }
+            let off =
+                (cur.head % self.slots) as usize * self.slot_size + HEADER_BYTES + cur.consumed;
+            let n = (h.len as usize - cur.consumed).min(buf.len() - done);
+            self.mem.slots().read(off, &mut buf[done..done + n]);
+            done += n;
+            cur.consumed += n;
+            if cur.consumed == h.len as usize {
+                let slots = record::slots_for(h.len as usize, self.slot_size) as u64;
+                if consume {
+                    self.advance(&mut cur, slots);
+                } else {
+                    cur = Cursor {
+                        head: cur.head + slots,
+                        current: None,
+                        consumed: 0,
+                    };
+                }
+            }
+        }
+        if consume {
+            bump(&self.ctrl().rx_stats.bytes, done as u64);
+            self.head = cur.head;
+            self.current = cur.current;
+            self.consumed = cur.consumed;
+            self.eof = eos;
+            self.maybe_push()?;
+        }
+        Ok((done, eos))
+    }
+
+    /// Moves past the current record of `cur`.
+    fn advance(&mut self, cur: &mut Cursor, slots: u64) {
+        *cur = Cursor {
+            head: cur.head + slots,
+            current: None,
+            consumed: 0,
+        };
+        let s = &self.ctrl().rx_stats;
+        bump(&s.records, 1);
+        bump(&s.slots, slots);
+    }
+
+    /// Reads into `buf`: `Ok(n > 0)` bytes, `Ok(0)` at end of stream (or for
+    /// an empty `buf`), `Err(WouldBlock)` when nothing is there yet.
+    pub fn read(&mut self, buf: &mut [u8]) -> Result<usize, RingError> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let (n, eos) = self.transfer(buf, true)?;
+        if n == 0 && !eos {
+            bump(&self.ctrl().rx_stats.empty, 1);
+            // Going idle: hand all consumed space back now rather than
+            // making the sender wait for the lazy push.
+            if self.head != self.synced_head {
+                self.push_head()?;
+            }
+            return Err(RingError::WouldBlock);
+        }
+        Ok(n)
+    }
+
+    /// Like `read` but leaves the bytes in the ring (MSG_PEEK).
+    pub fn peek(&mut self, buf: &mut [u8]) -> Result<usize, RingError> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        match self.transfer(buf, false)? {
+            (0, false) => Err(RingError::WouldBlock),
+            (n, _) => Ok(n),
+        }
+    }
+
+    /// Bytes readable right now (FIONREAD).
+    pub fn available(&mut self) -> Result<usize, RingError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        self.refresh_tail()?;
+        let mut total = 0usize;
+        let mut pos = self.head;
+        let mut skip = self.consumed;
+        while pos < self.local_tail {
+            let h = self.record_at(pos)?;
+            if h.is_eos() {
+                break;
+            }
+            total += h.len as usize - skip;
+            skip = 0;
+            pos += record::slots_for(h.len as usize, self.slot_size) as u64;
+        }
+        Ok(total)
+    }
+
+    /// Whether a read would not block (data or end of stream).
+    pub fn readable(&mut self) -> Result<bool, RingError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.eof || self.current.is_some() || self.head != self.local_tail {
+            return Ok(true);
+        }
+        self.refresh_tail()?;
+        Ok(self.head != self.local_tail)
+    }
+
+    /// Whether the end-of-stream mark was consumed.
+    pub fn at_eof(&self) -> bool {
+        self.eof
+    }
+
+    /// Lazy push: hand space back every gamma slots, or at once when the
+    /// sender announced it waits for space.
+    fn maybe_push(&mut self) -> Result<(), RingError> {
+        let pending = self.head - self.synced_head;
+        if pending == 0 {
+            return Ok(());
+        }
+        if pending >= self.cfg.gamma as u64
+            || self.ctrl().tx_waiting.value.load(Ordering::Relaxed) != 0
+        {
+            self.push_head()?;
+        }
+        Ok(())
+    }
+
+    /// Head sync. Pairs with `Sender::prepare_wait` exactly like the tail
+    /// and `rx_waiting` pair (see `Sender::tail_visible`).
+    fn push_head(&mut self) -> Result<(), RingError> {
+        let vis = self
+            .transport
+            .write_word(PeerWord::LocalHead, self.head, false)
+            .map_err(|e| self.fail(e))?;
+        self.synced_head = self.head;
+        let c = self.ctrl();
+        c.head.value.store(self.head, Ordering::Relaxed);
+        c.synced_head
+            .value
+            .store(self.synced_head, Ordering::Relaxed);
+        bump(&c.rx_stats.head_pushes, 1);
+        if vis == Visibility::Now {
+            self.head_visible()?;
+        }
+        Ok(())
+    }
+
+    fn head_visible(&mut self) -> Result<(), RingError> {
+        fence(Ordering::SeqCst);
+        let c = self.ctrl();
+        if c.tx_waiting.value.load(Ordering::Relaxed) != 0
+            && c.tx_waiting.value.swap(0, Ordering::Relaxed) != 0
+        {
+            bump(&c.rx_stats.kicks, 1);
+            self.transport.kick_peer().map_err(|e| self.fail(e))?;
+        }
+        Ok(())
+    }
+
+    /// Reaps transport completions (verbs head pushes).
+    pub fn poll(&mut self) -> Result<(), RingError> {
+        if self
+            .transport
+            .poll_completions()
+            .map_err(|e| self.fail(e))?
+            > 0
+        {
+            self.head_visible()?;
+        }
+        Ok(())
+    }
+
+    /// Before sleeping on an empty ring: announce it (`rx_waiting`), then
+    /// look at the tail once more (see `Sender::tail_visible` for why this
+    /// order cannot lose a wakeup). Returns true when it is safe to block
+    /// on our doorbell; false when data (or the end mark) arrived.
+    pub fn prepare_wait(&mut self) -> Result<bool, RingError> {
+        if self.readable()? {
+            return Ok(false);
+        }
+        if self.head != self.synced_head {
+            self.push_head()?;
+        }
+        let vis = self
+            .transport
+            .write_word(PeerWord::RxWaiting, 1, true)
+            .map_err(|e| self.fail(e))?;
+        if vis == Visibility::AtCompletion {
+            while self
+                .transport
+                .poll_completions()
+                .map_err(|e| self.fail(e))?
+                == 0
+            {
+                std::hint::spin_loop();
+            }
+        }
+        fence(Ordering::SeqCst);
+        self.refresh_tail()?;
+        if self.head != self.local_tail {
+            self.transport
+                .write_word(PeerWord::RxWaiting, 0, false)
+                .map_err(|e| self.fail(e))?;
+            return Ok(false);
+        }
+        bump(&self.ctrl().rx_stats.sleeps, 1);
+        Ok(true)
+    }
+
+    /// After waking (or timing out) from a wait that `prepare_wait` allowed.
+    pub fn finish_wait(&mut self, woken: bool) -> Result<(), RingError> {
+        if woken {
+            bump(&self.ctrl().rx_stats.wakeups, 1);
+        }
+        self.transport
+            .write_word(PeerWord::RxWaiting, 0, false)
+            .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
+    /// Counters and pointers of this ring.
+    pub fn stats(&self) -> crate::layout::RingStats {
+        self.ctrl().stats()
+    }
+
+    /// Records spin iterations spent waiting for data.
+    pub fn note_spins(&self, n: u64) {
+        bump(&self.ctrl().rx_stats.spins, n);
+    }
+
+    /// The reader goes away: writers get EPIPE from now on.
+    pub fn close(&mut self) -> Result<(), RingError> {
+        self.transport
+            .write_word(PeerWord::RxClosed, 1, false)
+            .map(|_| ())
+    }
+}

@@ -1,0 +1,487 @@
+//! The sending end of a ring.
+//!
+//! State (all in slot units, monotonically increasing u64 positions):
+//! - `tail`: end of the committed records;
+//! - the *open record* at `tail`, still growing while small writes coalesce;
+//! - `esc_tail`: slots up to here were transmitted to the peer's copy;
+//! - `synced_tail`: the tail value last written to the peer (tail sync);
+//! - `local_head`: our copy of the receiver's head, refreshed from the
+//!   control block only when we run out of space.
+//!
+//! Invariants: `local_head <= synced_tail <= esc_tail <= tail` after every
+//! call returns, except that batching may leave `esc_tail`/`synced_tail`
+//! behind `tail`; `flush()` makes them equal. `tail - local_head <= slots`.
+
+use crate::config::RingConfig;
+use crate::error::{Corruption, RingError};
+use crate::layout::{bump, RingControl};
+use crate::memory::RingMem;
+use crate::record::{self, Header, FLAG_EOS, HEADER_BYTES};
+use crate::sync::{fence, Ordering};
+use crate::transport::{PeerWord, Transport, Visibility};
+
+pub struct Sender<T: Transport> {
+    mem: RingMem,
+    transport: T,
+    cfg: RingConfig,
+    slots: u64,
+    slot_size: usize,
+    tail: u64,
+    open: Option<usize>,
+    esc_tail: u64,
+    synced_tail: u64,
+    local_head: u64,
+    tail_in_flight: bool,
+    closed: bool,
+    failed: Option<RingError>,
+}
+
+impl<T: Transport> Sender<T> {
+    /// The sending end over `mem` (this end's copy of the ring) and
+    /// `transport`. The geometry in `cfg` must be the ring's.
+    pub fn new(mem: RingMem, transport: T, cfg: RingConfig) -> Result<Self, RingError> {
+        cfg.validate()?;
+        if mem.slots().len() != cfg.ring_bytes() as usize {
+            return Err(RingError::Config("ring memory does not match the geometry"));
+        }
+        Ok(Sender {
+            mem,
+            transport,
+            slots: cfg.slots as u64,
+            slot_size: cfg.slot_size as usize,
+            cfg,
+            tail: 0,
+            open: None,
+            esc_tail: 0,
+            synced_tail: 0,
+            local_head: 0,
+            tail_in_flight: false,
+            closed: false,
+            failed: None,
+        })
+    }
+
+    pub fn config(&self) -> &RingConfig {
+        &self.cfg
+    }
+
+    pub fn transport_mut(&mut self) -> &mut T {
+        &mut self.transport
+    }
+
+    fn ctrl(&self) -> &RingControl {
+        self.mem.ctrl()
+    }
+
+    fn check(&self) -> Result<(), RingError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.closed {
+            return Err(RingError::Closed);
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, e: RingError) -> RingError {
+        if matches!(e, RingError::Corrupt(_) | RingError::Os(_)) {
+            self.failed = Some(e.clone());
+        }
+        e
+    }
+
+    /// Whether the reader has closed its end.
+    pub fn peer_closed(&self) -> bool {
+        self.ctrl().rx_closed.value.load(Ordering::Acquire) != 0
+    }
+
+    /// Re-reads the head the receiver pushed. The value comes from the peer:
+    /// it may only move forward and never past what we published.
+    fn refresh_head(&mut self) -> Result<(), RingError> {
+        let head = self.ctrl().local_head.value.load(Ordering::Acquire);
+        if head < self.local_head || head > self.synced_tail {
+            return Err(self.fail(RingError::Corrupt(Corruption::Head {
+                head,
+                tail: self.synced_tail,
+            })));
+        }
+        self.local_head = head;
+        Ok(())
+    }
+
+    /// Free slots from `tail` on, by our cached head.
+    fn free_slots(&self) -> u64 {
+        self.slots - (self.tail - self.local_head)
+    }
+
+    /// Slots the open record (or a new one at `tail`) may span: bounded by
+    /// free space, the end of the ring, and the record size cap.
+    fn record_cap(&self) -> u64 {
+        let to_end = self.slots - self.tail % self.slots;
+        self.free_slots()
+            .min(to_end)
+            .min(self.cfg.max_record_slots as u64)
+    }
+
+    /// Appends as much of `buf` as fits; commits and transmits as batching
+    /// says. Returns the bytes taken; `Err(WouldBlock)` when none fit even
+    /// after publishing everything (the ring is full).
+    pub fn write(&mut self, buf: &[u8]) -> Result<usize, RingError> {
+        self.check()?;
+        if self.peer_closed() {
+            return Err(RingError::PeerClosed);
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let mut done = 0;
+        let mut refreshed = false;
+        while done < buf.len() {
+            let n = self.append(&buf[done..])?;
+            if n > 0 {
+                done += n;
+                continue;
+            }
+            // No room in the open record: close it, then look for space.
+            if self.open.is_some() {
+                self.commit()?;
+                continue;
+            }
+            if refreshed {
+                break;
+            }
+            self.refresh_head()?;
+            refreshed = true;
+            if self.record_cap() == 0 {
+                // Publish everything so the receiver can drain, then look
+                // once more: the push may have raced with us.
+                self.flush()?;
+                self.refresh_head()?;
+                if self.record_cap() == 0 {
+                    break;
+                }
+            }
+        }
+        if done == 0 {
+            bump(&self.ctrl().tx_stats.full, 1);
+            return Err(RingError::WouldBlock);
+        }
+        if !self.cfg.coalesce {
+            self.commit()?;
+        }
+        Ok(done)
+    }
+
+    /// Copies into the open record (opening one if needed); returns bytes
+    /// taken, 0 if the record (or the ring) has no room.
+    fn append(&mut self, src: &[u8]) -> Result<usize, RingError> {
+        let cap_slots = self.record_cap();
+        if cap_slots == 0 {
+            return Ok(0);
+        }
+        let cap_bytes = (cap_slots as usize * self.slot_size - HEADER_BYTES).min(u32::MAX as usize);
+        let used = self.open.unwrap_or(0);
+        let n = src.len().min(cap_bytes - used);
+        if n == 0 {
+            return Ok(0);
+        }
+        let start = (self.tail % self.slots) as usize * self.slot_size;
+        self.mem
+            .slots()
+            .write(start + HEADER_BYTES + used, &src[..n]);
+        let len = used + n;
+        self.open = Some(len);
+        if record::slots_for(len, self.slot_size) as u64 >= self.cfg.beta as u64 {
+            self.commit()?;
+        }
+        Ok(n)
+    }
+
+    /// Closes the open record: writes its header and moves `tail` past it.
+    fn commit(&mut self) -> Result<(), RingError> {
+        let Some(len) = self.open.take() else {
+            return Ok(());
+        };
+        self.put_record(Header {
+            flags: 0,
+            len: len as u32,
+        });
+        bump(&self.ctrl().tx_stats.bytes, len as u64);
+        self.transmit(false)
+    }
+
+    fn put_record(&mut self, h: Header) {
+        let start = (self.tail % self.slots) as usize * self.slot_size;
+        self.mem.slots().write_word(start, h.encode());
+        let n = record::slots_for(h.len as usize, self.slot_size) as u64;
+        self.tail += n;
+        let s = &self.ctrl().tx_stats;
+        bump(&s.records, 1);
+        bump(&s.slots, n);
+    }
+
+    /// Sends committed slots to the peer's copy and advances the tail, as
+    /// often as alpha/beta say, or everything when `force`.
+    fn transmit(&mut self, force: bool) -> Result<(), RingError> {
+        if self.cfg.sync_ahead && self.tail - self.esc_tail >= self.cfg.beta as u64 {
+            self.send_slots()?;
+        }
+        let unsynced = self.tail - self.synced_tail;
+        if unsynced == 0 || (!force && unsynced < self.cfg.alpha as u64) {
+            return Ok(());
+        }
+        if self.cfg.elastic && self.tail_in_flight && !force {
+            self.poll()?;
+            if self.tail_in_flight {
+                // Elastic threshold: the previous tail is still on its way;
+                // let this batch grow instead of queueing another write.
+                bump(&self.ctrl().tx_stats.elastic_deferrals, 1);
+                return Ok(());
+            }
+        }
+        self.send_slots()?;
+        self.sync_tail()
+    }
+
+    /// Transmits `[esc_tail, tail)`, split where it wraps.
+    fn send_slots(&mut self) -> Result<(), RingError> {
+        while self.esc_tail < self.tail {
+            let first = self.esc_tail % self.slots;
+            let count = (self.tail - self.esc_tail).min(self.slots - first);
+            self.transport
+                .write_slots(first as u32, count as u32)
+                .map_err(|e| self.fail(e))?;
+            self.esc_tail += count;
+            bump(&self.ctrl().tx_stats.batches, 1);
+        }
+        Ok(())
+    }
+
+    /// Tail sync: the second of the two writes (data, then tail).
+    fn sync_tail(&mut self) -> Result<(), RingError> {
+        let vis = self
+            .transport
+            .write_word(PeerWord::LocalTail, self.tail, self.cfg.elastic)
+            .map_err(|e| self.fail(e))?;
+        self.synced_tail = self.tail;
+        let c = self.ctrl();
+        c.tail.value.store(self.tail, Ordering::Relaxed);
+        c.esc_tail.value.store(self.esc_tail, Ordering::Relaxed);
+        c.synced_tail
+            .value
+            .store(self.synced_tail, Ordering::Relaxed);
+        bump(&c.tx_stats.tail_writes, 1);
+        match vis {
+            Visibility::Now => self.tail_visible(),
+            Visibility::AtCompletion => {
+                self.tail_in_flight = true;
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs once a tail write is visible at the receiver. Pairs with
+    /// `Receiver::prepare_wait`: we stored the tail, then (SeqCst fence)
+    /// load `rx_waiting`; the receiver stored `rx_waiting`, then (SeqCst
+    /// fence) loads the tail. At least one of the two loads sees the other
+    /// side's store, so either the receiver sees the data or we see that it
+    /// sleeps and ring its doorbell: no lost wakeup.
+    fn tail_visible(&mut self) -> Result<(), RingError> {
+        fence(Ordering::SeqCst);
+        let c = self.ctrl();
+        if c.rx_waiting.value.load(Ordering::Relaxed) != 0
+            && c.rx_waiting.value.swap(0, Ordering::Relaxed) != 0
+        {
+            bump(&c.tx_stats.kicks, 1);
+            self.transport.kick_peer().map_err(|e| self.fail(e))?;
+        }
+        Ok(())
+    }
+
+    /// Reaps transport completions (verbs); a completed tail write clears
+    /// the elastic threshold and triggers the doorbell check.
+    pub fn poll(&mut self) -> Result<(), RingError> {
+        let done = self
+            .transport
+            .poll_completions()
+            .map_err(|e| self.fail(e))?;
+        if done > 0 && self.tail_in_flight {
+            self.tail_in_flight = false;
+            self.tail_visible()?;
+        }
+        Ok(())
+    }
+
+    /// Makes every byte written so far visible to the receiver. Cheap when
+    /// there is nothing pending.
+    pub fn flush(&mut self) -> Result<(), RingError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        if self.open.is_none() && self.synced_tail == self.tail {
+            return Ok(());
+        }
+        self.commit()?;
+        bump(&self.ctrl().tx_stats.flushes, 1);
+        self.transmit(true)
+    }
+
+    /// Whether bytes sit in a batch that is not visible to the receiver yet.
+    pub fn has_unflushed(&self) -> bool {
+        self.open.is_some() || self.synced_tail != self.tail
+    }
+
+    /// Whether a write would take at least one byte now.
+    pub fn writable(&mut self) -> Result<bool, RingError> {
+        self.check()?;
+        if self.peer_closed() || self.has_room() {
+            // A closed peer makes the write report EPIPE, like the kernel.
+            return Ok(true);
+        }
+        self.refresh_head()?;
+        Ok(self.has_room())
+    }
+
+    /// Room for one more byte: in the open record, or for a new record.
+    fn has_room(&self) -> bool {
+        match self.open {
+            Some(len) => {
+                let cap = self.record_cap() as usize * self.slot_size;
+                cap > HEADER_BYTES + len
+                    || self.free_slots() > record::slots_for(len, self.slot_size) as u64
+            }
+            None => self.record_cap() > 0,
+        }
+    }
+
+    /// Slots in use (published or not), for status.
+    pub fn occupancy(&self) -> u64 {
+        self.tail - self.local_head
+    }
+
+    /// Before sleeping on a full ring: publish everything, announce that we
+    /// wait (`tx_waiting`), then look at the head once more. Returns true
+    /// when it is safe to block on our doorbell (the receiver will ring it
+    /// after its next head push); false when space appeared meanwhile.
+    pub fn prepare_wait(&mut self) -> Result<bool, RingError> {
+        self.flush()?;
+        if self.writable()? {
+            return Ok(false);
+        }
+        let vis = self
+            .transport
+            .write_word(PeerWord::TxWaiting, 1, true)
+            .map_err(|e| self.fail(e))?;
+        if vis == Visibility::AtCompletion {
+            self.await_completion()?;
+        }
+        fence(Ordering::SeqCst);
+        self.refresh_head()?;
+        if self.record_cap() > 0 {
+            self.transport
+                .write_word(PeerWord::TxWaiting, 0, false)
+                .map_err(|e| self.fail(e))?;
+            return Ok(false);
+        }
+        bump(&self.ctrl().tx_stats.sleeps, 1);
+        Ok(true)
+    }
+
+    /// After waking (or timing out) from a wait that `prepare_wait` allowed.
+    pub fn finish_wait(&mut self, woken: bool) -> Result<(), RingError> {
+        if woken {
+            bump(&self.ctrl().tx_stats.wakeups, 1);
+        }
+        self.transport
+            .write_word(PeerWord::TxWaiting, 0, false)
+            .map_err(|e| self.fail(e))?;
+        Ok(())
+    }
+
+    fn await_completion(&mut self) -> Result<(), RingError> {
+        loop {
+            if self
+                .transport
+                .poll_completions()
+                .map_err(|e| self.fail(e))?
+                > 0
+            {
+                return Ok(());
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Records written so far (for tests and status).
+    pub fn records_written(&self) -> u64 {
+        self.ctrl().tx_stats.records.load(Ordering::Relaxed)
+    }
+
+    /// Counters and pointers of this ring.
+    pub fn stats(&self) -> crate::layout::RingStats {
+        self.ctrl().stats()
+    }
+
+    /// Records spin iterations spent waiting for space.
+    pub fn note_spins(&self, n: u64) {
+        bump(&self.ctrl().tx_stats.spins, n);
+    }
+
+    /// Ends the stream: flushes, then puts an end-of-stream mark in the
+    /// ring. `Err(WouldBlock)` if the ring has no slot for the mark yet
+    /// (call again when writable); afterwards every write fails.
+    pub fn close(&mut self) -> Result<(), RingError> {
+        if self.closed {
+            return Ok(());
+        }
+        self.check()?;
+        self.commit()?;
+        if self.record_cap() == 0 {
+            self.flush()?;
+            self.refresh_head()?;
+            if self.record_cap() == 0 {
+                return Err(RingError::WouldBlock);
+            }
+        }
+        self.put_record(Header {
+            flags: FLAG_EOS,
+            len: 0,
+        });
+        self.closed = true;
+        self.transmit(true)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+
+    /// Everything written but not yet consumed by the receiver, in order,
+    /// and resets the ring to empty. For a handshake the server turned down:
+    /// the caller resends these bytes over TCP. Only valid while no receiver
+    /// is attached.
+    pub fn take_unconsumed(&mut self) -> Result<Vec<u8>, RingError> {
+        self.commit()?;
+        self.refresh_head()?;
+        let mut out = Vec::new();
+        let mut pos = self.local_head;
+        while pos < self.tail {
+            let off = (pos % self.slots) as usize * self.slot_size;
+            let raw = self.mem.slots().read_word(off);
+            let Some(h) = Header::decode(raw) else {
+                return Err(self.fail(RingError::Corrupt(Corruption::Header { slot: pos, raw })));
+            };
+            let n = record::slots_for(h.len as usize, self.slot_size) as u64;
+            if n > self.tail - pos || (pos % self.slots) + n > self.slots {
+                return Err(self.fail(RingError::Corrupt(Corruption::Length {
+                    slot: pos,
+                    len: h.len,
+                })));
+            }
+            let start = out.len();
+            out.resize(start + h.len as usize, 0);
+            self.mem.slots().read(off + HEADER_BYTES, &mut out[start..]);
+            pos += n;
+        }
+        Ok(out)
+    }
+}

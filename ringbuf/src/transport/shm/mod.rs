@@ -1,0 +1,81 @@
+//! The shared-memory transport: both ends use one ring in memory mapped by
+//! both processes (or shared by two threads), so slot transmission is free
+//! and a control-word write is a release store.
+
+mod segment;
+
+pub use segment::{Segment, SegmentHeader, SEGMENT_MAGIC, SEGMENT_VERSION};
+
+use super::{PeerWord, Transport, Visibility};
+use crate::error::RingError;
+use crate::memory::RingMem;
+use crate::notify::Notify;
+use crate::sync::Ordering;
+
+/// One end's view of a shared ring.
+pub struct ShmTransport {
+    mem: RingMem,
+    peer: Option<Box<dyn Notify>>,
+    signaled: u32,
+}
+
+impl ShmTransport {
+    /// `peer` is the doorbell of the other end; `None` for an end that never
+    /// needs to wake anyone (benchmarks that only spin).
+    pub fn new(mem: RingMem, peer: Option<Box<dyn Notify>>) -> Self {
+        ShmTransport {
+            mem,
+            peer,
+            signaled: 0,
+        }
+    }
+
+    pub fn set_peer(&mut self, peer: Box<dyn Notify>) {
+        self.peer = Some(peer);
+    }
+}
+
+impl Transport for ShmTransport {
+    #[inline]
+    fn write_slots(&mut self, _first: u32, _count: u32) -> Result<(), RingError> {
+        // The sender built the slots in place in the shared ring; the
+        // release store of the tail that follows publishes them.
+        Ok(())
+    }
+
+    #[inline]
+    fn write_word(
+        &mut self,
+        word: PeerWord,
+        value: u64,
+        signaled: bool,
+    ) -> Result<Visibility, RingError> {
+        let c = self.mem.ctrl();
+        let line = match word {
+            PeerWord::LocalTail => &c.local_tail,
+            PeerWord::LocalHead => &c.local_head,
+            PeerWord::RxWaiting => &c.rx_waiting,
+            PeerWord::TxWaiting => &c.tx_waiting,
+            PeerWord::RxClosed => &c.rx_closed,
+        };
+        // Release: slot bytes written before this store are visible to
+        // whoever acquires the word.
+        line.value.store(value, Ordering::Release);
+        if signaled {
+            self.signaled += 1;
+        }
+        Ok(Visibility::Now)
+    }
+
+    #[inline]
+    fn poll_completions(&mut self) -> Result<u32, RingError> {
+        Ok(std::mem::take(&mut self.signaled))
+    }
+
+    fn kick_peer(&mut self) -> Result<(), RingError> {
+        match &self.peer {
+            Some(bell) => bell.notify(),
+            None => Ok(()),
+        }
+    }
+}

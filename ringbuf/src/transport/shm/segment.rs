@@ -1,0 +1,280 @@
+//! Shared-memory segments: a sealed memfd holding a header page and one or
+//! more rings, created by one process and attached by another from the fd
+//! (passed over a unix socket).
+//!
+//! Layout: `[header page][ring 0: control page, slots][ring 1: ...]...`,
+//! every part page-aligned. The memfd is sealed against shrinking and
+//! growing before anyone else sees it: a peer that could truncate it would
+//! turn our next access into SIGBUS.
+
+#![cfg(not(loom))]
+
+use crate::config::RingConfig;
+use crate::error::{Corruption, RingError};
+use crate::layout::CONTROL_BYTES;
+use crate::memory::RingMem;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"RINGSOCK");
+pub const SEGMENT_VERSION: u32 = 1;
+const PAGE: usize = 4096;
+const HUGE_PAGE: usize = 2 << 20;
+const MAX_RINGS: u32 = 8;
+
+/// The first bytes of a segment. `user` words belong to the layer above
+/// (the shim keeps its handshake state there).
+#[repr(C)]
+pub struct SegmentHeader {
+    pub magic: u64,
+    pub version: u32,
+    pub rings: u32,
+    pub slots: u32,
+    pub slot_size: u32,
+    pub huge: u32,
+    _pad: u32,
+    pub user: [AtomicU64; 8],
+}
+const _: () = assert!(std::mem::size_of::<SegmentHeader>() <= PAGE);
+
+/// A mapped segment.
+pub struct Segment {
+    map: Arc<Mapping>,
+    fd: OwnedFd,
+    rings: u32,
+    slots: u32,
+    slot_size: u32,
+}
+
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all access goes through
+// RingMem's atomics and bounds-checked copies.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: we mapped exactly this range and nobody uses it any more
+        // (every RingMem holds an Arc to us).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+fn ring_stride(slots: u32, slot_size: u32) -> usize {
+    CONTROL_BYTES + (slots as usize * slot_size as usize).next_multiple_of(PAGE)
+}
+
+fn segment_len(rings: u32, slots: u32, slot_size: u32) -> usize {
+    PAGE + rings as usize * ring_stride(slots, slot_size)
+}
+
+fn sys(ret: libc::c_long) -> Result<libc::c_long, RingError> {
+    if ret < 0 {
+        Err(RingError::last_os())
+    } else {
+        Ok(ret)
+    }
+}
+
+impl Segment {
+    /// A new segment with `rings` rings of `cfg`'s geometry, on huge pages
+    /// when the system has them free, on 4 KiB pages otherwise.
+    pub fn create(cfg: &RingConfig, rings: u32) -> Result<Segment, RingError> {
+        cfg.validate()?;
+        if rings == 0 || rings > MAX_RINGS {
+            return Err(RingError::Config("a segment holds 1..=8 rings"));
+        }
+        let len = segment_len(rings, cfg.slots, cfg.slot_size);
+        let (fd, map, huge) = match Self::make(len.next_multiple_of(HUGE_PAGE), true) {
+            Ok((fd, map)) => (fd, map, true),
+            Err(_) => {
+                let (fd, map) = Self::make(len, false)?;
+                (fd, map, false)
+            }
+        };
+        let seg = Segment {
+            map: Arc::new(map),
+            fd,
+            rings,
+            slots: cfg.slots,
+            slot_size: cfg.slot_size,
+        };
+        // SAFETY: the mapping is at least a page long, page-aligned, zeroed,
+        // and nobody else has the fd yet.
+        let h = unsafe { &mut *seg.map.ptr.cast::<SegmentHeader>() };
+        h.version = SEGMENT_VERSION;
+        h.rings = rings;
+        h.slots = cfg.slots;
+        h.slot_size = cfg.slot_size;
+        h.huge = huge as u32;
+        h.magic = SEGMENT_MAGIC;
+        Ok(seg)
+    }
+
+    fn make(len: usize, huge: bool) -> Result<(OwnedFd, Mapping), RingError> {
+        let flags =
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | if huge { libc::MFD_HUGETLB } else { 0 };
+        // SAFETY: name is a NUL-terminated literal.
+        let raw =
+            sys(unsafe { libc::syscall(libc::SYS_memfd_create, c"ringsock".as_ptr(), flags) })?;
+        // SAFETY: fresh fd from the kernel, owned from here on.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+        // SAFETY: ftruncate/fcntl on our own fd.
+        sys(unsafe { libc::syscall(libc::SYS_ftruncate, fd.as_raw_fd(), len as libc::off_t) })?;
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: as above.
+        sys(unsafe { libc::syscall(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
+        let map = Self::map(&fd, len)?;
+        if huge {
+            // Touch the first page: a hugetlb mapping without reserved pages
+            // can still fail at fault time on some kernels; fail here instead.
+            // SAFETY: in-bounds write to our fresh mapping.
+            unsafe { std::ptr::write_volatile(map.ptr, 0) };
+        }
+        Ok((fd, map))
+    }
+
+    fn map(fd: &OwnedFd, len: usize) -> Result<Mapping, RingError> {
+        // SAFETY: maps a file we hold; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(RingError::last_os());
+        }
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    /// Maps a segment another process created. Nothing in it is trusted:
+    /// the fd must be sealed against shrinking, and the header must describe
+    /// a valid geometry that fits in the file.
+    pub fn attach(fd: OwnedFd) -> Result<Segment, RingError> {
+        let bad = |what| Err(RingError::Corrupt(Corruption::Segment(what)));
+        // SAFETY: fcntl on an fd we own.
+        let seals = unsafe { libc::syscall(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals as i32 & libc::F_SEAL_SHRINK == 0 {
+            return bad("not a memfd sealed against shrinking");
+        }
+        // SAFETY: fstat into a zeroed local struct.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid fd and out pointer.
+        sys(unsafe { libc::syscall(libc::SYS_fstat, fd.as_raw_fd(), &mut st as *mut libc::stat) })?;
+        let file_len = st.st_size as usize;
+        if file_len < PAGE {
+            return bad("shorter than its header");
+        }
+        let head_map = Self::map(&fd, PAGE)?;
+        // SAFETY: a page-long mapping; plain integer fields, read by value.
+        let h = unsafe { &*head_map.ptr.cast::<SegmentHeader>() };
+        let (magic, version, rings, slots, slot_size) =
+            (h.magic, h.version, h.rings, h.slots, h.slot_size);
+        drop(head_map);
+        if magic != SEGMENT_MAGIC || version != SEGMENT_VERSION {
+            return bad("wrong magic or version");
+        }
+        if rings == 0 || rings > MAX_RINGS {
+            return bad("ring count out of range");
+        }
+        let cfg = RingConfig {
+            slots,
+            slot_size,
+            ..RingConfig::default()
+        };
+        let geometry_ok = RingConfig {
+            alpha: 1,
+            beta: 1,
+            gamma: 1,
+            max_record_slots: 1,
+            ..cfg
+        }
+        .validate();
+        if geometry_ok.is_err() {
+            return bad("ring geometry out of range");
+        }
+        let len = segment_len(rings, slots, slot_size);
+        if len > file_len {
+            return bad("geometry larger than the file");
+        }
+        let map = Self::map(&fd, len)?;
+        Ok(Segment {
+            map: Arc::new(map),
+            fd,
+            rings,
+            slots,
+            slot_size,
+        })
+    }
+
+    /// Ring `i` of the segment.
+    pub fn ring(&self, i: u32) -> RingMem {
+        assert!(i < self.rings, "ring index out of range");
+        let off = PAGE + i as usize * ring_stride(self.slots, self.slot_size);
+        // SAFETY: off + CONTROL_BYTES + slots*slot_size <= len by
+        // construction (segment_len); the mapping stays alive through the
+        // Arc in the owner box.
+        unsafe {
+            let ctrl = self.map.ptr.add(off);
+            RingMem::from_raw(
+                ctrl,
+                ctrl.add(CONTROL_BYTES),
+                self.slots as usize * self.slot_size as usize,
+                Box::new(self.map.clone()),
+            )
+        }
+    }
+
+    pub fn header(&self) -> &SegmentHeader {
+        // SAFETY: page 0 of a live mapping; fields are read-only after
+        // create except the atomic user words.
+        unsafe { &*self.map.ptr.cast::<SegmentHeader>() }
+    }
+
+    pub fn rings(&self) -> u32 {
+        self.rings
+    }
+
+    /// Geometry: (slots, slot_size).
+    pub fn geometry(&self) -> (u32, u32) {
+        (self.slots, self.slot_size)
+    }
+
+    /// Whether the segment sits on huge pages.
+    pub fn huge_pages(&self) -> bool {
+        self.header().huge != 0
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.len == 0
+    }
+
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// A new fd for the same segment, to pass to another process.
+    pub fn share_fd(&self) -> Result<OwnedFd, RingError> {
+        self.fd
+            .try_clone()
+            .map_err(|e| RingError::Os(e.raw_os_error().unwrap_or(libc::EIO)))
+    }
+}
