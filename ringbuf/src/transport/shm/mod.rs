@@ -4,6 +4,7 @@
 
 mod segment;
 
+#[cfg(not(loom))]
 pub use segment::{Segment, SegmentHeader, SEGMENT_MAGIC, SEGMENT_VERSION};
 
 use super::{PeerWord, Transport, Visibility};
