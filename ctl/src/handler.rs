@@ -1,0 +1,410 @@
+//! One request in, one reply out: decodes a frame, checks that the session
+//! may send it, verifies descriptor proofs through an [`Env`], drives the
+//! registry, and builds the reply. Still no I/O of its own, so the fuzzer
+//! can drive it with fake descriptors.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use log::debug;
+use ringsock_proto::addr::canonical;
+use ringsock_proto::client::truncate_utf8;
+use ringsock_proto::{
+    frame, ErrorCode, Msg, ProtoError, RefuseReason, RingStat, StatusCursor, StatusEntry,
+    MAX_ERROR_TEXT, MAX_RING_STATS, MAX_STATUS_PAGE, MAX_STAT_NAME,
+};
+
+use crate::registry::{
+    offer_key, Cred, Limits, ListenerKey, Outcome, RegError, Registry, Report, SessionId,
+};
+
+#[cfg(test)]
+#[path = "handler_tests.rs"]
+mod tests;
+
+/// What a listening-socket proof established.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerProof {
+    pub addr: SocketAddr,
+    pub dual_stack: bool,
+}
+
+/// What a client-socket proof established: its bound address and, when it
+/// is already connected, its peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientProof {
+    pub local: SocketAddr,
+    pub peer: Option<SocketAddr>,
+}
+
+/// The daemon's view of descriptors: real sockets in production
+/// ([`crate::proof::SysEnv`]), fakes in tests and fuzzing. Each check
+/// answers `Err(why)` when the descriptor does not prove anything.
+pub trait Env {
+    type Fd;
+    type Ring;
+    /// A listening TCP socket: its bound address.
+    fn listener(&mut self, fd: &Self::Fd) -> Result<ListenerProof, String>;
+    /// A TCP socket that is not listening: its local (and peer) address.
+    fn client(&mut self, fd: &Self::Fd) -> Result<ClientProof, String>;
+    /// A connected TCP socket: (local, peer).
+    fn accepted(&mut self, fd: &Self::Fd) -> Result<(SocketAddr, SocketAddr), String>;
+    /// Takes a ring memfd for status reporting.
+    fn open_ring(&mut self, fd: Self::Fd) -> Self::Ring;
+    /// Counters of a ring for status.
+    fn ring_stats(&self, ring: &Self::Ring) -> Vec<RingStat>;
+}
+
+/// A reply and the descriptors that travel with it.
+#[derive(Debug)]
+pub struct Reply<F> {
+    pub msg: Msg,
+    pub fds: Vec<F>,
+}
+
+impl<F> Reply<F> {
+    fn plain(msg: Msg) -> Self {
+        Reply {
+            msg,
+            fds: Vec::new(),
+        }
+    }
+}
+
+/// A protocol violation: the session must be closed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// The frame did not decode (or carried the wrong number of fds).
+    Proto(ProtoError),
+    /// A reply kind sent to the daemon.
+    NotARequest(&'static str),
+    /// A request before Hello.
+    NoHello(&'static str),
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::Proto(e) => write!(f, "malformed message: {e}"),
+            Fault::NotARequest(k) => write!(f, "sent reply kind {k} to the daemon"),
+            Fault::NoHello(k) => write!(f, "sent {k} before Hello"),
+        }
+    }
+}
+
+pub struct Handler<E: Env> {
+    env: E,
+    reg: Registry<E::Fd, E::Ring>,
+    daemon_version: String,
+    host_id: u64,
+}
+
+fn error<F>(code: ErrorCode, text: impl fmt::Display) -> Reply<F> {
+    let text = text.to_string();
+    Reply::plain(Msg::Error {
+        code,
+        text: truncate_utf8(&text, MAX_ERROR_TEXT).to_owned(),
+    })
+}
+
+fn reg_error<F>(e: RegError, what: fmt::Arguments<'_>) -> Reply<F> {
+    let code = match e {
+        RegError::NotFound => ErrorCode::NotFound,
+        RegError::NotOwner => ErrorCode::NotOwner,
+        RegError::BadState => ErrorCode::BadState,
+        RegError::Limit => ErrorCode::Limit,
+    };
+    error(code, format_args!("{what}: {e}"))
+}
+
+fn ok_or<F>(r: Result<(), RegError>, what: fmt::Arguments<'_>) -> Reply<F> {
+    match r {
+        Ok(()) => Reply::plain(Msg::Ok),
+        Err(e) => reg_error(e, what),
+    }
+}
+
+impl<E: Env> Handler<E> {
+    pub fn new(env: E, limits: Limits, host_id: u64) -> Self {
+        Handler {
+            env,
+            reg: Registry::new(limits),
+            daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
+            host_id,
+        }
+    }
+
+    pub fn registry(&self) -> &Registry<E::Fd, E::Ring> {
+        &self.reg
+    }
+
+    pub fn open_session(&mut self, id: SessionId, cred: Cred) {
+        self.reg.open_session(id, cred);
+    }
+
+    pub fn close_session(&mut self, id: SessionId, now: Instant) {
+        self.reg.close_session(id, now);
+    }
+
+    pub fn tick(&mut self, now: Instant) -> usize {
+        self.reg.tick(now)
+    }
+
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.reg.next_deadline()
+    }
+
+    /// Decodes one received frame (with the descriptors that came with it)
+    /// and handles it. On a fault the descriptors are dropped, i.e. closed.
+    pub fn handle_frame(
+        &mut self,
+        id: SessionId,
+        bytes: &[u8],
+        fds: Vec<E::Fd>,
+        now: Instant,
+    ) -> Result<Reply<E::Fd>, Fault> {
+        let msg = frame::decode_with_fds(bytes, fds.len()).map_err(Fault::Proto)?;
+        self.handle(id, msg, fds, now)
+    }
+
+    /// Handles one decoded request. `fds.len()` must already fit the kind.
+    pub fn handle(
+        &mut self,
+        id: SessionId,
+        msg: Msg,
+        fds: Vec<E::Fd>,
+        now: Instant,
+    ) -> Result<Reply<E::Fd>, Fault> {
+        if !msg.is_request() {
+            return Err(Fault::NotARequest(msg.name()));
+        }
+        msg.check_fds(fds.len()).map_err(Fault::Proto)?;
+        if !matches!(msg, Msg::Hello { .. }) && !self.reg.has_said_hello(id) {
+            return Err(Fault::NoHello(msg.name()));
+        }
+        debug!("session {id}: {}", msg.name());
+        let mut fds = fds.into_iter();
+        Ok(match msg {
+            Msg::Hello { pid, exe } => {
+                self.reg.hello(id, pid, exe);
+                Reply::plain(Msg::HelloOk {
+                    daemon_version: self.daemon_version.clone(),
+                    host_id: self.host_id,
+                })
+            }
+            Msg::ListenerAdd { addr } => match fds.next() {
+                Some(proof) => self.listener_add(id, addr, proof),
+                None => error(ErrorCode::BadProof, "no listening socket passed"),
+            },
+            Msg::ListenerRemove { addr } => ok_or(
+                self.reg.remove_listener(id, addr),
+                format_args!("listener {addr}"),
+            ),
+            Msg::Offer {
+                client,
+                server,
+                payload,
+            } => {
+                let proof = fds.next();
+                let relayed: Vec<E::Fd> = fds.collect();
+                Reply::plain(match proof {
+                    Some(p) => self.offer(id, client, server, payload, p, relayed, now),
+                    None => Msg::OfferRefused {
+                        reason: RefuseReason::Invalid,
+                    },
+                })
+            }
+            Msg::Claim => match fds.next() {
+                Some(proof) => self.claim(id, proof, now),
+                None => Reply::plain(Msg::NoOffer),
+            },
+            Msg::Answer { offer_id, payload } => ok_or(
+                self.reg.answer(id, offer_id, payload, fds.collect(), now),
+                format_args!("offer {offer_id}"),
+            ),
+            Msg::Decline { offer_id, reason } => ok_or(
+                self.reg.decline(id, offer_id, reason, now),
+                format_args!("offer {offer_id}"),
+            ),
+            Msg::Collect { offer_id } => match self.reg.collect(id, offer_id) {
+                Ok(Outcome::Pending) => Reply::plain(Msg::Pending),
+                Ok(Outcome::Answered { payload, fds }) => Reply {
+                    msg: Msg::Answered { payload },
+                    fds,
+                },
+                Ok(Outcome::Declined { reason }) => Reply::plain(Msg::Declined { reason }),
+                Ok(Outcome::Expired) => Reply::plain(Msg::Expired),
+                Err(e) => reg_error(e, format_args!("offer {offer_id}")),
+            },
+            Msg::Cancel { offer_id } => ok_or(
+                self.reg.cancel(id, offer_id),
+                format_args!("offer {offer_id}"),
+            ),
+            Msg::ConnReport {
+                fd,
+                local,
+                peer,
+                transport,
+                reason,
+                ring,
+            } => {
+                let ring_obj = fds.next().map(|f| self.env.open_ring(f));
+                let report = Report {
+                    local,
+                    peer,
+                    transport,
+                    reason,
+                    ring,
+                    ring_obj,
+                };
+                ok_or(
+                    self.reg.report(id, fd, report),
+                    format_args!("report of fd {fd}"),
+                )
+            }
+            Msg::ConnClosed { fd, local, peer } => ok_or(
+                self.reg.report_closed(id, fd, local, peer),
+                format_args!("report of fd {fd}"),
+            ),
+            Msg::Status { after } => Reply::plain(self.status(after)),
+            // Replies were refused above; listed to keep the match total.
+            reply => return Err(Fault::NotARequest(reply.name())),
+        })
+    }
+
+    fn listener_add(&mut self, id: SessionId, addr: SocketAddr, proof: E::Fd) -> Reply<E::Fd> {
+        let checked = self.env.listener(&proof);
+        // Holding the listener would keep the socket alive after its owner
+        // closed it: the proof is released before anything else happens.
+        drop(proof);
+        match checked {
+            Ok(p) if canonical(p.addr) == canonical(addr) => ok_or(
+                self.reg.add_listener(
+                    id,
+                    ListenerKey {
+                        addr: p.addr,
+                        dual_stack: p.dual_stack,
+                    },
+                ),
+                format_args!("listener {addr}"),
+            ),
+            Ok(p) => error(
+                ErrorCode::BadProof,
+                format_args!("socket is bound to {}, not {addr}", p.addr),
+            ),
+            Err(why) => error(ErrorCode::BadProof, why),
+        }
+    }
+
+    /// Checks the client-socket proof, then registers the offer.
+    #[allow(clippy::too_many_arguments)]
+    fn offer(
+        &mut self,
+        id: SessionId,
+        client: SocketAddr,
+        server: SocketAddr,
+        payload: Vec<u8>,
+        proof: E::Fd,
+        relayed: Vec<E::Fd>,
+        now: Instant,
+    ) -> Msg {
+        let checked = self.env.client(&proof);
+        // The daemon must not keep the client's socket alive.
+        drop(proof);
+        if let Err(why) = check_offer(client, server, checked) {
+            debug!("session {id}: offer {client} -> {server} refused: {why}");
+            return Msg::OfferRefused {
+                reason: RefuseReason::Invalid,
+            };
+        }
+        match self.reg.offer(id, client, server, payload, relayed, now) {
+            Ok(offer_id) => Msg::OfferOk { offer_id },
+            Err(reason) => Msg::OfferRefused { reason },
+        }
+    }
+
+    fn claim(&mut self, id: SessionId, proof: E::Fd, now: Instant) -> Reply<E::Fd> {
+        let checked = self.env.accepted(&proof);
+        drop(proof);
+        let (local, peer) = match checked {
+            Ok(t) => t,
+            Err(why) => return error(ErrorCode::BadProof, why),
+        };
+        match self.reg.claim(id, local, peer, now) {
+            Some(c) => Reply {
+                msg: Msg::ClaimOk {
+                    offer_id: c.offer_id,
+                    client_pid: c.client_pid,
+                    payload: c.payload,
+                },
+                fds: c.fds,
+            },
+            None => Reply::plain(Msg::NoOffer),
+        }
+    }
+
+    fn status(&self, after: Option<StatusCursor>) -> Msg {
+        let (rows, next) = self.reg.status_page(after, MAX_STATUS_PAGE);
+        let entries = rows
+            .into_iter()
+            .map(|r| StatusEntry {
+                session: r.session,
+                pid: r.pid,
+                uid: r.uid,
+                exe: r.exe.to_owned(),
+                fd: r.fd,
+                local: r.report.local,
+                peer: r.report.peer,
+                transport: r.report.transport,
+                reason: r.report.reason.clone(),
+                ring: r.report.ring,
+                ring_stats: r
+                    .report
+                    .ring_obj
+                    .as_ref()
+                    .map(|ring| bounded_stats(self.env.ring_stats(ring)))
+                    .unwrap_or_default(),
+            })
+            .collect();
+        Msg::StatusReply { entries, next }
+    }
+}
+
+/// Same-host security rule: an offer is only for the address of a socket
+/// the offering process holds (the proof), towards a concrete server.
+fn check_offer(
+    client: SocketAddr,
+    server: SocketAddr,
+    proof: Result<ClientProof, String>,
+) -> Result<(), String> {
+    let proof = proof?;
+    if client.port() == 0 || server.port() == 0 {
+        return Err("port 0".into());
+    }
+    if server.ip().is_unspecified() {
+        return Err("unspecified server address".into());
+    }
+    let (c, s) = offer_key(client, server);
+    if c.is_ipv4() != s.is_ipv4() {
+        return Err("client and server address families differ".into());
+    }
+    if canonical(proof.local) != canonical(client) {
+        return Err(format!("socket is bound to {}, not {client}", proof.local));
+    }
+    match proof.peer {
+        Some(peer) if canonical(peer) != s => Err(format!("socket is connected to {peer}")),
+        _ => Ok(()),
+    }
+}
+
+/// Stats from a provider, cut to what a status entry can carry: a
+/// misbehaving provider must not make the reply unencodable.
+fn bounded_stats(mut stats: Vec<RingStat>) -> Vec<RingStat> {
+    stats.truncate(MAX_RING_STATS);
+    for s in &mut stats {
+        let keep = truncate_utf8(&s.name, MAX_STAT_NAME).len();
+        s.name.truncate(keep);
+    }
+    stats
+}

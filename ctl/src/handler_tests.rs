@@ -1,0 +1,394 @@
+//! Handler tests with fake descriptors: session rules, proof checks, and a
+//! whole handshake through encoded frames.
+
+use std::time::Instant;
+
+use proptest::prelude::*;
+use ringsock_proto::{frame, ErrorCode, Msg, ProtoError, RefuseReason, Transport};
+
+use super::*;
+use crate::fuzzing::{addr, run_script, FakeEnv, FakeSock};
+
+const C: SessionId = 1; // client
+const S: SessionId = 2; // server
+
+struct T {
+    env: FakeEnv,
+    h: Handler<FakeEnv>,
+    now: Instant,
+}
+
+fn a(s: &str) -> SocketAddr {
+    s.parse().unwrap()
+}
+
+impl T {
+    fn new() -> Self {
+        let env = FakeEnv::default();
+        let mut h = Handler::new(env.clone(), Limits::default(), 42);
+        for (id, pid) in [(C, 10), (S, 20)] {
+            h.open_session(
+                id,
+                Cred {
+                    pid,
+                    uid: 0,
+                    gid: 0,
+                },
+            );
+        }
+        let mut t = T {
+            env,
+            h,
+            now: Instant::now(),
+        };
+        for id in [C, S] {
+            let r = t.req(
+                id,
+                Msg::Hello {
+                    pid: 1,
+                    exe: "x".into(),
+                },
+                vec![],
+            );
+            assert!(matches!(r.msg, Msg::HelloOk { host_id: 42, .. }));
+        }
+        t
+    }
+
+    fn req(&mut self, id: SessionId, m: Msg, fds: Vec<FakeSock>) -> Reply<crate::fuzzing::FakeFd> {
+        let fds = fds.into_iter().map(|s| self.env.fd(s)).collect();
+        let bytes = frame::encode(&m).unwrap();
+        let r = self.h.handle_frame(id, &bytes, fds, self.now).unwrap();
+        self.h.registry().check_invariants();
+        r
+    }
+
+    fn listen(&mut self, s: &str) {
+        let r = self.req(
+            S,
+            Msg::ListenerAdd { addr: a(s) },
+            vec![FakeSock::Listener {
+                addr: a(s),
+                dual_stack: false,
+            }],
+        );
+        assert_eq!(r.msg, Msg::Ok);
+    }
+
+    fn offer(&mut self, client: &str, server: &str, proof: FakeSock) -> Msg {
+        self.req(
+            C,
+            Msg::Offer {
+                client: a(client),
+                server: a(server),
+                payload: b"p".to_vec(),
+            },
+            vec![proof, FakeSock::Memfd { size: 4096 }],
+        )
+        .msg
+    }
+}
+
+fn client_sock(s: &str) -> FakeSock {
+    FakeSock::Client {
+        local: a(s),
+        peer: None,
+    }
+}
+
+#[test]
+fn hello_comes_first() {
+    let env = FakeEnv::default();
+    let mut h = Handler::new(env, Limits::default(), 1);
+    h.open_session(
+        5,
+        Cred {
+            pid: 1,
+            uid: 0,
+            gid: 0,
+        },
+    );
+    let e = h
+        .handle(5, Msg::Status { after: None }, vec![], Instant::now())
+        .unwrap_err();
+    assert_eq!(e, Fault::NoHello("Status"));
+}
+
+#[test]
+fn replies_and_bad_frames_are_faults() {
+    let mut t = T::new();
+    let now = t.now;
+    assert_eq!(
+        t.h.handle(C, Msg::Ok, vec![], now).unwrap_err(),
+        Fault::NotARequest("Ok")
+    );
+    let mut f = frame::encode(&Msg::Status { after: None }).unwrap();
+    f[4] = 9;
+    assert_eq!(
+        t.h.handle_frame(C, &f, vec![], now).unwrap_err(),
+        Fault::Proto(ProtoError::BadVersion { got: 9 })
+    );
+    // A descriptor on a message that takes none: fault, and it is closed.
+    let fd = t.env.fd(FakeSock::Other);
+    let f = frame::encode(&Msg::Status { after: None }).unwrap();
+    assert!(matches!(
+        t.h.handle_frame(C, &f, vec![fd], now),
+        Err(Fault::Proto(ProtoError::FdCount { .. }))
+    ));
+    assert_eq!(t.env.live(), 0);
+}
+
+#[test]
+fn listener_proof_must_match() {
+    let mut t = T::new();
+    let r = t.req(
+        S,
+        Msg::ListenerAdd {
+            addr: a("127.0.0.1:80"),
+        },
+        vec![FakeSock::Listener {
+            addr: a("127.0.0.1:81"),
+            dual_stack: false,
+        }],
+    );
+    assert!(matches!(
+        r.msg,
+        Msg::Error {
+            code: ErrorCode::BadProof,
+            ..
+        }
+    ));
+    let r = t.req(
+        S,
+        Msg::ListenerAdd {
+            addr: a("127.0.0.1:80"),
+        },
+        vec![client_sock("127.0.0.1:80")],
+    );
+    assert!(matches!(
+        r.msg,
+        Msg::Error {
+            code: ErrorCode::BadProof,
+            ..
+        }
+    ));
+    // The proof is never kept.
+    assert_eq!(t.env.live(), 0);
+    assert_eq!(t.h.registry().listener_count(), 0);
+}
+
+#[test]
+fn offer_proof_must_match_the_client_address() {
+    let mut t = T::new();
+    t.listen("0.0.0.0:80");
+    let refused = Msg::OfferRefused {
+        reason: RefuseReason::Invalid,
+    };
+    // Bound elsewhere.
+    assert_eq!(
+        t.offer(
+            "127.0.0.1:5000",
+            "127.0.0.1:80",
+            client_sock("127.0.0.1:5001")
+        ),
+        refused
+    );
+    // Not a client socket.
+    assert_eq!(
+        t.offer("127.0.0.1:5000", "127.0.0.1:80", FakeSock::Other),
+        refused
+    );
+    // Connected to another server.
+    let connected = FakeSock::Client {
+        local: a("127.0.0.1:5000"),
+        peer: Some(a("127.0.0.1:81")),
+    };
+    assert_eq!(
+        t.offer("127.0.0.1:5000", "127.0.0.1:80", connected),
+        refused
+    );
+    // Unspecified server, port 0.
+    assert_eq!(
+        t.offer(
+            "127.0.0.1:5000",
+            "0.0.0.0:80",
+            client_sock("127.0.0.1:5000")
+        ),
+        refused
+    );
+    assert_eq!(
+        t.offer("127.0.0.1:0", "127.0.0.1:80", client_sock("127.0.0.1:0")),
+        refused
+    );
+    assert_eq!(t.env.live(), 0);
+    assert!(matches!(
+        t.offer(
+            "127.0.0.1:5000",
+            "127.0.0.1:80",
+            client_sock("127.0.0.1:5000")
+        ),
+        Msg::OfferOk { .. }
+    ));
+    // The proof was closed, the relayed memfd is held.
+    assert_eq!(t.env.live(), 1);
+}
+
+#[test]
+fn handshake_through_frames() {
+    let mut t = T::new();
+    t.listen("127.0.0.1:80");
+    let Msg::OfferOk { offer_id } = t.offer(
+        "127.0.0.1:5000",
+        "127.0.0.1:80",
+        client_sock("127.0.0.1:5000"),
+    ) else {
+        panic!("offer refused")
+    };
+    // Some other connected socket: no offer.
+    let wrong = FakeSock::Accepted {
+        local: a("127.0.0.1:80"),
+        peer: a("127.0.0.1:5999"),
+    };
+    assert_eq!(t.req(S, Msg::Claim, vec![wrong]).msg, Msg::NoOffer);
+    let right = FakeSock::Accepted {
+        local: a("127.0.0.1:80"),
+        peer: a("127.0.0.1:5000"),
+    };
+    let r = t.req(S, Msg::Claim, vec![right]);
+    assert_eq!(
+        r.msg,
+        Msg::ClaimOk {
+            offer_id,
+            client_pid: 10,
+            payload: b"p".to_vec()
+        }
+    );
+    assert_eq!(r.fds.len(), 1);
+    assert_eq!(r.fds[0].sock, FakeSock::Memfd { size: 4096 });
+    drop(r);
+    assert_eq!(
+        t.req(C, Msg::Collect { offer_id }, vec![]).msg,
+        Msg::Pending
+    );
+    // The client may not answer its own offer.
+    let r = t.req(
+        C,
+        Msg::Answer {
+            offer_id,
+            payload: vec![],
+        },
+        vec![],
+    );
+    assert!(matches!(
+        r.msg,
+        Msg::Error {
+            code: ErrorCode::NotOwner,
+            ..
+        }
+    ));
+    let r = t.req(
+        S,
+        Msg::Answer {
+            offer_id,
+            payload: b"a".to_vec(),
+        },
+        vec![FakeSock::Memfd { size: 1 }],
+    );
+    assert_eq!(r.msg, Msg::Ok);
+    let r = t.req(C, Msg::Collect { offer_id }, vec![]);
+    assert_eq!(
+        r.msg,
+        Msg::Answered {
+            payload: b"a".to_vec()
+        }
+    );
+    assert_eq!(r.fds[0].sock, FakeSock::Memfd { size: 1 });
+    drop(r);
+    assert_eq!(t.env.live(), 0);
+}
+
+#[test]
+fn status_lists_reports_with_ring_stats() {
+    let mut t = T::new();
+    let report = Msg::ConnReport {
+        fd: 9,
+        local: a("127.0.0.1:5000"),
+        peer: a("127.0.0.1:80"),
+        transport: Transport::Shm,
+        reason: "ring".into(),
+        ring: Some(3),
+    };
+    assert_eq!(
+        t.req(C, report, vec![FakeSock::Memfd { size: 8192 }]).msg,
+        Msg::Ok
+    );
+    let Msg::StatusReply { entries, next } = t.req(S, Msg::Status { after: None }, vec![]).msg
+    else {
+        panic!()
+    };
+    assert!(next.is_none());
+    assert_eq!(entries.len(), 1);
+    let e = &entries[0];
+    assert_eq!((e.pid, e.fd, e.ring), (10, 9, Some(3)));
+    assert_eq!(e.ring_stats[0].value, 8192);
+    t.h.close_session(C, t.now);
+    assert_eq!(t.env.live(), 0);
+}
+
+#[test]
+fn fixed_scripts() {
+    run_script(&[]);
+    run_script(&[0; 64]);
+    run_script(&[255; 64]);
+    // Open session 0, Hello, listener, offer, claim...
+    run_script(&[
+        0, 1, 4, 0, 0, 4, 1, 0, 1, 0, 0, 4, 3, 1, 1, 0, 0, 1, 0, 1, 0,
+    ]);
+}
+
+#[test]
+fn scripts_reach_deep_states() {
+    // A script that must produce a claim: checks the driver is not vacuous.
+    let env = FakeEnv::default();
+    let mut h = Handler::new(env.clone(), Limits::default(), 1);
+    h.open_session(
+        0,
+        Cred {
+            pid: 1,
+            uid: 0,
+            gid: 0,
+        },
+    );
+    let now = Instant::now();
+    let hello = Msg::Hello {
+        pid: 1,
+        exe: String::new(),
+    };
+    h.handle(0, hello, vec![], now).unwrap();
+    let l = env.fd(FakeSock::Listener {
+        addr: addr(0),
+        dual_stack: false,
+    });
+    h.handle(0, Msg::ListenerAdd { addr: addr(0) }, vec![l], now)
+        .unwrap();
+    let proof = env.fd(FakeSock::Client {
+        local: addr(1),
+        peer: None,
+    });
+    let offer = Msg::Offer {
+        client: addr(1),
+        server: addr(0),
+        payload: vec![],
+    };
+    let r = h.handle(0, offer, vec![proof], now).unwrap();
+    assert!(matches!(r.msg, Msg::OfferOk { .. }));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(3000))]
+
+    #[test]
+    fn arbitrary_scripts_keep_invariants(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+        run_script(&data);
+    }
+}

@@ -1,0 +1,500 @@
+//! The daemon's whole state, as a pure state machine: sessions, listeners,
+//! offers, connection reports. No I/O happens here; ownership proofs are
+//! checked by the caller, time is passed in, and descriptors are an opaque
+//! type `F` (rings `R`) so tests and the fuzzer can use fakes.
+
+mod listeners;
+mod offers;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::ops::Bound;
+use std::time::{Duration, Instant};
+
+use ringsock_proto::addr::canonical;
+use ringsock_proto::{RefuseReason, StatusCursor, Transport};
+
+pub use listeners::{ListenerKey, ListenerTable};
+pub use offers::{Claimed, OfferId, OfferState, OfferTable, Outcome, CLAIMER_GONE};
+
+/// Daemon-local number of a control connection.
+pub type SessionId = u64;
+
+/// Bounds that keep one process from exhausting the daemon.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// How long an offer waits for a claim, a claim for an answer, and a
+    /// result for its collection.
+    pub offer_timeout: Duration,
+    /// Offers a session may hold in any state (beyond: TooMany).
+    pub max_offers_per_session: usize,
+    pub max_listeners_per_session: usize,
+    pub max_reports_per_session: usize,
+    /// Relayed descriptors and ring memfds held daemon-wide; keeps the
+    /// daemon clear of its RLIMIT_NOFILE.
+    pub max_held_fds: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            offer_timeout: Duration::from_secs(10),
+            max_offers_per_session: 4096,
+            max_listeners_per_session: 4096,
+            max_reports_per_session: 65536,
+            max_held_fds: 16384,
+        }
+    }
+}
+
+/// Who is at the other end of a session (SO_PEERCRED).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cred {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// One live connection reported by a shim.
+#[derive(Debug)]
+pub struct Report<R> {
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    pub transport: Transport,
+    pub reason: String,
+    pub ring: Option<u64>,
+    /// The ring memfd (mapped read-only by the daemon), when passed.
+    pub ring_obj: Option<R>,
+}
+
+#[derive(Debug)]
+struct Session<R> {
+    cred: Cred,
+    /// Set by Hello; a session without it may only say Hello.
+    hello: Option<Hello>,
+    listeners: HashMap<ListenerKey, usize>,
+    reports: BTreeMap<i32, Report<R>>,
+}
+
+#[derive(Debug, Clone)]
+struct Hello {
+    pid: u32,
+    exe: String,
+}
+
+/// Why a request was turned down (mapped to an `Error` reply).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RegError {
+    NotFound,
+    NotOwner,
+    BadState,
+    Limit,
+}
+
+impl fmt::Display for RegError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            RegError::NotFound => "no such object for this session",
+            RegError::NotOwner => "owned by another session",
+            RegError::BadState => "not in a state that allows this",
+            RegError::Limit => "session or daemon limit reached",
+        })
+    }
+}
+
+/// The canonical (client, server) key of an offer. A dual-stack client
+/// socket bound to `[::]:port` that connects to an IPv4 server shows up on
+/// the server side with an IPv4 peer, so its wildcard is keyed as IPv4.
+pub fn offer_key(client: SocketAddr, server: SocketAddr) -> (SocketAddr, SocketAddr) {
+    let (c, s) = (canonical(client), canonical(server));
+    if c.ip().is_unspecified() && c.is_ipv4() != s.is_ipv4() {
+        let any = match s.ip() {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        return (SocketAddr::new(any, c.port()), s);
+    }
+    (c, s)
+}
+
+/// A status row as the registry sees it.
+pub struct Row<'a, R> {
+    pub session: SessionId,
+    pub pid: u32,
+    pub uid: u32,
+    pub exe: &'a str,
+    pub fd: i32,
+    pub report: &'a Report<R>,
+}
+
+#[derive(Debug)]
+pub struct Registry<F, R> {
+    limits: Limits,
+    sessions: BTreeMap<SessionId, Session<R>>,
+    listeners: ListenerTable,
+    offers: OfferTable<F>,
+    /// Ring memfds held by reports.
+    ring_fds: usize,
+}
+
+impl<F, R> Registry<F, R> {
+    pub fn new(limits: Limits) -> Self {
+        Registry {
+            offers: OfferTable::new(limits.offer_timeout),
+            limits,
+            sessions: BTreeMap::new(),
+            listeners: ListenerTable::default(),
+            ring_fds: 0,
+        }
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    // ---- sessions ----
+
+    pub fn open_session(&mut self, id: SessionId, cred: Cred) {
+        self.sessions.insert(
+            id,
+            Session {
+                cred,
+                hello: None,
+                listeners: HashMap::new(),
+                reports: BTreeMap::new(),
+            },
+        );
+    }
+
+    /// Records Hello (again, if repeated: the exe may change after exec).
+    pub fn hello(&mut self, id: SessionId, pid: u32, exe: String) {
+        if let Some(s) = self.sessions.get_mut(&id) {
+            s.hello = Some(Hello { pid, exe });
+        }
+    }
+
+    pub fn has_said_hello(&self, id: SessionId) -> bool {
+        self.sessions.get(&id).is_some_and(|s| s.hello.is_some())
+    }
+
+    /// The pid to show for a session: SO_PEERCRED's, unless the kernel
+    /// could not name it in our pid namespace (0), then the one from Hello.
+    pub fn pid_of(&self, id: SessionId) -> u32 {
+        match self.sessions.get(&id) {
+            Some(s) if s.cred.pid != 0 => s.cred.pid,
+            Some(s) => s.hello.as_ref().map_or(0, |h| h.pid),
+            None => 0,
+        }
+    }
+
+    /// Everything a session registered dies with it.
+    pub fn close_session(&mut self, id: SessionId, now: Instant) {
+        let Some(s) = self.sessions.remove(&id) else {
+            return;
+        };
+        for (key, n) in s.listeners {
+            self.listeners.release(key, n);
+        }
+        self.ring_fds -= s.reports.values().filter(|r| r.ring_obj.is_some()).count();
+        self.offers.close_session(id, now);
+    }
+
+    pub fn session_count(&self) -> usize {
+        self.sessions.len()
+    }
+
+    // ---- listeners ----
+
+    pub fn add_listener(&mut self, id: SessionId, key: ListenerKey) -> Result<(), RegError> {
+        let s = self.sessions.get_mut(&id).ok_or(RegError::NotFound)?;
+        let key = ListenerKey {
+            addr: canonical(key.addr),
+            ..key
+        };
+        let total: usize = s.listeners.values().sum();
+        if total >= self.limits.max_listeners_per_session {
+            return Err(RegError::Limit);
+        }
+        *s.listeners.entry(key).or_insert(0) += 1;
+        self.listeners.add(key);
+        Ok(())
+    }
+
+    /// Drops one reference this session holds on `addr` (dual-stack or not).
+    pub fn remove_listener(&mut self, id: SessionId, addr: SocketAddr) -> Result<(), RegError> {
+        let s = self.sessions.get_mut(&id).ok_or(RegError::NotFound)?;
+        let addr = canonical(addr);
+        let key = [true, false]
+            .into_iter()
+            .map(|dual_stack| ListenerKey { addr, dual_stack })
+            .find(|k| s.listeners.contains_key(k))
+            .ok_or(RegError::NotFound)?;
+        if let Some(n) = s.listeners.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                s.listeners.remove(&key);
+            }
+        }
+        self.listeners.release(key, 1);
+        Ok(())
+    }
+
+    pub fn has_listener_for(&self, server: SocketAddr) -> bool {
+        self.listeners.matches(canonical(server))
+    }
+
+    pub fn listener_count(&self) -> usize {
+        self.listeners.len()
+    }
+
+    // ---- offers ----
+
+    /// Registers an offer whose proof the caller verified. The checks run
+    /// in the order a client can act on: no listener (stay TCP, cache it),
+    /// duplicate, then resource limits.
+    pub fn offer(
+        &mut self,
+        id: SessionId,
+        client: SocketAddr,
+        server: SocketAddr,
+        payload: Vec<u8>,
+        fds: Vec<F>,
+        now: Instant,
+    ) -> Result<OfferId, RefuseReason> {
+        if !self.sessions.contains_key(&id) {
+            return Err(RefuseReason::Invalid);
+        }
+        let (client, server) = offer_key(client, server);
+        if !self.listeners.matches(server) {
+            return Err(RefuseReason::NoListener);
+        }
+        if self.offers.has_live_tuple(client, server) {
+            return Err(RefuseReason::Duplicate);
+        }
+        if self.offers.owned_by(id) >= self.limits.max_offers_per_session
+            || self.held_fds() + fds.len() > self.limits.max_held_fds
+        {
+            return Err(RefuseReason::TooMany);
+        }
+        let pid = self.pid_of(id);
+        Ok(self
+            .offers
+            .insert(id, pid, client, server, payload, fds, now))
+    }
+
+    /// Claim by the session holding the accepted socket whose addresses are
+    /// `local` (server side) and `peer` (client side).
+    pub fn claim(
+        &mut self,
+        id: SessionId,
+        local: SocketAddr,
+        peer: SocketAddr,
+        now: Instant,
+    ) -> Option<Claimed<F>> {
+        if !self.sessions.contains_key(&id) {
+            return None;
+        }
+        let offer = self.offers.find_open(canonical(peer), canonical(local))?;
+        self.offers.claim(offer, id, now)
+    }
+
+    /// Only the session that claimed the offer may settle it, and only once.
+    fn check_claimer(&self, id: SessionId, offer: OfferId) -> Result<(), RegError> {
+        let o = self.offers.get(offer).ok_or(RegError::NotFound)?;
+        match o.state {
+            OfferState::Claimed { by } if by == id => Ok(()),
+            OfferState::Claimed { .. } => Err(RegError::NotOwner),
+            OfferState::Open { .. } if o.owner == id => Err(RegError::BadState),
+            OfferState::Open { .. } => Err(RegError::NotOwner),
+            _ => Err(RegError::BadState),
+        }
+    }
+
+    pub fn answer(
+        &mut self,
+        id: SessionId,
+        offer: OfferId,
+        payload: Vec<u8>,
+        fds: Vec<F>,
+        now: Instant,
+    ) -> Result<(), RegError> {
+        self.check_claimer(id, offer)?;
+        if self.held_fds() + fds.len() > self.limits.max_held_fds {
+            return Err(RegError::Limit);
+        }
+        self.offers
+            .settle(offer, OfferState::Answered { payload, fds }, now);
+        Ok(())
+    }
+
+    pub fn decline(
+        &mut self,
+        id: SessionId,
+        offer: OfferId,
+        reason: String,
+        now: Instant,
+    ) -> Result<(), RegError> {
+        self.check_claimer(id, offer)?;
+        self.offers
+            .settle(offer, OfferState::Declined { reason }, now);
+        Ok(())
+    }
+
+    /// Offers are visible to their owner only: for anyone else an existing
+    /// offer looks the same as a missing one.
+    fn check_owner(&self, id: SessionId, offer: OfferId) -> Result<(), RegError> {
+        match self.offers.get(offer) {
+            Some(o) if o.owner == id => Ok(()),
+            _ => Err(RegError::NotFound),
+        }
+    }
+
+    pub fn collect(&mut self, id: SessionId, offer: OfferId) -> Result<Outcome<F>, RegError> {
+        self.check_owner(id, offer)?;
+        self.offers.take_outcome(offer).ok_or(RegError::NotFound)
+    }
+
+    pub fn cancel(&mut self, id: SessionId, offer: OfferId) -> Result<(), RegError> {
+        self.check_owner(id, offer)?;
+        self.offers.remove(offer);
+        Ok(())
+    }
+
+    pub fn offer_count(&self) -> usize {
+        self.offers.len()
+    }
+
+    pub fn offer_state(&self, offer: OfferId) -> Option<&OfferState<F>> {
+        self.offers.get(offer).map(|o| &o.state)
+    }
+
+    // ---- reports ----
+
+    /// Adds or replaces the report for `fd` (a re-report updates it).
+    pub fn report(&mut self, id: SessionId, fd: i32, report: Report<R>) -> Result<(), RegError> {
+        let extra = usize::from(report.ring_obj.is_some());
+        let held = self.held_fds();
+        let s = self.sessions.get_mut(&id).ok_or(RegError::NotFound)?;
+        if !s.reports.contains_key(&fd) && s.reports.len() >= self.limits.max_reports_per_session {
+            return Err(RegError::Limit);
+        }
+        if held + extra > self.limits.max_held_fds {
+            return Err(RegError::Limit);
+        }
+        if let Some(old) = s.reports.insert(fd, report) {
+            self.ring_fds -= usize::from(old.ring_obj.is_some());
+        }
+        self.ring_fds += extra;
+        Ok(())
+    }
+
+    /// Removes the report for `fd` if it names the same connection (a
+    /// stale close for a reused fd number must not drop the new one).
+    pub fn report_closed(
+        &mut self,
+        id: SessionId,
+        fd: i32,
+        local: SocketAddr,
+        peer: SocketAddr,
+    ) -> Result<(), RegError> {
+        let s = self.sessions.get_mut(&id).ok_or(RegError::NotFound)?;
+        match s.reports.get(&fd) {
+            Some(r)
+                if canonical(r.local) == canonical(local)
+                    && canonical(r.peer) == canonical(peer) =>
+            {
+                if let Some(old) = s.reports.remove(&fd) {
+                    self.ring_fds -= usize::from(old.ring_obj.is_some());
+                }
+                Ok(())
+            }
+            _ => Err(RegError::NotFound),
+        }
+    }
+
+    /// Up to `max` rows strictly after `after`, ordered by (session, fd),
+    /// and the cursor of the last row when more may follow.
+    pub fn status_page(
+        &self,
+        after: Option<StatusCursor>,
+        max: usize,
+    ) -> (Vec<Row<'_, R>>, Option<StatusCursor>) {
+        let mut rows = Vec::new();
+        let start = match after {
+            Some(c) => Bound::Included(c.session),
+            None => Bound::Unbounded,
+        };
+        'outer: for (&sid, s) in self.sessions.range((start, Bound::Unbounded)) {
+            let fds = match after {
+                Some(c) if c.session == sid => {
+                    s.reports.range((Bound::Excluded(c.fd), Bound::Unbounded))
+                }
+                _ => s.reports.range(..),
+            };
+            for (&fd, report) in fds {
+                if rows.len() == max {
+                    break 'outer;
+                }
+                rows.push(Row {
+                    session: sid,
+                    pid: self.pid_of(sid),
+                    uid: s.cred.uid,
+                    exe: s.hello.as_ref().map_or("", |h| h.exe.as_str()),
+                    fd,
+                    report,
+                });
+            }
+        }
+        let next = if rows.len() == max {
+            rows.last().map(|r| StatusCursor {
+                session: r.session,
+                fd: r.fd,
+            })
+        } else {
+            None
+        };
+        (rows, next)
+    }
+
+    // ---- time and accounting ----
+
+    /// Applies deadlines; returns how many fired.
+    pub fn tick(&mut self, now: Instant) -> usize {
+        self.offers.expire(now)
+    }
+
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.offers.next_deadline()
+    }
+
+    /// Descriptors held on behalf of processes (relayed fds, ring memfds).
+    pub fn held_fds(&self) -> usize {
+        self.offers.held_fds() + self.ring_fds
+    }
+
+    /// Panics if any index disagrees with the data (tests and fuzzing).
+    pub fn check_invariants(&self) {
+        self.offers.check_invariants();
+        let rings: usize = self
+            .sessions
+            .values()
+            .flat_map(|s| s.reports.values())
+            .filter(|r| r.ring_obj.is_some())
+            .count();
+        assert_eq!(rings, self.ring_fds, "ring fd count");
+        let mut refs: HashMap<ListenerKey, usize> = HashMap::new();
+        for s in self.sessions.values() {
+            for (k, n) in &s.listeners {
+                assert!(*n > 0, "zero refcount kept");
+                *refs.entry(*k).or_insert(0) += n;
+            }
+        }
+        assert_eq!(refs.len(), self.listeners.len(), "listener keys");
+        for k in self.listeners.keys() {
+            assert_eq!(refs.get(k).copied(), Some(self.listeners.refs(k)), "refs");
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! The offer table: each offer's life from registration to collection, with
+//! its deadline, the 4-tuple index used by claims, and the count of relayed
+//! descriptors held.
+//!
+//! ```text
+//!  Open --claim--> Claimed --answer--> Answered --collect--> (gone)
+//!    |                |  \--decline--> Declined --collect--> (gone)
+//!    +--deadline------+----> Expired ---collect/deadline---> (gone)
+//! ```
+//! Every state has a deadline: Open waits for a claim, Claimed for an
+//! answer, and the final states wait for the offerer to collect; when a
+//! final state's deadline passes the record is dropped so a process that
+//! never collects cannot pin memory or descriptors.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use super::SessionId;
+
+pub type OfferId = u64;
+
+/// Where an offer stands. `F` is the descriptor type (OwnedFd in the
+/// daemon): dropping a state drops, hence closes, the descriptors it holds.
+#[derive(Debug)]
+pub enum OfferState<F> {
+    /// Registered, waiting for the server's claim; holds the client's fds.
+    Open {
+        payload: Vec<u8>,
+        fds: Vec<F>,
+    },
+    /// Claimed by session `by`; the client's fds went to the claimer.
+    Claimed {
+        by: SessionId,
+    },
+    /// Answered by the claimer; holds the server's fds for the offerer.
+    Answered {
+        payload: Vec<u8>,
+        fds: Vec<F>,
+    },
+    Declined {
+        reason: String,
+    },
+    /// Not claimed or not answered in time.
+    Expired,
+}
+
+impl<F> OfferState<F> {
+    fn held_fds(&self) -> usize {
+        match self {
+            OfferState::Open { fds, .. } | OfferState::Answered { fds, .. } => fds.len(),
+            _ => 0,
+        }
+    }
+
+    /// Open and Claimed offers own their 4-tuple: a second offer for it is a
+    /// duplicate, and only Open ones can be claimed.
+    fn is_live(&self) -> bool {
+        matches!(self, OfferState::Open { .. } | OfferState::Claimed { .. })
+    }
+}
+
+#[derive(Debug)]
+pub struct Offer<F> {
+    pub owner: SessionId,
+    pub owner_pid: u32,
+    /// Canonical client address (may have an unspecified IP: socket bound to
+    /// the wildcard before connect; then only the port identifies it).
+    pub client: SocketAddr,
+    /// Canonical server address.
+    pub server: SocketAddr,
+    pub state: OfferState<F>,
+    deadline: Instant,
+}
+
+/// What a claim hands to the claimer.
+#[derive(Debug)]
+pub struct Claimed<F> {
+    pub offer_id: OfferId,
+    pub client_pid: u32,
+    pub payload: Vec<u8>,
+    pub fds: Vec<F>,
+}
+
+/// What Collect tells the offerer.
+#[derive(Debug)]
+pub enum Outcome<F> {
+    Pending,
+    Answered { payload: Vec<u8>, fds: Vec<F> },
+    Declined { reason: String },
+    Expired,
+}
+
+#[derive(Debug)]
+pub struct OfferTable<F> {
+    offers: HashMap<OfferId, Offer<F>>,
+    /// (client, server) of live offers.
+    by_tuple: HashMap<(SocketAddr, SocketAddr), OfferId>,
+    deadlines: BTreeSet<(Instant, OfferId)>,
+    by_owner: HashMap<SessionId, HashSet<OfferId>>,
+    /// Offers in state Claimed, per claiming session.
+    by_claimer: HashMap<SessionId, HashSet<OfferId>>,
+    held_fds: usize,
+    next_id: OfferId,
+    timeout: Duration,
+}
+
+/// Reason recorded when the claimer's session ends before it answered.
+pub const CLAIMER_GONE: &str = "claiming process closed its control session";
+
+fn unspecified(addr: SocketAddr) -> SocketAddr {
+    let ip = match addr.ip() {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    SocketAddr::new(ip, addr.port())
+}
+
+impl<F> OfferTable<F> {
+    pub fn new(timeout: Duration) -> Self {
+        OfferTable {
+            offers: HashMap::new(),
+            by_tuple: HashMap::new(),
+            deadlines: BTreeSet::new(),
+            by_owner: HashMap::new(),
+            by_claimer: HashMap::new(),
+            held_fds: 0,
+            next_id: 1,
+            timeout,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.offers.len()
+    }
+
+    /// Relayed descriptors currently held (Open and Answered offers).
+    pub fn held_fds(&self) -> usize {
+        self.held_fds
+    }
+
+    pub fn owned_by(&self, session: SessionId) -> usize {
+        self.by_owner.get(&session).map_or(0, HashSet::len)
+    }
+
+    pub fn get(&self, id: OfferId) -> Option<&Offer<F>> {
+        self.offers.get(&id)
+    }
+
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|&(t, _)| t)
+    }
+
+    pub fn has_live_tuple(&self, client: SocketAddr, server: SocketAddr) -> bool {
+        self.by_tuple.contains_key(&(client, server))
+    }
+
+    /// Registers an Open offer. The caller checked duplicates and limits.
+    pub fn insert(
+        &mut self,
+        owner: SessionId,
+        owner_pid: u32,
+        client: SocketAddr,
+        server: SocketAddr,
+        payload: Vec<u8>,
+        fds: Vec<F>,
+        now: Instant,
+    ) -> OfferId {
+        let id = self.next_id;
+        self.next_id += 1;
+        let deadline = now + self.timeout;
+        self.held_fds += fds.len();
+        self.by_tuple.insert((client, server), id);
+        self.deadlines.insert((deadline, id));
+        self.by_owner.entry(owner).or_default().insert(id);
+        self.offers.insert(
+            id,
+            Offer {
+                owner,
+                owner_pid,
+                client,
+                server,
+                state: OfferState::Open { payload, fds },
+                deadline,
+            },
+        );
+        id
+    }
+
+    /// The Open offer for an accepted connection (`peer` = client side,
+    /// `local` = server side, both canonical): exact client address first,
+    /// then a client bound to the wildcard address with the same port.
+    pub fn find_open(&self, peer: SocketAddr, local: SocketAddr) -> Option<OfferId> {
+        [peer, unspecified(peer)]
+            .iter()
+            .filter_map(|&c| self.by_tuple.get(&(c, local)).copied())
+            .find(|id| {
+                matches!(
+                    self.offers.get(id).map(|o| &o.state),
+                    Some(OfferState::Open { .. })
+                )
+            })
+    }
+
+    fn set_deadline(&mut self, id: OfferId, deadline: Instant) {
+        if let Some(o) = self.offers.get_mut(&id) {
+            self.deadlines.remove(&(o.deadline, id));
+            o.deadline = deadline;
+            self.deadlines.insert((deadline, id));
+        }
+    }
+
+    /// Swaps an offer's state, keeping the fd count, tuple index and claimer
+    /// index in step. Returns the previous state.
+    fn transition(&mut self, id: OfferId, new: OfferState<F>) -> Option<OfferState<F>> {
+        let o = self.offers.get_mut(&id)?;
+        self.held_fds = self.held_fds - o.state.held_fds() + new.held_fds();
+        if let OfferState::Claimed { by } = o.state {
+            remove_from(&mut self.by_claimer, by, id);
+        }
+        if let OfferState::Claimed { by } = new {
+            self.by_claimer.entry(by).or_default().insert(id);
+        }
+        if o.state.is_live() && !new.is_live() {
+            self.by_tuple.remove(&(o.client, o.server));
+        }
+        Some(std::mem::replace(&mut o.state, new))
+    }
+
+    /// Open -> Claimed by `by`; hands the client's payload and fds over.
+    pub fn claim(&mut self, id: OfferId, by: SessionId, now: Instant) -> Option<Claimed<F>> {
+        let o = self.offers.get(&id)?;
+        if !matches!(o.state, OfferState::Open { .. }) {
+            return None;
+        }
+        let client_pid = o.owner_pid;
+        let old = self.transition(id, OfferState::Claimed { by })?;
+        self.set_deadline(id, now + self.timeout);
+        match old {
+            OfferState::Open { payload, fds } => Some(Claimed {
+                offer_id: id,
+                client_pid,
+                payload,
+                fds,
+            }),
+            // Checked Open above.
+            _ => None,
+        }
+    }
+
+    /// Claimed -> a final state (Answered or Declined), giving the offerer
+    /// `timeout` to collect it.
+    pub fn settle(&mut self, id: OfferId, outcome: OfferState<F>, now: Instant) {
+        self.transition(id, outcome);
+        self.set_deadline(id, now + self.timeout);
+    }
+
+    /// For Collect: final states are removed and returned; live ones are
+    /// Pending.
+    pub fn take_outcome(&mut self, id: OfferId) -> Option<Outcome<F>> {
+        let o = self.offers.get(&id)?;
+        if o.state.is_live() {
+            return Some(Outcome::Pending);
+        }
+        let o = self.remove(id)?;
+        Some(match o.state {
+            OfferState::Answered { payload, fds } => Outcome::Answered { payload, fds },
+            OfferState::Declined { reason } => Outcome::Declined { reason },
+            _ => Outcome::Expired,
+        })
+    }
+
+    /// Drops an offer entirely (its descriptors close with it).
+    pub fn remove(&mut self, id: OfferId) -> Option<Offer<F>> {
+        // Going through `transition` releases the fd count and the tuple
+        // and claimer indexes; the real previous state goes to the caller.
+        let old = self.transition(id, OfferState::Expired)?;
+        let mut o = self.offers.remove(&id)?;
+        self.deadlines.remove(&(o.deadline, id));
+        remove_from(&mut self.by_owner, o.owner, id);
+        o.state = old;
+        Some(o)
+    }
+
+    /// Applies every deadline that passed: live offers expire (dropping the
+    /// relayed fds they hold), final ones are forgotten.
+    pub fn expire(&mut self, now: Instant) -> usize {
+        let mut n = 0;
+        while let Some(&(t, id)) = self.deadlines.first() {
+            if t > now {
+                break;
+            }
+            n += 1;
+            let live = self.offers.get(&id).is_some_and(|o| o.state.is_live());
+            if live {
+                self.transition(id, OfferState::Expired);
+                self.set_deadline(id, now + self.timeout);
+            } else {
+                self.remove(id);
+            }
+        }
+        n
+    }
+
+    /// A session ended: its own offers vanish (a later claim finds nothing,
+    /// a claimer's answer gets NotFound); offers it had claimed but not
+    /// answered become Declined so their offerers learn it at once.
+    pub fn close_session(&mut self, session: SessionId, now: Instant) {
+        for id in self.by_owner.remove(&session).unwrap_or_default() {
+            self.remove(id);
+        }
+        for id in self.by_claimer.remove(&session).unwrap_or_default() {
+            self.settle(
+                id,
+                OfferState::Declined {
+                    reason: CLAIMER_GONE.to_owned(),
+                },
+                now,
+            );
+        }
+    }
+
+    /// Recomputes every index from scratch and compares (tests, fuzzing).
+    pub fn check_invariants(&self) {
+        let held: usize = self.offers.values().map(|o| o.state.held_fds()).sum();
+        assert_eq!(held, self.held_fds, "held fd count");
+        assert_eq!(self.deadlines.len(), self.offers.len(), "deadline index");
+        for (id, o) in &self.offers {
+            assert!(self.deadlines.contains(&(o.deadline, *id)));
+            assert!(self.by_owner.get(&o.owner).is_some_and(|s| s.contains(id)));
+            assert_eq!(
+                o.state.is_live(),
+                self.by_tuple.get(&(o.client, o.server)) == Some(id),
+                "tuple index of offer {id}"
+            );
+            if let OfferState::Claimed { by } = o.state {
+                assert!(self.by_claimer.get(&by).is_some_and(|s| s.contains(id)));
+            }
+        }
+        assert!(self
+            .by_tuple
+            .values()
+            .all(|id| self.offers.contains_key(id)));
+        let owned: usize = self.by_owner.values().map(HashSet::len).sum();
+        assert_eq!(owned, self.offers.len(), "owner index");
+        for ids in self.by_claimer.values() {
+            for id in ids {
+                assert!(matches!(
+                    self.offers.get(id).map(|o| &o.state),
+                    Some(OfferState::Claimed { .. })
+                ));
+            }
+        }
+    }
+}
+
+fn remove_from(map: &mut HashMap<SessionId, HashSet<OfferId>>, key: SessionId, id: OfferId) {
+    if let Some(set) = map.get_mut(&key) {
+        set.remove(&id);
+        if set.is_empty() {
+            map.remove(&key);
+        }
+    }
+}
