@@ -16,7 +16,7 @@ use ringsock_proto::{
 };
 
 use crate::registry::{
-    offer_key, Cred, Limits, ListenerKey, Outcome, RegError, Registry, Report, SessionId,
+    offer_key, Cred, Limits, ListenerKey, NewOffer, Outcome, RegError, Registry, Report, SessionId,
 };
 
 #[cfg(test)]
@@ -207,9 +207,14 @@ impl<E: Env> Handler<E> {
                 payload,
             } => {
                 let proof = fds.next();
-                let relayed: Vec<E::Fd> = fds.collect();
+                let new = NewOffer {
+                    client,
+                    server,
+                    payload,
+                    fds: fds.collect(),
+                };
                 Reply::plain(match proof {
-                    Some(p) => self.offer(id, client, server, payload, p, relayed, now),
+                    Some(p) => self.offer(id, new, p, now),
                     None => Msg::OfferRefused {
                         reason: RefuseReason::Invalid,
                     },
@@ -298,17 +303,8 @@ impl<E: Env> Handler<E> {
     }
 
     /// Checks the client-socket proof, then registers the offer.
-    #[allow(clippy::too_many_arguments)]
-    fn offer(
-        &mut self,
-        id: SessionId,
-        client: SocketAddr,
-        server: SocketAddr,
-        payload: Vec<u8>,
-        proof: E::Fd,
-        relayed: Vec<E::Fd>,
-        now: Instant,
-    ) -> Msg {
+    fn offer(&mut self, id: SessionId, new: NewOffer<E::Fd>, proof: E::Fd, now: Instant) -> Msg {
+        let (client, server) = (new.client, new.server);
         let checked = self.env.client(&proof);
         // The daemon must not keep the client's socket alive.
         drop(proof);
@@ -318,7 +314,7 @@ impl<E: Env> Handler<E> {
                 reason: RefuseReason::Invalid,
             };
         }
-        match self.reg.offer(id, client, server, payload, relayed, now) {
+        match self.reg.offer(id, new, now) {
             Ok(offer_id) => Msg::OfferOk { offer_id },
             Err(reason) => Msg::OfferRefused { reason },
         }

@@ -113,7 +113,7 @@ impl RingView<'_> {
     /// counters concurrently, hence atomic loads, never plain reads.
     pub fn load_u64(&self, offset: usize) -> Option<u64> {
         let m = self.ring.map.as_ref()?;
-        if offset % 8 != 0 || offset.checked_add(8)? > m.len {
+        if !offset.is_multiple_of(8) || offset.checked_add(8)? > m.len {
             return None;
         }
         // SAFETY: the mapping is page-aligned, so ptr+offset is 8-aligned,

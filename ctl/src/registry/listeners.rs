@@ -40,6 +40,10 @@ impl ListenerTable {
         self.refs.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.refs.is_empty()
+    }
+
     /// References held on `key` by all sessions together.
     pub fn refs(&self, key: &ListenerKey) -> usize {
         self.refs.get(key).copied().unwrap_or(0)

@@ -18,7 +18,7 @@ use ringsock_proto::addr::canonical;
 use ringsock_proto::{RefuseReason, StatusCursor, Transport};
 
 pub use listeners::{ListenerKey, ListenerTable};
-pub use offers::{Claimed, OfferId, OfferState, OfferTable, Outcome, CLAIMER_GONE};
+pub use offers::{Claimed, NewOffer, OfferId, OfferState, OfferTable, Outcome, CLAIMER_GONE};
 
 /// Daemon-local number of a control connection.
 pub type SessionId = u64;
@@ -258,16 +258,13 @@ impl<F, R> Registry<F, R> {
     pub fn offer(
         &mut self,
         id: SessionId,
-        client: SocketAddr,
-        server: SocketAddr,
-        payload: Vec<u8>,
-        fds: Vec<F>,
+        new: NewOffer<F>,
         now: Instant,
     ) -> Result<OfferId, RefuseReason> {
         if !self.sessions.contains_key(&id) {
             return Err(RefuseReason::Invalid);
         }
-        let (client, server) = offer_key(client, server);
+        let (client, server) = offer_key(new.client, new.server);
         if !self.listeners.matches(server) {
             return Err(RefuseReason::NoListener);
         }
@@ -275,14 +272,17 @@ impl<F, R> Registry<F, R> {
             return Err(RefuseReason::Duplicate);
         }
         if self.offers.owned_by(id) >= self.limits.max_offers_per_session
-            || self.held_fds() + fds.len() > self.limits.max_held_fds
+            || self.held_fds() + new.fds.len() > self.limits.max_held_fds
         {
             return Err(RefuseReason::TooMany);
         }
         let pid = self.pid_of(id);
-        Ok(self
-            .offers
-            .insert(id, pid, client, server, payload, fds, now))
+        let new = NewOffer {
+            client,
+            server,
+            ..new
+        };
+        Ok(self.offers.insert(id, pid, new, now))
     }
 
     /// Claim by the session holding the accepted socket whose addresses are

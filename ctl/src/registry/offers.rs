@@ -73,6 +73,15 @@ pub struct Offer<F> {
     deadline: Instant,
 }
 
+/// An offer as requested: addresses, opaque payload, relayed descriptors.
+#[derive(Debug)]
+pub struct NewOffer<F> {
+    pub client: SocketAddr,
+    pub server: SocketAddr,
+    pub payload: Vec<u8>,
+    pub fds: Vec<F>,
+}
+
 /// What a claim hands to the claimer.
 #[derive(Debug)]
 pub struct Claimed<F> {
@@ -134,6 +143,10 @@ impl<F> OfferTable<F> {
         self.offers.len()
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.offers.is_empty()
+    }
+
     /// Relayed descriptors currently held (Open and Answered offers).
     pub fn held_fds(&self) -> usize {
         self.held_fds
@@ -155,17 +168,21 @@ impl<F> OfferTable<F> {
         self.by_tuple.contains_key(&(client, server))
     }
 
-    /// Registers an Open offer. The caller checked duplicates and limits.
+    /// Registers an Open offer (canonical addresses). The caller checked
+    /// duplicates and limits.
     pub fn insert(
         &mut self,
         owner: SessionId,
         owner_pid: u32,
-        client: SocketAddr,
-        server: SocketAddr,
-        payload: Vec<u8>,
-        fds: Vec<F>,
+        new: NewOffer<F>,
         now: Instant,
     ) -> OfferId {
+        let NewOffer {
+            client,
+            server,
+            payload,
+            fds,
+        } = new;
         let id = self.next_id;
         self.next_id += 1;
         let deadline = now + self.timeout;

@@ -80,9 +80,13 @@ impl World {
 
     fn offer(&mut self, s: SessionId, client: &str, server: &str) -> Result<OfferId, RefuseReason> {
         let fds = self.fds(&[10, 11]);
-        let r = self
-            .reg
-            .offer(s, a(client), a(server), b"ring".to_vec(), fds, self.now);
+        let new = NewOffer {
+            client: a(client),
+            server: a(server),
+            payload: b"ring".to_vec(),
+            fds,
+        };
+        let r = self.reg.offer(s, new, self.now);
         self.check();
         r
     }
