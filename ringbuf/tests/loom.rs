@@ -32,7 +32,11 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 }
 
 /// Reads `want` bytes, sleeping on `bell` whenever the ring is empty.
-fn read_all(rx: &mut ringbuf::Receiver<ringbuf::ShmTransport>, bell: &Bell, want: usize) -> Vec<u8> {
+fn read_all(
+    rx: &mut ringbuf::Receiver<ringbuf::ShmTransport>,
+    bell: &Bell,
+    want: usize,
+) -> Vec<u8> {
     let mut out = vec![0u8; want];
     let mut got = 0;
     while got < want {
@@ -76,8 +80,12 @@ fn sender_sleeping_on_full_ring_wakes() {
     model(|| {
         let rx_bell = Bell::default();
         let tx_bell = Bell::default();
-        let (mut tx, mut rx) =
-            heap_pair(cfg(4), Some(Box::new(rx_bell.clone())), Some(Box::new(tx_bell.clone()))).unwrap();
+        let (mut tx, mut rx) = heap_pair(
+            cfg(4),
+            Some(Box::new(rx_bell.clone())),
+            Some(Box::new(tx_bell.clone())),
+        )
+        .unwrap();
         let writer = thread::spawn(move || {
             // 5 one-slot records into a 4-slot ring: the last must wait.
             for i in 0..5u8 {
