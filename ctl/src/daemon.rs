@@ -1,0 +1,151 @@
+//! `ringsock-ctl daemon`: claims the socket path (one daemon per path),
+//! starts the server, and removes the socket file on a clean exit.
+//!
+//! Single-instance rule: an flock on `<socket>.lock` decides who owns the
+//! path, so two daemons started at once cannot both "remove the stale
+//! socket" and bind. The lock file is never deleted (deleting it would let
+//! a third daemon lock a fresh inode while the second holds the old one).
+//! A socket file that no daemon answers is stale and replaced; a live one
+//! makes us refuse to start.
+
+use std::fs::{self, DirBuilder, File};
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use log::{info, warn};
+use ringsock_proto::io as pio;
+
+use crate::handler::Handler;
+use crate::hostid::host_id;
+use crate::proof::SysEnv;
+use crate::registry::Limits;
+use crate::ring::MemfdStats;
+use crate::server::Server;
+use crate::sys;
+
+/// Options of `ringsock-ctl daemon`, resolved from flags and environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonConfig {
+    pub socket: PathBuf,
+    pub offer_timeout: Duration,
+    pub foreground: bool,
+}
+
+/// Why the daemon did not start; printed as one clear line, exit code 1.
+#[derive(Debug)]
+pub struct StartError(pub String);
+
+fn fail<T>(msg: String) -> Result<T, StartError> {
+    Err(StartError(msg))
+}
+
+fn lock_path(socket: &Path) -> PathBuf {
+    let mut p = socket.as_os_str().to_owned();
+    p.push(".lock");
+    PathBuf::from(p)
+}
+
+/// Creates the socket's directory (0755) if missing.
+fn make_dir(socket: &Path) -> Result<(), StartError> {
+    match socket.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.exists() => DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .or_else(|e| fail(format!("cannot create {}: {e}", dir.display()))),
+        _ => Ok(()),
+    }
+}
+
+/// Takes the instance lock; the returned file must live as long as the
+/// daemon.
+fn take_lock(socket: &Path) -> Result<File, StartError> {
+    let path = lock_path(socket);
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(&path)
+        .or_else(|e| fail(format!("cannot open lock file {}: {e}", path.display())))?;
+    match sys::try_lock(&file) {
+        Ok(true) => Ok(file),
+        Ok(false) => fail(format!(
+            "another ringsock-ctl daemon is already running on {} (it holds {})",
+            socket.display(),
+            path.display()
+        )),
+        Err(e) => fail(format!("cannot lock {}: {e}", path.display())),
+    }
+}
+
+/// Removes a stale socket file; refuses when a daemon answers on it or the
+/// path is something other than a socket.
+fn clear_stale(socket: &Path) -> Result<(), StartError> {
+    let meta = match fs::symlink_metadata(socket) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return fail(format!("cannot inspect {}: {e}", socket.display())),
+    };
+    if !meta.file_type().is_socket() {
+        return fail(format!(
+            "{} exists and is not a socket; not replacing it",
+            socket.display()
+        ));
+    }
+    match pio::connect_unix(socket) {
+        Ok(_) => fail(format!(
+            "a ringsock-ctl daemon is already answering on {}",
+            socket.display()
+        )),
+        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => {
+            fs::remove_file(socket)
+                .or_else(|e| fail(format!("cannot remove stale {}: {e}", socket.display())))?;
+            info!("removed stale socket {}", socket.display());
+            Ok(())
+        }
+        Err(e) => fail(format!("cannot probe {}: {e}", socket.display())),
+    }
+}
+
+/// Runs the daemon until SIGTERM/SIGINT.
+pub fn run(cfg: &DaemonConfig) -> Result<(), StartError> {
+    make_dir(&cfg.socket)?;
+    let _lock = take_lock(&cfg.socket)?;
+    clear_stale(&cfg.socket)?;
+    let listener = sys::listen_unix(&cfg.socket, libc::SOMAXCONN)
+        .or_else(|e| fail(format!("cannot listen on {}: {e}", cfg.socket.display())))?;
+    if !cfg.foreground {
+        if let Err(e) = sys::daemonize() {
+            let _ = fs::remove_file(&cfg.socket);
+            return fail(format!("cannot detach: {e}"));
+        }
+    }
+    // Budget descriptors: half for held relays and rings, a quarter for
+    // sessions, the rest for proofs in flight and the daemon itself.
+    let nofile = sys::raise_nofile_limit().min(1 << 20) as usize;
+    let limits = Limits {
+        offer_timeout: cfg.offer_timeout,
+        max_held_fds: (nofile / 2).max(16),
+        ..Limits::default()
+    };
+    let max_sessions = (nofile / 4).max(4);
+    let handler = Handler::new(SysEnv::new(Box::new(MemfdStats)), limits, host_id());
+    let result = Server::new(listener, handler, max_sessions).and_then(|mut server| {
+        info!(
+            "listening on {} (offer timeout {} ms, pid {})",
+            cfg.socket.display(),
+            cfg.offer_timeout.as_millis(),
+            std::process::id()
+        );
+        server.run()
+    });
+    if let Err(e) = fs::remove_file(&cfg.socket) {
+        warn!("cannot remove {}: {e}", cfg.socket.display());
+    }
+    result.or_else(|e| fail(format!("event loop failed: {e}")))
+}

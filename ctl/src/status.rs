@@ -1,0 +1,259 @@
+//! `ringsock-ctl status`: fetches every page of the connection listing and
+//! prints it as a table or as JSON.
+
+use std::fmt::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use ringsock_proto::{Client, Error, Msg, StatusEntry};
+
+use crate::json;
+
+/// How long status waits on an unresponsive daemon.
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Every entry, page after page.
+pub fn fetch(socket: &Path) -> Result<Vec<StatusEntry>, Error> {
+    let mut c = Client::connect(socket, Some(TIMEOUT))?;
+    c.hello("ringsock-ctl status")?;
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        match c.call(&Msg::Status { after }, &[])?.0 {
+            Msg::StatusReply { entries, next } => {
+                all.extend(entries);
+                match next {
+                    Some(n) if Some(n) != after => after = Some(n),
+                    _ => return Ok(all),
+                }
+            }
+            other => {
+                return Err(Error::Proto(ringsock_proto::ProtoError::UnknownKind {
+                    kind: other.kind(),
+                }))
+            }
+        }
+    }
+}
+
+fn ring_text(e: &StatusEntry) -> String {
+    let mut s = String::new();
+    if let Some(id) = e.ring {
+        let _ = write!(s, "#{id}");
+    }
+    for st in &e.ring_stats {
+        if !s.is_empty() {
+            s.push(' ');
+        }
+        let _ = write!(s, "{}={}", st.name, st.value);
+    }
+    if s.is_empty() {
+        s.push('-');
+    }
+    s
+}
+
+fn exe_name(exe: &str) -> &str {
+    match exe.rsplit('/').next() {
+        Some(n) if !n.is_empty() => n,
+        _ => "-",
+    }
+}
+
+/// Removes control characters so a hostile report cannot mess with the
+/// terminal.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+/// Aligned text table, one connection per line.
+pub fn table(entries: &[StatusEntry]) -> String {
+    let header = [
+        "PID",
+        "PROCESS",
+        "FD",
+        "LOCAL",
+        "PEER",
+        "TRANSPORT",
+        "REASON",
+        "RING",
+    ];
+    let rows: Vec<[String; 8]> = entries
+        .iter()
+        .map(|e| {
+            [
+                e.pid.to_string(),
+                printable(exe_name(&e.exe)),
+                e.fd.to_string(),
+                e.local.to_string(),
+                e.peer.to_string(),
+                e.transport.as_str().to_owned(),
+                if e.reason.is_empty() {
+                    "-".to_owned()
+                } else {
+                    printable(&e.reason)
+                },
+                printable(&ring_text(e)),
+            ]
+        })
+        .collect();
+    let mut width = header.map(str::len);
+    for r in &rows {
+        for (w, cell) in width.iter_mut().zip(r) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[&str]| {
+        let last = cells.len() - 1;
+        for (i, (cell, w)) in cells.iter().zip(width).enumerate() {
+            if i == last {
+                out.push_str(cell);
+            } else {
+                let _ = write!(out, "{cell:<w$}  ");
+            }
+        }
+        out.push('\n');
+    };
+    line(&header);
+    for r in &rows {
+        line(&r.each_ref().map(String::as_str));
+    }
+    if entries.is_empty() {
+        out.push_str("(no connections reported)\n");
+    }
+    out
+}
+
+/// `{"connections":[...]}` with one object per connection; `ring` is null
+/// or `{"id": n|null, "stats": {name: value...}}`.
+pub fn json(entries: &[StatusEntry]) -> String {
+    let mut o = String::from("{\"connections\":[");
+    for (i, e) in entries.iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        let _ = write!(
+            o,
+            "{{\"session\":{},\"pid\":{},\"uid\":{},\"fd\":{},",
+            e.session, e.pid, e.uid, e.fd
+        );
+        for (k, v) in [
+            ("exe", e.exe.as_str()),
+            ("local", &e.local.to_string()),
+            ("peer", &e.peer.to_string()),
+            ("transport", e.transport.as_str()),
+            ("reason", &e.reason),
+        ] {
+            json::key(&mut o, k);
+            json::string(&mut o, v);
+            o.push(',');
+        }
+        json::key(&mut o, "ring");
+        if e.ring.is_none() && e.ring_stats.is_empty() {
+            o.push_str("null");
+        } else {
+            o.push_str("{\"id\":");
+            match e.ring {
+                Some(id) => {
+                    let _ = write!(o, "{id}");
+                }
+                None => o.push_str("null"),
+            }
+            o.push_str(",\"stats\":{");
+            for (j, st) in e.ring_stats.iter().enumerate() {
+                if j > 0 {
+                    o.push(',');
+                }
+                json::key(&mut o, &st.name);
+                let _ = write!(o, "{}", st.value);
+            }
+            o.push_str("}}");
+        }
+        o.push('}');
+    }
+    o.push_str("]}\n");
+    o
+}
+
+/// Runs the command; returns the exit code.
+pub fn run(socket: &Path, as_json: bool) -> i32 {
+    match fetch(socket) {
+        Ok(entries) => {
+            let text = if as_json {
+                json(&entries)
+            } else {
+                table(&entries)
+            };
+            print!("{text}");
+            0
+        }
+        Err(Error::Io(e)) => {
+            eprintln!(
+                "ringsock-ctl: no daemon is answering on {} ({e}); start one with `ringsock-ctl daemon`",
+                socket.display()
+            );
+            1
+        }
+        Err(e) => {
+            eprintln!("ringsock-ctl: status from {} failed: {e}", socket.display());
+            1
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringsock_proto::{RingStat, Transport};
+
+    fn entry() -> StatusEntry {
+        StatusEntry {
+            session: 16,
+            pid: 42,
+            uid: 0,
+            exe: "/usr/bin/redis-\"server".into(),
+            fd: 7,
+            local: "127.0.0.1:6379".parse().unwrap(),
+            peer: "[::1]:5000".parse().unwrap(),
+            transport: Transport::Shm,
+            reason: "line\nbreak".into(),
+            ring: Some(3),
+            ring_stats: vec![RingStat {
+                name: "memfd_size".into(),
+                value: 4096,
+            }],
+        }
+    }
+
+    #[test]
+    fn json_shape() {
+        let j = json(&[entry()]);
+        assert_eq!(
+            j,
+            "{\"connections\":[{\"session\":16,\"pid\":42,\"uid\":0,\"fd\":7,\
+             \"exe\":\"/usr/bin/redis-\\\"server\",\"local\":\"127.0.0.1:6379\",\
+             \"peer\":\"[::1]:5000\",\"transport\":\"shm\",\"reason\":\"line\\nbreak\",\
+             \"ring\":{\"id\":3,\"stats\":{\"memfd_size\":4096}}}]}\n"
+        );
+        assert_eq!(json(&[]), "{\"connections\":[]}\n");
+        let mut e = entry();
+        e.ring = None;
+        e.ring_stats.clear();
+        assert!(json(&[e]).contains("\"ring\":null"));
+    }
+
+    #[test]
+    fn table_shape() {
+        let t = table(&[entry()]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 2);
+        assert!(lines[0].starts_with("PID  PROCESS"));
+        assert!(lines[1].contains("redis-\"server"));
+        assert!(lines[1].contains("line?break"));
+        assert!(lines[1].ends_with("#3 memfd_size=4096"));
+        assert!(table(&[]).contains("no connections"));
+    }
+}

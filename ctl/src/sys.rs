@@ -1,0 +1,251 @@
+//! The daemon's own system calls (the ones a shim never needs): epoll,
+//! signalfd, the listening unix socket, the instance lock, rlimits and
+//! detaching from the terminal. Thin, safe wrappers; policy lives elsewhere.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::mem;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::Duration;
+
+use ringsock_proto::io::unix_addr;
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+fn owned(fd: RawFd) -> OwnedFd {
+    // SAFETY: only called with descriptors just returned by the kernel,
+    // owned by nobody else yet.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// An epoll instance; each registration carries a u64 token.
+pub struct Epoll {
+    fd: OwnedFd,
+}
+
+impl Epoll {
+    pub fn new() -> io::Result<Epoll> {
+        // SAFETY: plain epoll_create1.
+        let fd = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+        Ok(Epoll { fd: owned(fd) })
+    }
+
+    fn ctl(&self, op: i32, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: token };
+        // SAFETY: ev is a valid epoll_event for the duration of the call.
+        cvt(unsafe { libc::epoll_ctl(self.fd.as_raw_fd(), op, fd, &mut ev) })?;
+        Ok(())
+    }
+
+    pub fn add(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_ADD, fd, events, token)
+    }
+
+    pub fn modify(&self, fd: RawFd, events: u32, token: u64) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_MOD, fd, events, token)
+    }
+
+    pub fn delete(&self, fd: RawFd) -> io::Result<()> {
+        self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0)
+    }
+
+    /// Waits up to `timeout` (forever if None); EINTR is an empty wakeup.
+    pub fn wait(
+        &self,
+        events: &mut [libc::epoll_event],
+        timeout: Option<Duration>,
+    ) -> io::Result<usize> {
+        let ms = match timeout {
+            None => -1,
+            // Round up so a deadline 0.4 ms away does not spin at 0 ms.
+            Some(t) => t.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32,
+        };
+        // SAFETY: events is a writable array of its stated length.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.fd.as_raw_fd(),
+                events.as_mut_ptr(),
+                events.len().min(i32::MAX as usize) as i32,
+                ms,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(0);
+            }
+            return Err(e);
+        }
+        Ok(n as usize)
+    }
+}
+
+/// SIGTERM and SIGINT delivered as readable data instead of handlers, so
+/// the single-threaded loop exits cleanly at a point of its choosing.
+pub struct SignalFd {
+    fd: OwnedFd,
+}
+
+impl SignalFd {
+    /// Blocks the signals for this thread and opens a signalfd for them.
+    pub fn new(signals: &[i32]) -> io::Result<SignalFd> {
+        // SAFETY: sigset_t is plain data, initialised by sigemptyset.
+        let mut set: libc::sigset_t = unsafe { mem::zeroed() };
+        // SAFETY: set is a valid sigset_t; the calls only edit it and the
+        // thread's signal mask.
+        unsafe {
+            libc::sigemptyset(&mut set);
+            for &s in signals {
+                libc::sigaddset(&mut set, s);
+            }
+            cvt(libc::pthread_sigmask(
+                libc::SIG_BLOCK,
+                &set,
+                std::ptr::null_mut(),
+            ))?;
+        }
+        // SAFETY: set is a valid sigset_t.
+        let fd = cvt(unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) })?;
+        Ok(SignalFd { fd: owned(fd) })
+    }
+
+    pub fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The next pending signal number, if any.
+    pub fn read(&self) -> Option<u32> {
+        // SAFETY: signalfd_siginfo is plain data.
+        let mut info: libc::signalfd_siginfo = unsafe { mem::zeroed() };
+        let size = mem::size_of::<libc::signalfd_siginfo>();
+        // SAFETY: info is a writable buffer of `size` bytes.
+        let n = unsafe {
+            libc::read(
+                self.fd.as_raw_fd(),
+                &mut info as *mut _ as *mut libc::c_void,
+                size,
+            )
+        };
+        (n == size as isize).then_some(info.ssi_signo)
+    }
+}
+
+/// A non-blocking SOCK_SEQPACKET listener bound to `path`, mode 0666 (any
+/// local user may talk to the daemon; descriptor proofs protect rings).
+pub fn listen_unix(path: &Path, backlog: i32) -> io::Result<OwnedFd> {
+    let (sun, len) = unix_addr(path)?;
+    // SAFETY: plain socket(2).
+    let fd = owned(cvt(unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    })?);
+    // SAFETY: sun is a valid sockaddr_un of `len` bytes.
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &sun as *const _ as *const libc::sockaddr,
+            len,
+        )
+    })?;
+    chmod(path, 0o666)?;
+    // SAFETY: plain listen(2) on our socket.
+    cvt(unsafe { libc::listen(fd.as_raw_fd(), backlog) })?;
+    Ok(fd)
+}
+
+pub fn chmod(path: &Path, mode: libc::mode_t) -> io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: c is a valid NUL-terminated path.
+    cvt(unsafe { libc::chmod(c.as_ptr(), mode) })?;
+    Ok(())
+}
+
+/// Accepts one connection, non-blocking and close-on-exec.
+pub fn accept(listener: RawFd) -> io::Result<OwnedFd> {
+    loop {
+        // SAFETY: accept4 with null address buffers is allowed.
+        let r = unsafe {
+            libc::accept4(
+                listener,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            )
+        };
+        match cvt(r) {
+            Ok(fd) => return Ok(owned(fd)),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Takes an exclusive, non-blocking flock on `file`. `Ok(false)`: another
+/// process holds it.
+pub fn try_lock(file: &File) -> io::Result<bool> {
+    // SAFETY: plain flock(2) on an open file.
+    match cvt(unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Raises the soft RLIMIT_NOFILE to the hard limit (the daemon holds relayed
+/// descriptors for many processes); returns the resulting soft limit.
+pub fn raise_nofile_limit() -> u64 {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: rl is a writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
+        return 1024;
+    }
+    if rl.rlim_cur < rl.rlim_max {
+        let want = libc::rlimit {
+            rlim_cur: rl.rlim_max,
+            rlim_max: rl.rlim_max,
+        };
+        // SAFETY: want is a valid rlimit.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
+            rl = want;
+        }
+    }
+    rl.rlim_cur
+}
+
+/// Leaves the foreground: fork (the parent exits 0 at once: the socket is
+/// already listening, so `ringsock-ctl daemon && cmd` never races), new
+/// session, stdin/stdout to /dev/null. stderr stays: it is the log.
+/// Must run before any thread exists.
+pub fn daemonize() -> io::Result<()> {
+    // SAFETY: the process is single-threaded here, so fork is safe; the
+    // parent only calls _exit.
+    match cvt(unsafe { libc::fork() })? {
+        0 => {}
+        // SAFETY: _exit skips destructors: the child owns the socket file.
+        _ => unsafe { libc::_exit(0) },
+    }
+    // SAFETY: plain setsid in the child.
+    cvt(unsafe { libc::setsid() })?;
+    let null = File::options().read(true).write(true).open("/dev/null")?;
+    for target in [libc::STDIN_FILENO, libc::STDOUT_FILENO] {
+        // SAFETY: dup2 onto the standard descriptors, which we own.
+        cvt(unsafe { libc::dup2(null.as_raw_fd(), target) })?;
+    }
+    Ok(())
+}
