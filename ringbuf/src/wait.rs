@@ -12,7 +12,11 @@ use crate::transport::Transport;
 use std::time::{Duration, Instant};
 
 /// Adaptive spin budget: doubles (up to the configured maximum) when a spin
-/// found what it waited for, halves when the wait had to sleep anyway.
+/// found what it waited for, halves when the wait had to sleep anyway, but
+/// never below an eighth of the maximum: a budget allowed to reach zero can
+/// only recover through a hit within a few dozen iterations, so a short
+/// hiccup (the peer descheduled once) would lock a busy stream into
+/// sleep/wake mode for good. An idle end still sleeps after the floor.
 #[derive(Clone, Copy, Debug)]
 pub struct SpinBudget {
     max: Duration,
@@ -113,4 +117,38 @@ pub fn send_all_blocking<T: Transport>(
         }
     }
     tx.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_halves_to_a_floor_and_recovers() {
+        let mut b = SpinBudget::new(Duration::from_micros(64));
+        for _ in 0..40 {
+            b.miss();
+        }
+        assert_eq!(b.current(), Duration::from_micros(8));
+        b.hit();
+        assert_eq!(b.current(), Duration::from_micros(16));
+        for _ in 0..10 {
+            b.hit();
+        }
+        assert_eq!(b.current(), Duration::from_micros(64));
+    }
+
+    #[test]
+    fn zero_budget_never_spins() {
+        let mut b = SpinBudget::new(Duration::ZERO);
+        let mut calls = 0;
+        let (ready, iters) = b
+            .spin(|| {
+                calls += 1;
+                Ok(false)
+            })
+            .unwrap();
+        assert!(!ready);
+        assert_eq!((iters, calls), (0, 1));
+    }
 }
