@@ -259,10 +259,11 @@ pub fn main(argv: Vec<OsString>) -> i32 {
             };
             match daemon::run(&cfg) {
                 Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("ringsock-ctl: {}", e.0);
+                Err(daemon::StartError::Message(m)) => {
+                    eprintln!("ringsock-ctl: {m}");
                     1
                 }
+                Err(daemon::StartError::Reported) => 1,
             }
         }
         Command::Status(s) => status::run(&socket_path(s.socket), s.json),

@@ -10,6 +10,7 @@
 
 use std::fs::{self, DirBuilder, File};
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,12 +34,17 @@ pub struct DaemonConfig {
     pub foreground: bool,
 }
 
-/// Why the daemon did not start; printed as one clear line, exit code 1.
+/// Why the daemon did not start (exit code 1).
 #[derive(Debug)]
-pub struct StartError(pub String);
+pub enum StartError {
+    /// To be printed as one clear line.
+    Message(String),
+    /// A detached daemon's parent already printed it.
+    Reported,
+}
 
 fn fail<T>(msg: String) -> Result<T, StartError> {
-    Err(StartError(msg))
+    Err(StartError::Message(msg))
 }
 
 fn lock_path(socket: &Path) -> PathBuf {
@@ -112,19 +118,44 @@ fn clear_stale(socket: &Path) -> Result<(), StartError> {
     }
 }
 
-/// Runs the daemon until SIGTERM/SIGINT.
-pub fn run(cfg: &DaemonConfig) -> Result<(), StartError> {
+/// Everything that can fail in a way the user must hear about: directory,
+/// instance lock, stale socket, listening socket.
+fn claim_socket(cfg: &DaemonConfig) -> Result<(File, OwnedFd), StartError> {
     make_dir(&cfg.socket)?;
-    let _lock = take_lock(&cfg.socket)?;
+    let lock = take_lock(&cfg.socket)?;
     clear_stale(&cfg.socket)?;
     let listener = sys::listen_unix(&cfg.socket, libc::SOMAXCONN)
         .or_else(|e| fail(format!("cannot listen on {}: {e}", cfg.socket.display())))?;
-    if !cfg.foreground {
-        if let Err(e) = sys::daemonize() {
-            let _ = fs::remove_file(&cfg.socket);
-            return fail(format!("cannot detach: {e}"));
+    Ok((lock, listener))
+}
+
+/// Runs the daemon until SIGTERM/SIGINT (in the background unless
+/// `foreground`: then this returns in the parent only on failure).
+pub fn run(cfg: &DaemonConfig) -> Result<(), StartError> {
+    let (_lock, listener) = if cfg.foreground {
+        claim_socket(cfg)?
+    } else {
+        let ready = sys::detach().or_else(|e| fail(format!("cannot detach: {e}")))?;
+        match claim_socket(cfg).and_then(|held| {
+            sys::quiet_stdio()
+                .map(|()| held)
+                .or_else(|e| fail(format!("cannot redirect stdio: {e}")))
+        }) {
+            Ok(held) => {
+                ready.ready();
+                held
+            }
+            Err(StartError::Message(m)) => {
+                ready.failed(&m);
+                return Err(StartError::Reported);
+            }
+            Err(StartError::Reported) => return Err(StartError::Reported),
         }
-    }
+    };
+    serve(cfg, listener)
+}
+
+fn serve(cfg: &DaemonConfig, listener: OwnedFd) -> Result<(), StartError> {
     // Budget descriptors: half for held relays and rings, a quarter for
     // sessions, the rest for proofs in flight and the daemon itself.
     let nofile = sys::raise_nofile_limit().min(1 << 20) as usize;

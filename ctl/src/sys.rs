@@ -228,20 +228,73 @@ pub fn raise_nofile_limit() -> u64 {
     rl.rlim_cur
 }
 
-/// Leaves the foreground: fork (the parent exits 0 at once: the socket is
-/// already listening, so `ringsock-ctl daemon && cmd` never races), new
-/// session, stdin/stdout to /dev/null. stderr stays: it is the log.
-/// Must run before any thread exists.
-pub fn daemonize() -> io::Result<()> {
-    // SAFETY: the process is single-threaded here, so fork is safe; the
-    // parent only calls _exit.
-    match cvt(unsafe { libc::fork() })? {
-        0 => {}
-        // SAFETY: _exit skips destructors: the child owns the socket file.
-        _ => unsafe { libc::_exit(0) },
+/// The child's end of the start-up pipe of a detached daemon: it tells
+/// the waiting parent whether start-up worked.
+pub struct Readiness {
+    fd: OwnedFd,
+}
+
+impl Readiness {
+    fn send(self, bytes: &[u8]) {
+        // SAFETY: bytes is a readable buffer; a short or failed write only
+        // means the parent reports a generic failure.
+        unsafe {
+            libc::write(self.fd.as_raw_fd(), bytes.as_ptr().cast(), bytes.len());
+        }
     }
-    // SAFETY: plain setsid in the child.
+
+    /// Start-up succeeded: the parent exits 0.
+    pub fn ready(self) {
+        self.send(&[0]);
+    }
+
+    /// Start-up failed: the parent prints `msg` and exits 1.
+    pub fn failed(self, msg: &str) {
+        self.send(msg.as_bytes());
+    }
+}
+
+/// Leaves the foreground. Forks; the parent waits until the child reports
+/// through a pipe, then exits 0 (started: the socket is already listening,
+/// so `ringsock-ctl daemon && cmd` never races) or prints the child's error
+/// and exits 1. The child starts a new session and returns its end of the
+/// pipe. Forking before the socket exists matters: SO_PEERCRED of the
+/// listening socket names the process that called listen().
+/// Must run before any thread exists.
+pub fn detach() -> io::Result<Readiness> {
+    let mut p = [0; 2];
+    // SAFETY: p is a writable array of two ints.
+    cvt(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    let (rd, wr) = (owned(p[0]), owned(p[1]));
+    // SAFETY: the process is single-threaded here, so fork is safe.
+    let pid = cvt(unsafe { libc::fork() })?;
+    if pid != 0 {
+        drop(wr);
+        let mut msg = Vec::new();
+        let _ = io::Read::read_to_end(&mut File::from(rd), &mut msg);
+        let code = match msg.as_slice() {
+            [0] => 0,
+            [] => {
+                eprintln!("ringsock-ctl: the daemon exited during start-up");
+                1
+            }
+            m => {
+                eprintln!("ringsock-ctl: {}", String::from_utf8_lossy(m));
+                1
+            }
+        };
+        // SAFETY: _exit skips destructors and atexit handlers: everything
+        // the parent holds belongs to the child now.
+        unsafe { libc::_exit(code) }
+    }
+    drop(rd);
+    // SAFETY: plain setsid in the child (never a group leader after fork).
     cvt(unsafe { libc::setsid() })?;
+    Ok(Readiness { fd: wr })
+}
+
+/// Points stdin and stdout at /dev/null. stderr stays: it is the log.
+pub fn quiet_stdio() -> io::Result<()> {
     let null = File::options().read(true).write(true).open("/dev/null")?;
     for target in [libc::STDIN_FILENO, libc::STDOUT_FILENO] {
         // SAFETY: dup2 onto the standard descriptors, which we own.

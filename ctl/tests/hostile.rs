@@ -1,0 +1,115 @@
+//! Hostile or broken sessions: each is closed alone, and the daemon goes
+//! on serving everyone else.
+
+mod common;
+
+use std::os::fd::AsRawFd;
+
+use common::*;
+use ringsock_proto::{frame, Msg, MAX_FRAME, PROTO_VERSION};
+
+/// The daemon still answers a well-behaved session.
+fn still_serving(d: &Daemon) {
+    let mut c = d.session();
+    let (r, _) = call(&mut c, &Msg::Status { after: None }, &[]);
+    assert!(matches!(r, Msg::StatusReply { .. }), "{r:?}");
+}
+
+fn assert_evicted(d: &Daemon, bytes: &[u8], hello_first: bool) {
+    let c = if hello_first {
+        d.session()
+    } else {
+        d.raw_session()
+    };
+    let bystander = d.session();
+    send_raw(&c, bytes).unwrap();
+    assert!(
+        is_closed_by_daemon(&c),
+        "session not closed for {:?}",
+        &bytes[..bytes.len().min(16)]
+    );
+    drop(bystander);
+    still_serving(d);
+}
+
+fn header(len: u32, version: u16, kind: u16) -> Vec<u8> {
+    let mut v = len.to_le_bytes().to_vec();
+    v.extend_from_slice(&version.to_le_bytes());
+    v.extend_from_slice(&kind.to_le_bytes());
+    v
+}
+
+#[test]
+fn garbage_bytes() {
+    let d = Daemon::start();
+    assert_evicted(&d, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", false);
+    assert_evicted(&d, &[0xff; 3], true);
+    assert_evicted(&d, &[0; 64], true);
+}
+
+#[test]
+fn oversized_length_prefix() {
+    let d = Daemon::start();
+    assert_evicted(
+        &d,
+        &header(MAX_FRAME as u32 + 1, PROTO_VERSION, 0x000c),
+        true,
+    );
+    assert_evicted(&d, &header(u32::MAX, PROTO_VERSION, 0x000c), true);
+    // A datagram really larger than any frame.
+    let mut big = header(MAX_FRAME as u32 + 100, PROTO_VERSION, 0x000c);
+    big.resize(MAX_FRAME + 104, 0);
+    assert_evicted(&d, &big, true);
+}
+
+#[test]
+fn wrong_version_unknown_kind_trailing_bytes() {
+    let d = Daemon::start();
+    let mut f = frame::encode(&Msg::Status { after: None }).unwrap();
+    f[4..6].copy_from_slice(&(PROTO_VERSION + 1).to_le_bytes());
+    assert_evicted(&d, &f, true);
+    assert_evicted(&d, &header(4, PROTO_VERSION, 0x0777), true);
+    let mut t = frame::encode(&Msg::Status { after: None }).unwrap();
+    t.push(0);
+    let len = (t.len() - 4) as u32;
+    t[..4].copy_from_slice(&len.to_le_bytes());
+    assert_evicted(&d, &t, true);
+}
+
+#[test]
+fn protocol_violations() {
+    let d = Daemon::start();
+    // A request before Hello.
+    let status = frame::encode(&Msg::Status { after: None }).unwrap();
+    assert_evicted(&d, &status, false);
+    // A reply kind sent to the daemon.
+    assert_evicted(&d, &frame::encode(&Msg::Ok).unwrap(), true);
+    // A descriptor on a message that takes none: closed, and the fd with it.
+    let c = d.session();
+    let efd = eventfd();
+    ringsock_proto::io::send_frame(c.as_raw_fd(), &status, &[efd.as_raw_fd()], 0).unwrap();
+    assert!(is_closed_by_daemon(&c));
+    // A claim without its proof descriptor.
+    assert_evicted(&d, &frame::encode(&Msg::Claim).unwrap(), true);
+    still_serving(&d);
+    let log = d.log_text();
+    assert!(log.contains("before Hello"), "{log}");
+    assert!(log.contains("closing it"), "{log}");
+}
+
+#[test]
+fn many_sessions_and_abrupt_disconnects() {
+    let d = Daemon::start();
+    let mut sessions: Vec<_> = (0..50).map(|_| d.session()).collect();
+    // Half vanish mid-conversation with a request in flight.
+    for c in sessions.drain(..25) {
+        send_raw(&c, &frame::encode(&Msg::Status { after: None }).unwrap()).unwrap();
+    }
+    for c in &mut sessions {
+        assert!(matches!(
+            call(c, &Msg::Status { after: None }, &[]).0,
+            Msg::StatusReply { .. }
+        ));
+    }
+    still_serving(&d);
+}
