@@ -32,14 +32,16 @@ impl SpinBudget {
         self.now
     }
 
+    fn floor(&self) -> Duration {
+        self.max / 8
+    }
+
     fn hit(&mut self) {
-        self.now = (self.now * 2)
-            .clamp(Duration::from_micros(1), self.max)
-            .min(self.max);
+        self.now = (self.now * 2).min(self.max);
     }
 
     fn miss(&mut self) {
-        self.now /= 2;
+        self.now = (self.now / 2).max(self.floor());
     }
 
     /// Spins until `ready()` or the budget runs out. Returns whether ready
