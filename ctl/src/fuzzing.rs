@@ -8,12 +8,14 @@
 //! leak or a double release anywhere in the state machine fails loudly.
 
 use std::cell::Cell;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use ringsock_proto::{
-    frame, Msg, RingStat, StatusCursor, Transport, MAX_EXE, MAX_FDS, MAX_PAYLOAD, MAX_REASON,
+    frame, Msg, RingStat, StatusCursor, Transport, MAX_EXE, MAX_FDS, MAX_FRAME_TOTAL, MAX_PAYLOAD,
+    MAX_REASON,
 };
 
 use crate::handler::{ClientProof, Env, Handler, ListenerProof};
@@ -128,7 +130,7 @@ impl Env for FakeEnv {
 
 /// Addresses the script picks from: few, so that offers, listeners and
 /// claims collide often, with wildcard, v6 and v4-mapped forms.
-pub const ADDRS: [&str; 8] = [
+pub const ADDRS: [&str; 16] = [
     "127.0.0.1:80",
     "127.0.0.1:5000",
     "0.0.0.0:80",
@@ -137,6 +139,14 @@ pub const ADDRS: [&str; 8] = [
     "127.0.0.1:5001",
     "[::1]:80",
     "0.0.0.0:5000",
+    "[::1]:5002",
+    "[::]:5002",
+    "10.0.0.1:80",
+    "127.0.0.1:0",
+    "[fe80::1%2]:80",
+    "[::ffff:127.0.0.1]:80",
+    "127.0.0.2:80",
+    "10.0.0.1:5003",
 ];
 
 pub fn addr(i: u8) -> SocketAddr {
@@ -174,26 +184,126 @@ impl Script<'_> {
         u64::from(self.u8()) % 16
     }
 
-    fn bytes(&mut self, max: usize) -> Vec<u8> {
-        let n = (usize::from(self.u16()) % (max + 1)).min(self.data.len());
-        let (b, rest) = self.data.split_at(n);
+    fn take(&mut self, n: usize) -> Vec<u8> {
+        let (b, rest) = self.data.split_at(n.min(self.data.len()));
         self.data = rest;
         b.to_vec()
     }
 
+    /// Up to `max` bytes; usually short, so one field does not swallow
+    /// the rest of the script.
+    fn bytes(&mut self, max: usize) -> Vec<u8> {
+        let r = self.u8();
+        let n = if r == 0xff {
+            usize::from(self.u16()) % (max + 1)
+        } else {
+            usize::from(r % 16).min(max)
+        };
+        self.take(n)
+    }
+
     fn text(&mut self, max: usize) -> String {
+        // Lossy decoding may triple a byte's size: stay under `max`.
         String::from_utf8_lossy(&self.bytes(max / 3)).into_owned()
     }
 }
 
 const SESSIONS: u8 = 4;
 
+/// What the script has seen, so later steps can refer to it: without this
+/// a fuzzer would have to guess a matching 4-tuple or offer id, and would
+/// rarely get past "NoOffer".
+#[derive(Default)]
+struct Memory {
+    /// (client, server) of offers the daemon accepted.
+    tuples: Vec<(SocketAddr, SocketAddr)>,
+    /// Accepted offers and the session that made each.
+    ids: Vec<(u64, SessionId)>,
+    /// Addresses of listeners the daemon accepted.
+    listeners: Vec<SocketAddr>,
+    /// Offers some session claimed, and which session.
+    claimed: Vec<(u64, SessionId)>,
+}
+
+impl Memory {
+    /// An offer id for Answer/Decline: usually a claimed one, then sent by
+    /// its claimer (the returned session) so answers actually land.
+    fn claimed_id(&self, s: &mut Script<'_>) -> (u64, Option<SessionId>) {
+        let r = s.u8();
+        match self.claimed.get(usize::from(r) % self.claimed.len().max(1)) {
+            Some(&(id, by)) if r & 0x80 == 0 => (id, (r & 0x40 == 0).then_some(by)),
+            _ => (self.id(s), None),
+        }
+    }
+
+    /// A server address some listener covers (a wildcard made concrete).
+    fn server(&self, s: &mut Script<'_>) -> SocketAddr {
+        let r = s.u8();
+        match self
+            .listeners
+            .get(usize::from(r) % self.listeners.len().max(1))
+        {
+            Some(&l) if r & 0x80 == 0 => {
+                let mut a = l;
+                if a.ip().is_unspecified() {
+                    a.set_ip(match a {
+                        SocketAddr::V4(_) => [127, 0, 0, 1].into(),
+                        SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+                    });
+                }
+                a
+            }
+            _ => addr(r),
+        }
+    }
+
+    /// An offer id: usually one the daemon handed out, then (usually)
+    /// sent by its owner; sometimes any small number.
+    fn owned_id(&self, s: &mut Script<'_>) -> (u64, Option<SessionId>) {
+        let r = s.u8();
+        match self.ids.get(usize::from(r) % self.ids.len().max(1)) {
+            Some(&(id, owner)) if r & 0x80 == 0 => (id, (r & 0x40 == 0).then_some(owner)),
+            _ => (u64::from(r % 16), None),
+        }
+    }
+
+    fn id(&self, s: &mut Script<'_>) -> u64 {
+        self.owned_id(s).0
+    }
+
+    /// The accepted socket that really belongs to a remembered offer: the
+    /// server side's view (local = server, peer = client; a client bound to
+    /// a wildcard shows up with a concrete address).
+    fn accepted(&self, pick: u8) -> Option<FakeSock> {
+        let &(client, server) = self
+            .tuples
+            .get(usize::from(pick) % self.tuples.len().max(1))?;
+        let mut peer = client;
+        if peer.ip().is_unspecified() {
+            peer.set_ip(server.ip());
+        }
+        Some(FakeSock::Accepted {
+            local: server,
+            peer,
+        })
+    }
+}
+
+/// How many replies of each kind a script produced, and how many sessions
+/// were closed for faults: lets tests check the driver reaches deep states.
+#[derive(Debug, Default)]
+pub struct ScriptStats {
+    pub replies: BTreeMap<&'static str, usize>,
+    pub faults: usize,
+}
+
 /// Drives a handler through the events encoded in `data`. Panics only if
 /// an invariant breaks (which is the point).
-pub fn run_script(data: &[u8]) {
+pub fn run_script(data: &[u8]) -> ScriptStats {
+    let mut stats = ScriptStats::default();
     let env = FakeEnv::default();
     let limits = Limits {
-        offer_timeout: Duration::from_millis(100),
+        offer_timeout: Duration::from_millis(500),
         max_offers_per_session: 8,
         max_listeners_per_session: 8,
         max_reports_per_session: 8,
@@ -201,63 +311,104 @@ pub fn run_script(data: &[u8]) {
     };
     let mut h = Handler::new(env.clone(), limits, 7);
     let mut open = [false; SESSIONS as usize];
+    let mut mem = Memory::default();
     let mut now = Instant::now();
     let mut s = Script { data };
     while !s.done() {
         let op = s.u8();
-        let sid = op / 8 % SESSIONS;
-        let id = SessionId::from(sid);
+        let sid = op / 16 % SESSIONS;
+        let mut id = SessionId::from(sid);
         let slot = usize::from(sid);
-        match op % 8 {
+        match op % 16 {
             0 => {
-                if open[slot] {
-                    h.close_session(id, now);
-                }
-                let pid = u32::from(s.u8());
-                h.open_session(
-                    id,
-                    Cred {
-                        pid,
-                        uid: 0,
-                        gid: 0,
-                    },
-                );
-                open[slot] = true;
-            }
-            1 => {
                 h.close_session(id, now);
                 open[slot] = false;
             }
-            2 => {
-                now += Duration::from_millis(u64::from(s.u8()) * 4);
-                h.tick(now);
-            }
-            3 | 4 if open[slot] => {
-                let (bytes, fds) = if op % 8 == 3 {
-                    (s.bytes(4096), fake_fds(&env, &mut s))
-                } else {
-                    let msg = message(&mut s);
-                    // Mostly a legal descriptor count, sometimes any count.
-                    let (lo, hi) = msg.fd_range();
-                    let r = usize::from(s.u8());
-                    let n = if r & 0x80 != 0 {
-                        r % (MAX_FDS + 1)
-                    } else {
-                        lo + r % (hi - lo + 1)
-                    };
-                    let fds = (0..n).map(|_| fake_fd(&env, &mut s)).collect();
-                    (frame::encode(&msg).unwrap_or_default(), fds)
+            1 => {
+                if open[slot] {
+                    h.close_session(id, now);
+                }
+                let pid = s.u8();
+                let cred = Cred {
+                    pid: u32::from(pid),
+                    uid: 0,
+                    gid: 0,
                 };
-                match h.handle_frame(id, &bytes, fds, now) {
-                    // The reply (and its relayed fds) goes out and is gone.
-                    Ok(reply) => assert!(frame::encode(&reply.msg).is_ok(), "unencodable reply"),
-                    Err(_) => {
-                        h.close_session(id, now);
-                        open[slot] = false;
+                h.open_session(id, cred);
+                open[slot] = true;
+                // Usually say Hello at once: most scripts should get going.
+                if pid & 1 == 0 {
+                    let hello = Msg::Hello {
+                        pid: 1,
+                        exe: String::new(),
+                    };
+                    if h.handle(id, hello, Vec::new(), now).is_err() {
+                        panic!("Hello refused");
                     }
                 }
             }
-            _ => {}
+            2 => {
+                now += Duration::from_millis(u64::from(s.u8()));
+                h.tick(now);
+            }
+            _ => {
+                if !open[slot] {
+                    // Talking on a closed session reopens it (after Hello).
+                    h.open_session(
+                        id,
+                        Cred {
+                            pid: 9,
+                            uid: 0,
+                            gid: 0,
+                        },
+                    );
+                    let hello = Msg::Hello {
+                        pid: 9,
+                        exe: String::new(),
+                    };
+                    if h.handle(id, hello, Vec::new(), now).is_err() {
+                        panic!("Hello refused");
+                    }
+                    open[slot] = true;
+                }
+                let (msg, bytes, fds) = if op % 16 == 3 {
+                    (None, s.bytes(MAX_FRAME_TOTAL), fake_fds(&env, &mut s))
+                } else {
+                    let (msg, speaker) = message(&mut s, &mem);
+                    if let Some(by) = speaker.filter(|by| open[(by % u64::from(SESSIONS)) as usize])
+                    {
+                        id = by;
+                    }
+                    let fds = fds_for(&msg, &env, &mut s, &mem);
+                    let bytes = frame::encode(&msg).unwrap_or_default();
+                    (Some(msg), bytes, fds)
+                };
+                match h.handle_frame(id, &bytes, fds, now) {
+                    // The reply (and its relayed fds) goes out and is gone.
+                    Ok(reply) => {
+                        assert!(frame::encode(&reply.msg).is_ok(), "unencodable reply");
+                        *stats.replies.entry(reply.msg.name()).or_insert(0) += 1;
+                        match (&msg, &reply.msg) {
+                            (
+                                Some(Msg::Offer { client, server, .. }),
+                                Msg::OfferOk { offer_id },
+                            ) => {
+                                mem.tuples.push((*client, *server));
+                                mem.ids.push((*offer_id, id));
+                            }
+                            (Some(Msg::ListenerAdd { addr }), Msg::Ok) => mem.listeners.push(*addr),
+                            (_, Msg::ClaimOk { offer_id, .. }) => mem.claimed.push((*offer_id, id)),
+                            _ => {}
+                        }
+                    }
+                    Err(_) => {
+                        stats.faults += 1;
+                        h.close_session(id, now);
+                        // `id` may be the speaker's, not the script's choice.
+                        open[(id % u64::from(SESSIONS)) as usize] = false;
+                    }
+                }
+            }
         }
         h.registry().check_invariants();
         assert_eq!(
@@ -266,6 +417,37 @@ pub fn run_script(data: &[u8]) {
             "fake fds alive vs held by the registry"
         );
     }
+    stats
+}
+
+/// Descriptors for a well-formed request: usually a legal count, with the
+/// proof (if the kind takes one) usually honest; sometimes anything.
+fn fds_for(msg: &Msg, env: &FakeEnv, s: &mut Script<'_>, mem: &Memory) -> Vec<FakeFd> {
+    let r = s.u8();
+    let (lo, hi) = msg.fd_range();
+    let n = if r & 0xf0 == 0xf0 {
+        usize::from(r) % (MAX_FDS + 1)
+    } else {
+        lo + usize::from(r) % (hi - lo + 1)
+    };
+    let honest = match msg {
+        _ if r & 0x0c == 0x0c || n == 0 => None,
+        Msg::ListenerAdd { addr } => Some(FakeSock::Listener {
+            addr: *addr,
+            dual_stack: r & 0x10 != 0,
+        }),
+        Msg::Offer { client, .. } => Some(FakeSock::Client {
+            local: *client,
+            peer: None,
+        }),
+        Msg::Claim => mem.accepted(s.u8()),
+        _ => None,
+    };
+    let mut fds: Vec<FakeFd> = honest.into_iter().map(|p| env.fd(p)).collect();
+    while fds.len() < n {
+        fds.push(fake_fd(env, s));
+    }
+    fds
 }
 
 fn fake_fds(env: &FakeEnv, s: &mut Script<'_>) -> Vec<FakeFd> {
@@ -276,7 +458,7 @@ fn fake_fds(env: &FakeEnv, s: &mut Script<'_>) -> Vec<FakeFd> {
 fn fake_fd(env: &FakeEnv, s: &mut Script<'_>) -> FakeFd {
     let kind = s.u8();
     let ab = s.u8();
-    let (x, y) = (addr(ab & 7), addr(ab >> 3));
+    let (x, y) = (addr(ab & 15), addr(ab >> 4));
     env.fd(match kind % 5 {
         0 => FakeSock::Listener {
             addr: x,
@@ -295,9 +477,11 @@ fn fake_fd(env: &FakeEnv, s: &mut Script<'_>) -> FakeFd {
 }
 
 /// A well-formed request built from script bytes (so the fuzzer reaches
-/// the state machine without having to discover the wire format first).
-fn message(s: &mut Script<'_>) -> Msg {
-    match s.u8() % 12 {
+/// the state machine without having to discover the wire format first),
+/// and the session that should send it if not the script's choice.
+fn message(s: &mut Script<'_>, mem: &Memory) -> (Msg, Option<SessionId>) {
+    let mut speaker = None;
+    let msg = match s.u8() % 12 {
         0 => Msg::Hello {
             pid: u32::from(s.u8()),
             exe: s.text(MAX_EXE),
@@ -306,20 +490,35 @@ fn message(s: &mut Script<'_>) -> Msg {
         2 => Msg::ListenerRemove { addr: addr(s.u8()) },
         3 => Msg::Offer {
             client: addr(s.u8()),
-            server: addr(s.u8()),
+            server: mem.server(s),
             payload: s.bytes(MAX_PAYLOAD),
         },
         4 => Msg::Claim,
-        5 => Msg::Answer {
-            offer_id: s.u64(),
-            payload: s.bytes(MAX_PAYLOAD),
-        },
-        6 => Msg::Decline {
-            offer_id: s.u64(),
-            reason: s.text(MAX_REASON),
-        },
-        7 => Msg::Collect { offer_id: s.u64() },
-        8 => Msg::Cancel { offer_id: s.u64() },
+        5 => {
+            let (offer_id, by) = mem.claimed_id(s);
+            speaker = by;
+            Msg::Answer {
+                offer_id,
+                payload: s.bytes(MAX_PAYLOAD),
+            }
+        }
+        6 => {
+            let (offer_id, by) = mem.claimed_id(s);
+            speaker = by;
+            Msg::Decline {
+                offer_id,
+                reason: s.text(MAX_REASON),
+            }
+        }
+        7 | 8 => {
+            let (offer_id, by) = mem.owned_id(s);
+            speaker = by;
+            if s.u8() & 3 == 0 {
+                Msg::Cancel { offer_id }
+            } else {
+                Msg::Collect { offer_id }
+            }
+        }
         9 => Msg::ConnReport {
             fd: i32::from(s.u8()),
             local: addr(s.u8()),
@@ -339,5 +538,6 @@ fn message(s: &mut Script<'_>) -> Msg {
                 fd: i32::from(s.u8()),
             }),
         },
-    }
+    };
+    (msg, speaker)
 }

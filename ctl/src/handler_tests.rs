@@ -384,6 +384,43 @@ fn scripts_reach_deep_states() {
     assert!(matches!(r.msg, Msg::OfferOk { .. }));
 }
 
+#[test]
+fn random_scripts_reach_every_outcome() {
+    // Deterministic pseudo-random scripts (xorshift): the driver must not
+    // be vacuous, i.e. random bytes must reach claims, answers and expiry.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut total: std::collections::BTreeMap<&str, usize> = Default::default();
+    for _ in 0..300 {
+        let script: Vec<u8> = (0..3000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let st = run_script(&script);
+        *total.entry("_faults").or_insert(0) += st.faults;
+        for (k, v) in st.replies {
+            *total.entry(k).or_insert(0) += v;
+        }
+    }
+    for kind in [
+        "OfferOk",
+        "ClaimOk",
+        "Answered",
+        "Declined",
+        "Expired",
+        "Pending",
+        "StatusReply",
+    ] {
+        assert!(
+            total.get(kind).copied().unwrap_or(0) > 0,
+            "{kind}: {total:?}"
+        );
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(3000))]
 
