@@ -1,0 +1,250 @@
+//! The interface between the hooks and the ring data path.
+//!
+//! A socket the shim tracks is a kernel TCP socket. Once the ring layer has
+//! set up a ring channel for it (on `connect` or `accept`, through the
+//! registered `Attacher`), it is *attached*: the fd table holds an
+//! `Arc<dyn AttachedConn>` for it, and every data hook on any fd that refers
+//! to it (dup'd fds included) dispatches to that object instead of the
+//! kernel. The kernel socket stays open underneath as the control
+//! connection (DESIGN "Control plane").
+//!
+//! An `AttachedConn` is a *non-blocking* object. Blocking semantics (O_NONBLOCK,
+//! MSG_DONTWAIT, SO_RCVTIMEO/SO_SNDTIMEO, MSG_WAITALL, EINTR, SIGPIPE and
+//! MSG_NOSIGNAL, spin-then-sleep) are implemented once, in `dispatch`, on top
+//! of `try_recv`/`try_send`, `readiness` and the wait protocol
+//! (`arm` → sleep on `wait_fds` → `disarm`), so every transport gets them
+//! right by construction. poll/select/epoll use the same primitives.
+//!
+//! Thread-safety: all methods take `&self` and may be called concurrently
+//! from several threads (a program may read on one thread and write on
+//! another, or close on a third). `release` may run while another thread is
+//! still inside `try_recv`; the object itself stays alive (Arc) until the
+//! last call returns.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::{Arc, OnceLock};
+
+use libc::c_int;
+
+/// An errno value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Errno(pub c_int);
+
+/// Readiness bits, with poll(2)'s values: `READ` = POLLIN, `WRITE` =
+/// POLLOUT, `RDHUP` = POLLRDHUP (peer shut down its sending side; reads
+/// return what is left, then EOF), `HUP` = POLLHUP (both directions are
+/// finished), `ERR` = POLLERR (`take_error` has something), `PRI` = POLLPRI.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ready(pub u32);
+
+impl Ready {
+    pub const NONE: Ready = Ready(0);
+    pub const READ: Ready = Ready(libc::POLLIN as u32);
+    pub const PRI: Ready = Ready(libc::POLLPRI as u32);
+    pub const WRITE: Ready = Ready(libc::POLLOUT as u32);
+    pub const ERR: Ready = Ready(libc::POLLERR as u32);
+    pub const HUP: Ready = Ready(libc::POLLHUP as u32);
+    pub const RDHUP: Ready = Ready(libc::POLLRDHUP as u32);
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn intersects(self, other: Ready) -> bool {
+        self.0 & other.0 != 0
+    }
+
+    pub fn contains(self, other: Ready) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Ready {
+    type Output = Ready;
+    fn bitor(self, rhs: Ready) -> Ready {
+        Ready(self.0 | rhs.0)
+    }
+}
+
+impl std::ops::BitAnd for Ready {
+    type Output = Ready;
+    fn bitand(self, rhs: Ready) -> Ready {
+        Ready(self.0 & rhs.0)
+    }
+}
+
+/// One fd to sleep on while waiting for a connection, with poll(2) events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitFd {
+    pub fd: RawFd,
+    pub events: i16,
+}
+
+/// Up to two fds a waiter sleeps on: typically the doorbell (an eventfd the
+/// peer writes after publishing, or a verbs completion channel) and the
+/// kernel TCP socket (its EOF/RST tells that the peer process died).
+pub type WaitFds = [Option<WaitFd>; 2];
+
+/// How the last fd of a connection went away in this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseKind {
+    /// Closed by the process that uses the connection (it claimed it in the
+    /// current fork generation): mirror end-of-stream into the ring, then let
+    /// the kernel socket be closed.
+    Owner,
+    /// Closed by a process that never used it since the last fork (redis'
+    /// save child, the parent of a pre-forking server after handing the
+    /// connection to a worker): drop this process's mapping only; the user
+    /// of the connection carries on.
+    Inherited,
+    /// The fd had already been closed behind the shim's back (close_range
+    /// with a raw syscall, fclose of an fdopen'd socket) and its number
+    /// reused; nothing can be sent on it any more.
+    Stale,
+}
+
+/// A ring-attached connection. See the module documentation for the
+/// threading and blocking contract. `fd` arguments name the kernel TCP
+/// socket the call came in on (any dup of it).
+pub trait AttachedConn: Send + Sync {
+    /// Copies received bytes into `bufs` without blocking. `Ok(n > 0)`:
+    /// bytes copied (and consumed unless `peek`). `Ok(0)`: end of stream
+    /// (only meaningful when the buffers are not empty). `Err(EAGAIN)`:
+    /// nothing available now. Any other error is returned to the program.
+    fn try_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno>;
+
+    /// Queues bytes for the peer without blocking. `Ok(n)`: n bytes
+    /// accepted (may be short). `Err(EAGAIN)`: no room now. `Err(EPIPE)`:
+    /// this side was shut down or the peer is gone (the dispatcher raises
+    /// SIGPIPE unless MSG_NOSIGNAL).
+    fn try_send(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno>;
+
+    /// Pushes out anything batched but not yet visible to the peer. Called
+    /// before the calling thread can block (DESIGN "Data plane").
+    fn flush(&self);
+
+    /// Current readiness, without blocking and without arming anything.
+    fn readiness(&self) -> Ready;
+
+    /// Asks to be woken through `wait_fds` when any of `interest` may have
+    /// become true (publishes the "sleeping" flag), then re-checks and
+    /// returns the readiness seen *after* arming. If that intersects
+    /// `interest` the caller does not sleep. Must be paired with `disarm`.
+    fn arm(&self, interest: Ready) -> Ready;
+
+    /// Ends a wait started by `arm` (clears the flag, drains the doorbell).
+    fn disarm(&self, interest: Ready);
+
+    /// The fds to sleep on after `arm(interest)`; they become readable (or
+    /// report an error/hangup) when the connection's readiness may have
+    /// changed. The set must not change during the life of the connection
+    /// for a given `interest` (epoll registers it once).
+    fn wait_fds(&self, fd: RawFd, interest: Ready) -> WaitFds;
+
+    /// Bytes that a read would return now (FIONREAD).
+    fn available(&self) -> usize;
+
+    /// shutdown(2): SHUT_RD, SHUT_WR or SHUT_RDWR, mirrored as end-of-stream
+    /// in the ring; the implementation shuts down the kernel socket `fd`
+    /// as it sees fit.
+    fn shutdown(&self, fd: RawFd, how: c_int) -> Result<(), Errno>;
+
+    /// The pending socket error (SO_ERROR), cleared by the call; 0 if none.
+    fn take_error(&self) -> c_int;
+
+    /// Called before the first use of the connection by this process in the
+    /// current fork generation (see fdtable/state.rs). `Err` refuses the use
+    /// (an RDMA connection cannot be used from a forked child): the program
+    /// gets that errno, and the implementation logs why.
+    fn claim(&self) -> Result<(), Errno>;
+
+    /// The last fd referring to the connection in this process was closed
+    /// (`close`, `dup2` over it, ...). Called before the kernel socket `fd`
+    /// is closed.
+    fn release(&self, fd: RawFd, kind: ReleaseKind);
+}
+
+/// Why a tracked socket stays on kernel TCP (shown by `ringsock-ctl status`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum TcpReason {
+    /// Not decided yet (before connect/accept).
+    Undecided = 0,
+    /// RINGSOCK_DISABLE=1.
+    Disabled = 1,
+    /// The port is excluded by RINGSOCK_INCLUDE_PORTS/EXCLUDE_PORTS.
+    ExcludedPort = 2,
+    /// The address is excluded by RINGSOCK_INCLUDE_NETS/EXCLUDE_NETS.
+    ExcludedNet = 3,
+    /// No ring transport is available in this process.
+    NoTransport = 4,
+    /// The transport declined (no ctl, no peer shim, timeout, ...).
+    Declined = 5,
+    /// The address family is not one a ring can carry.
+    Family = 6,
+}
+
+impl TcpReason {
+    pub fn from_u8(v: u8) -> TcpReason {
+        match v {
+            1 => TcpReason::Disabled,
+            2 => TcpReason::ExcludedPort,
+            3 => TcpReason::ExcludedNet,
+            4 => TcpReason::NoTransport,
+            5 => TcpReason::Declined,
+            6 => TcpReason::Family,
+            _ => TcpReason::Undecided,
+        }
+    }
+}
+
+/// What the transport decided for one connection.
+pub enum Decision {
+    /// Attach this ring channel to the socket.
+    Ring(Arc<dyn AttachedConn>),
+    /// Stay plain kernel TCP, for this reason.
+    Tcp(TcpReason),
+}
+
+/// The ring layer's entry points, registered once per process with
+/// `register_attacher`. Called with the shim's re-entrancy guard held: any
+/// socket call it makes goes straight to libc.
+pub trait Attacher: Send + Sync {
+    /// connect() on a tracked TCP socket whose destination passed the
+    /// include/exclude filters. The implementation does its handshake
+    /// preparation (bind, offer through ctl), then calls `connect` exactly
+    /// once to let the kernel connect happen (it returns the real connect's
+    /// result, EINPROGRESS included), and returns that result together with
+    /// its decision. Bytes must never be lost or reordered whatever it
+    /// decides (DESIGN "Control plane" 4).
+    fn connect(
+        &self,
+        fd: RawFd,
+        dest: SocketAddr,
+        nonblocking: bool,
+        connect: &mut dyn FnMut() -> Result<(), Errno>,
+    ) -> (Result<(), Errno>, Decision);
+
+    /// A connection accepted on a tracked listener, before accept() returns
+    /// it to the program; `local` is the address it was accepted on.
+    fn accept(&self, listener: RawFd, fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision;
+
+    /// Flushes every attached connection with batched, unpublished bytes.
+    /// Called before the process blocks in poll/select/epoll.
+    fn flush_all(&self);
+}
+
+static ATTACHER: OnceLock<&'static dyn Attacher> = OnceLock::new();
+
+/// Installs the process's ring layer. Returns false if one was already
+/// installed (the first one stays).
+pub fn register_attacher(a: &'static dyn Attacher) -> bool {
+    ATTACHER.set(a).is_ok()
+}
+
+/// The registered ring layer, if any.
+pub fn attacher() -> Option<&'static dyn Attacher> {
+    ATTACHER.get().copied()
+}

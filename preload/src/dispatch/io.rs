@@ -1,0 +1,179 @@
+//! Blocking semantics of recv/send on a ring-attached connection, built on
+//! its non-blocking `try_recv`/`try_send` (see attached.rs).
+//!
+//! Mirrors the kernel's TCP behaviour: a blocking recv returns as soon as
+//! some bytes are there (all of them with MSG_WAITALL, unless interrupted,
+//! timed out or at EOF); MSG_DONTWAIT or O_NONBLOCK give EAGAIN instead of
+//! waiting; SO_RCVTIMEO/SO_SNDTIMEO bound the wait (EAGAIN, or the partial
+//! count); a blocking send waits until every byte is queued; EPIPE raises
+//! SIGPIPE on the calling thread unless MSG_NOSIGNAL; a signal returns the
+//! partial count, or EINTR, or restarts (signals.rs).
+//!
+//! Return values use the C convention: bytes (>= 0) or -1 with errno set.
+
+use std::io::{IoSlice, IoSliceMut};
+
+use libc::{c_int, ssize_t};
+
+use super::wait::{deadline_after, wait_conn, Woke};
+use crate::attached::{Errno, Ready};
+use crate::fdtable::FdRef;
+use crate::hook::guard;
+use crate::{signals, sys};
+
+fn fail(e: c_int) -> ssize_t {
+    sys::set_errno(e);
+    -1
+}
+
+fn total_len(bufs: &[IoSliceMut<'_>]) -> usize {
+    bufs.iter().map(|b| b.len()).sum()
+}
+
+/// recv/read/readv/recvmsg on a ring connection.
+pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) -> ssize_t {
+    let Some(conn) = st.conn() else {
+        return fail(libc::EBADF);
+    };
+    let _g = guard::enter();
+    if let Err(Errno(e)) = st.claim(conn) {
+        return fail(e);
+    }
+    let want = total_len(bufs);
+    if want == 0 {
+        return 0;
+    }
+    let peek = flags & libc::MSG_PEEK != 0;
+    // The kernel ignores MSG_WAITALL together with MSG_PEEK only in the
+    // sense that a peek never consumes; a ring cannot wait for "more than
+    // is there" without consuming, so a peek returns what is available.
+    let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+    let nonblock = flags & libc::MSG_DONTWAIT != 0 || st.nonblocking();
+    let timeout = st.rcvtimeo_ns();
+    let deadline = deadline_after(timeout);
+    let mut bufs = bufs;
+    let mut got = 0usize;
+    loop {
+        match conn.try_recv(bufs, peek) {
+            Ok(0) => return got as ssize_t,
+            Ok(n) => {
+                got += n;
+                if !waitall || got == want {
+                    return got as ssize_t;
+                }
+                IoSliceMut::advance_slices(&mut bufs, n);
+            }
+            Err(Errno(libc::EAGAIN)) => {
+                if nonblock {
+                    return if got > 0 {
+                        got as ssize_t
+                    } else {
+                        fail(libc::EAGAIN)
+                    };
+                }
+                match wait_conn(fd, conn, Ready::READ | Ready::RDHUP, deadline) {
+                    Woke::Ready => {}
+                    Woke::TimedOut => {
+                        return if got > 0 {
+                            got as ssize_t
+                        } else {
+                            fail(libc::EAGAIN)
+                        };
+                    }
+                    Woke::Interrupted => {
+                        if got > 0 {
+                            return got as ssize_t;
+                        }
+                        if !signals::restart_allowed(timeout != 0) {
+                            return fail(libc::EINTR);
+                        }
+                    }
+                    Woke::Failed(e) => {
+                        return if got > 0 { got as ssize_t } else { fail(e) };
+                    }
+                }
+            }
+            Err(Errno(e)) => return if got > 0 { got as ssize_t } else { fail(e) },
+        }
+    }
+}
+
+/// send/write/writev/sendmsg on a ring connection.
+pub fn send(fd: c_int, st: &FdRef, bufs: &[IoSlice<'_>], flags: c_int) -> ssize_t {
+    let Some(conn) = st.conn() else {
+        return fail(libc::EBADF);
+    };
+    let _g = guard::enter();
+    if let Err(Errno(e)) = st.claim(conn) {
+        return fail(e);
+    }
+    let want: usize = bufs.iter().map(|b| b.len()).sum();
+    if want == 0 {
+        return 0;
+    }
+    let nonblock = flags & libc::MSG_DONTWAIT != 0 || st.nonblocking();
+    let timeout = st.sndtimeo_ns();
+    let deadline = deadline_after(timeout);
+    // IoSlice::advance_slices needs an owned, mutable slice of slices.
+    let mut owned: Vec<IoSlice<'_>> = bufs.to_vec();
+    let mut rest: &mut [IoSlice<'_>] = &mut owned;
+    let mut sent = 0usize;
+    loop {
+        // Zero bytes accepted means no room, whatever the transport says.
+        let res = match conn.try_send(rest) {
+            Ok(0) => Err(Errno(libc::EAGAIN)),
+            other => other,
+        };
+        match res {
+            Ok(n) => {
+                sent += n;
+                if sent >= want {
+                    return sent as ssize_t;
+                }
+                // Try again at once: a non-blocking send returns what fits,
+                // a blocking one waits only when nothing fits.
+                IoSlice::advance_slices(&mut rest, n);
+            }
+            Err(Errno(libc::EAGAIN)) => {
+                if nonblock {
+                    return if sent > 0 {
+                        sent as ssize_t
+                    } else {
+                        fail(libc::EAGAIN)
+                    };
+                }
+                match wait_conn(fd, conn, Ready::WRITE, deadline) {
+                    Woke::Ready => {}
+                    Woke::TimedOut => {
+                        return if sent > 0 {
+                            sent as ssize_t
+                        } else {
+                            fail(libc::EAGAIN)
+                        };
+                    }
+                    Woke::Interrupted => {
+                        if sent > 0 {
+                            return sent as ssize_t;
+                        }
+                        if !signals::restart_allowed(timeout != 0) {
+                            return fail(libc::EINTR);
+                        }
+                    }
+                    Woke::Failed(e) => {
+                        return if sent > 0 { sent as ssize_t } else { fail(e) };
+                    }
+                }
+            }
+            Err(Errno(libc::EPIPE)) => {
+                if sent > 0 {
+                    return sent as ssize_t;
+                }
+                if flags & libc::MSG_NOSIGNAL == 0 {
+                    sys::raise_on_this_thread(libc::SIGPIPE);
+                }
+                return fail(libc::EPIPE);
+            }
+            Err(Errno(e)) => return if sent > 0 { sent as ssize_t } else { fail(e) },
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Waiting for a ring connection: spin for a bounded, adaptive time, then
+//! sleep (DESIGN "Readiness and sleeping").
+//!
+//! The lost-wakeup argument lives in the transport: `arm` publishes the
+//! "sleeping" flag and re-checks *after* it is visible, and a sender that
+//! publishes data checks the flag after its tail write is visible. Here we
+//! only keep the order: flush our own batches, spin, arm, re-check the value
+//! `arm` returned, sleep in ppoll on the connection's wait fds, disarm.
+//!
+//! The spin budget adapts per thread: a spin that found the connection
+//! ready doubles it (up to RINGSOCK_SPIN_US), a spin that ended in sleep
+//! halves it, so an idle program quickly stops burning CPU before each
+//! sleep and a busy ping-pong keeps spinning.
+
+use std::cell::Cell;
+
+use crate::attached::{AttachedConn, Ready};
+use crate::{config, real, sys};
+
+thread_local! {
+    /// Current spin budget in ns; u64::MAX = not yet initialised.
+    static BUDGET_NS: Cell<u64> = const { Cell::new(u64::MAX) };
+}
+
+/// How a wait ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Woke {
+    /// The connection's readiness intersects the interest (or has ERR/HUP).
+    Ready,
+    /// The deadline passed.
+    TimedOut,
+    /// A signal interrupted the sleep.
+    Interrupted,
+    /// The sleep itself failed with this errno.
+    Failed(i32),
+}
+
+/// Converts a relative timeout in ns (0 = none) to an absolute deadline.
+pub fn deadline_after(timeout_ns: u64) -> Option<u64> {
+    (timeout_ns != 0).then(|| sys::monotonic_ns().saturating_add(timeout_ns))
+}
+
+fn max_budget_ns() -> u64 {
+    u64::from(config::get().spin_us) * 1000
+}
+
+/// Readiness that ends a wait for `interest`: errors and hangups always do.
+fn wanted(interest: Ready) -> Ready {
+    interest | Ready::ERR | Ready::HUP
+}
+
+/// Spins until `ready()` returns true or the per-thread budget is spent.
+/// True if it became ready.
+pub fn spin(mut ready: impl FnMut() -> bool) -> bool {
+    let max = max_budget_ns();
+    let budget = BUDGET_NS.with(|b| {
+        if b.get() == u64::MAX {
+            b.set(max);
+        }
+        b.get().min(max)
+    });
+    if budget == 0 {
+        BUDGET_NS.with(|b| b.set(max.min(1000)));
+        return ready();
+    }
+    let start = sys::monotonic_ns();
+    let mut i = 0u32;
+    loop {
+        if ready() {
+            BUDGET_NS.with(|b| b.set(budget.saturating_mul(2).clamp(1000, max.max(1000))));
+            return true;
+        }
+        i = i.wrapping_add(1);
+        // Reading the clock every iteration would dominate a short spin.
+        if i % 64 == 0 && sys::monotonic_ns().saturating_sub(start) >= budget {
+            BUDGET_NS.with(|b| b.set(budget / 2));
+            return false;
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// Waits until `conn` (reached through kernel socket `fd`) is ready for
+/// `interest`, the deadline (absolute, monotonic ns) passes, or a signal
+/// arrives.
+pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Option<u64>) -> Woke {
+    let want = wanted(interest);
+    conn.flush();
+    if spin(|| conn.readiness().intersects(want)) {
+        return Woke::Ready;
+    }
+    loop {
+        if conn.arm(interest).intersects(want) {
+            conn.disarm(interest);
+            return Woke::Ready;
+        }
+        let mut pfds = [libc::pollfd {
+            fd: -1,
+            events: 0,
+            revents: 0,
+        }; 2];
+        let mut n = 0;
+        for w in conn.wait_fds(fd, interest).into_iter().flatten() {
+            pfds[n] = libc::pollfd {
+                fd: w.fd,
+                events: w.events,
+                revents: 0,
+            };
+            n += 1;
+        }
+        let r = sleep(&mut pfds[..n], deadline, None);
+        conn.disarm(interest);
+        match r {
+            Ok(_) => {}
+            Err(libc::EINTR) => return Woke::Interrupted,
+            Err(e) => return Woke::Failed(e),
+        }
+        if conn.readiness().intersects(want) {
+            return Woke::Ready;
+        }
+        if let Some(d) = deadline {
+            if sys::monotonic_ns() >= d {
+                return Woke::TimedOut;
+            }
+        }
+    }
+}
+
+/// The remaining time before `deadline` as a timespec (None = forever).
+pub fn remaining(deadline: Option<u64>) -> Option<libc::timespec> {
+    deadline.map(|d| {
+        let left = d.saturating_sub(sys::monotonic_ns());
+        libc::timespec {
+            tv_sec: (left / 1_000_000_000) as libc::time_t,
+            tv_nsec: (left % 1_000_000_000) as libc::c_long,
+        }
+    })
+}
+
+/// ppoll on `pfds` until `deadline`, through libc's ppoll (never ours).
+/// Returns the number of ready entries or the errno.
+pub fn sleep(
+    pfds: &mut [libc::pollfd],
+    deadline: Option<u64>,
+    sigmask: Option<*const libc::sigset_t>,
+) -> Result<usize, i32> {
+    let ts = remaining(deadline);
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: pfds is a valid array of its length; tsp is null or points to
+    // `ts`, alive for the call; the mask, if any, is the caller's.
+    let r = unsafe {
+        real::ppoll(
+            pfds.as_mut_ptr(),
+            pfds.len() as libc::nfds_t,
+            tsp,
+            sigmask.unwrap_or(std::ptr::null()),
+        )
+    };
+    if r < 0 {
+        Err(sys::errno())
+    } else {
+        Ok(r as usize)
+    }
+}

@@ -1,0 +1,391 @@
+//! Per-socket (per open file description) state shared by every fd that
+//! refers to it in this process.
+//!
+//! All fields are atomics (or are only touched under a reference): a stale
+//! reader that lost a race with `close` may still look at `refs` and `conn`
+//! of a recycled object (see pool.rs), which must not be a data race.
+
+use std::ptr;
+use std::sync::atomic::{
+    fence, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
+use std::sync::Arc;
+
+use libc::pid_t;
+
+use crate::attached::{AttachedConn, Errno, TcpReason};
+use crate::dispatch::epoll::EpollSet;
+use crate::process;
+
+/// What an fd table entry is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// A TCP socket (AF_INET/AF_INET6, SOCK_STREAM): a candidate before
+    /// connect/accept, then either plain TCP or ring-attached.
+    Tcp = 1,
+    /// A TCP socket on which listen() succeeded.
+    Listener = 2,
+    /// An epoll instance that holds ring-attached registrations.
+    Epoll = 3,
+}
+
+/// What a tracked socket currently is, as the hooks see it.
+pub enum Socket<'a> {
+    /// Plain kernel TCP with metadata (candidate, or decided for TCP).
+    Tcp,
+    /// A listening socket: accepted connections become candidates.
+    Listener,
+    /// Ring-attached: data hooks dispatch to the connection.
+    Ring(&'a dyn AttachedConn),
+}
+
+const F_NONBLOCK: u32 = 1;
+/// socket() done, connect() not yet decided: the only window in which a ring
+/// can still be attached by connect.
+const F_PRECONNECT: u32 = 2;
+
+type ConnBox = Arc<dyn AttachedConn>;
+
+/// Attached connections alive in this process: lets poll/select/epoll skip
+/// scanning their sets when there are none (always, in pass-through mode).
+static RINGS: AtomicUsize = AtomicUsize::new(0);
+
+/// Number of ring-attached connections alive in this process.
+#[inline]
+pub fn rings_alive() -> usize {
+    RINGS.load(Ordering::Relaxed)
+}
+
+pub struct FdState {
+    /// Table slots + borrows; 0 = free (in the pool).
+    refs: AtomicUsize,
+    /// Free-list link (pool.rs), meaningful only while free.
+    next_free: AtomicPtr<FdState>,
+    /// Table slots (fds) referring to this object in this process.
+    fds: AtomicU32,
+    kind: AtomicU8,
+    tcp_reason: AtomicU8,
+    flags: AtomicU32,
+    family: AtomicI32,
+    /// Receive/send timeouts (SO_RCVTIMEO/SO_SNDTIMEO) in ns; 0 = none.
+    rcvtimeo_ns: AtomicU64,
+    sndtimeo_ns: AtomicU64,
+    /// The process that attached or last claimed the connection, and the
+    /// fork generation it did so in.
+    owner_pid: AtomicI32,
+    owner_epoch: AtomicU64,
+    /// Boxed `Arc<dyn AttachedConn>` once attached; set once, freed on
+    /// recycle.
+    conn: AtomicPtr<ConnBox>,
+    /// Ring registrations of an epoll instance (Kind::Epoll).
+    epoll: AtomicPtr<EpollSet>,
+}
+
+impl FdState {
+    /// A free object, as the pool creates it.
+    pub(super) const fn new_free() -> Self {
+        FdState {
+            refs: AtomicUsize::new(0),
+            next_free: AtomicPtr::new(ptr::null_mut()),
+            fds: AtomicU32::new(0),
+            kind: AtomicU8::new(0),
+            tcp_reason: AtomicU8::new(0),
+            flags: AtomicU32::new(0),
+            family: AtomicI32::new(0),
+            rcvtimeo_ns: AtomicU64::new(0),
+            sndtimeo_ns: AtomicU64::new(0),
+            owner_pid: AtomicI32::new(0),
+            owner_epoch: AtomicU64::new(0),
+            conn: AtomicPtr::new(ptr::null_mut()),
+            epoll: AtomicPtr::new(ptr::null_mut()),
+        }
+    }
+
+    pub(super) fn next_free(&self) -> *const FdState {
+        self.next_free.load(Ordering::Relaxed)
+    }
+
+    pub(super) fn set_next_free(&self, p: *const FdState) {
+        self.next_free.store(p.cast_mut(), Ordering::Relaxed);
+    }
+
+    /// Prepares a freshly allocated object; the caller holds its only
+    /// reference.
+    pub(super) fn init(&self, kind: Kind, family: i32, nonblocking: bool) {
+        self.kind.store(kind as u8, Ordering::Relaxed);
+        self.family.store(family, Ordering::Relaxed);
+        let mut f = if kind == Kind::Tcp { F_PRECONNECT } else { 0 };
+        if nonblocking {
+            f |= F_NONBLOCK;
+        }
+        self.flags.store(f, Ordering::Relaxed);
+        // Publishing the object happens later with a Release store of the
+        // table slot; refs = 1 is the allocator's reference.
+        self.refs.store(1, Ordering::Relaxed);
+    }
+
+    // ---- reference counting (see fdtable/mod.rs for the protocol) ----
+
+    /// Takes a reference unless the object is free. Works on stale pointers.
+    pub(super) fn try_acquire(&self) -> bool {
+        let mut r = self.refs.load(Ordering::Relaxed);
+        loop {
+            if r == 0 {
+                return false;
+            }
+            match self
+                .refs
+                .compare_exchange_weak(r, r + 1, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(now) => r = now,
+            }
+        }
+    }
+
+    /// Takes another reference; the caller already holds one.
+    pub(super) fn retain(&self) {
+        self.refs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Drops a reference; the last one resets the object and frees it.
+    pub(super) fn release(&'static self) {
+        if self.refs.fetch_sub(1, Ordering::Release) != 1 {
+            return;
+        }
+        fence(Ordering::Acquire);
+        let conn = self.conn.swap(ptr::null_mut(), Ordering::AcqRel);
+        if !conn.is_null() {
+            // SAFETY: conn came from Box::into_raw in `attach`, and the swap
+            // gave us the only copy of the pointer.
+            drop(unsafe { Box::from_raw(conn) });
+            RINGS.fetch_sub(1, Ordering::Relaxed);
+        }
+        let ep = self.epoll.swap(ptr::null_mut(), Ordering::AcqRel);
+        if !ep.is_null() {
+            // SAFETY: as above, from Box::into_raw in `epoll_set_or_init`.
+            drop(unsafe { Box::from_raw(ep) });
+        }
+        self.fds.store(0, Ordering::Relaxed);
+        self.kind.store(0, Ordering::Relaxed);
+        self.tcp_reason.store(0, Ordering::Relaxed);
+        self.flags.store(0, Ordering::Relaxed);
+        self.family.store(0, Ordering::Relaxed);
+        self.rcvtimeo_ns.store(0, Ordering::Relaxed);
+        self.sndtimeo_ns.store(0, Ordering::Relaxed);
+        self.owner_pid.store(0, Ordering::Relaxed);
+        self.owner_epoch.store(0, Ordering::Relaxed);
+        super::pool::free(self);
+    }
+
+    /// One more fd refers to this object.
+    pub(super) fn add_fd(&self) {
+        self.fds.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One fd less; true if it was the last one in this process.
+    pub(super) fn remove_fd(&self) -> bool {
+        self.fds.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// Number of fds referring to this object in this process.
+    pub fn fd_count(&self) -> u32 {
+        self.fds.load(Ordering::Acquire)
+    }
+
+    // ---- what it is ----
+
+    pub fn kind(&self) -> Option<Kind> {
+        match self.kind.load(Ordering::Relaxed) {
+            1 => Some(Kind::Tcp),
+            2 => Some(Kind::Listener),
+            3 => Some(Kind::Epoll),
+            _ => None,
+        }
+    }
+
+    /// The socket view; None for epoll objects.
+    pub fn socket(&self) -> Option<Socket<'_>> {
+        if let Some(c) = self.conn() {
+            return Some(Socket::Ring(c));
+        }
+        match self.kind()? {
+            Kind::Tcp => Some(Socket::Tcp),
+            Kind::Listener => Some(Socket::Listener),
+            Kind::Epoll => None,
+        }
+    }
+
+    pub fn family(&self) -> i32 {
+        self.family.load(Ordering::Relaxed)
+    }
+
+    pub fn set_listener(&self) {
+        // Only a not-yet-attached TCP socket can become a listener.
+        let _ = self.kind.compare_exchange(
+            Kind::Tcp as u8,
+            Kind::Listener as u8,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+        self.flags.fetch_and(!F_PRECONNECT, Ordering::Relaxed);
+    }
+
+    /// True between socket() and the connect decision.
+    pub fn is_preconnect(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) & F_PRECONNECT != 0
+    }
+
+    /// Records the TCP-or-ring decision; ends the pre-connect window.
+    pub fn set_tcp_reason(&self, r: TcpReason) {
+        self.tcp_reason.store(r as u8, Ordering::Relaxed);
+        self.flags.fetch_and(!F_PRECONNECT, Ordering::Relaxed);
+    }
+
+    pub fn tcp_reason(&self) -> TcpReason {
+        TcpReason::from_u8(self.tcp_reason.load(Ordering::Relaxed))
+    }
+
+    // ---- mirrored socket options ----
+
+    /// O_NONBLOCK as last set through socket/accept4/fcntl/ioctl(FIONBIO).
+    /// The flag belongs to the open file description, shared with dup'd fds
+    /// (which share this object too).
+    pub fn nonblocking(&self) -> bool {
+        self.flags.load(Ordering::Relaxed) & F_NONBLOCK != 0
+    }
+
+    pub fn set_nonblocking(&self, on: bool) {
+        if on {
+            self.flags.fetch_or(F_NONBLOCK, Ordering::Relaxed);
+        } else {
+            self.flags.fetch_and(!F_NONBLOCK, Ordering::Relaxed);
+        }
+    }
+
+    pub fn rcvtimeo_ns(&self) -> u64 {
+        self.rcvtimeo_ns.load(Ordering::Relaxed)
+    }
+
+    pub fn sndtimeo_ns(&self) -> u64 {
+        self.sndtimeo_ns.load(Ordering::Relaxed)
+    }
+
+    pub fn set_timeouts(&self, rcv: Option<u64>, snd: Option<u64>) {
+        if let Some(v) = rcv {
+            self.rcvtimeo_ns.store(v, Ordering::Relaxed);
+        }
+        if let Some(v) = snd {
+            self.sndtimeo_ns.store(v, Ordering::Relaxed);
+        }
+    }
+
+    // ---- the ring ----
+
+    /// The attached connection, if any. Valid while the caller holds a
+    /// reference to this object (an `FdRef`).
+    pub fn conn(&self) -> Option<&dyn AttachedConn> {
+        let p = self.conn.load(Ordering::Acquire);
+        // SAFETY: a non-null conn stays valid until the object is recycled,
+        // which cannot happen while the caller holds a reference.
+        (!p.is_null()).then(|| unsafe { &**p })
+    }
+
+    /// True if a connection is attached. Cheap and safe on stale pointers:
+    /// the hooks' filter before taking a reference.
+    #[inline]
+    pub(super) fn has_conn(&self) -> bool {
+        !self.conn.load(Ordering::Relaxed).is_null()
+    }
+
+    /// Attaches `conn`; the calling process becomes its owner. Fails (giving
+    /// the Arc back) if one is attached already or this is not a TCP socket.
+    pub fn attach(&self, conn: Arc<dyn AttachedConn>) -> Result<(), Arc<dyn AttachedConn>> {
+        if self.kind() != Some(Kind::Tcp) {
+            return Err(conn);
+        }
+        let boxed = Box::into_raw(Box::new(conn));
+        match self.conn.compare_exchange(
+            ptr::null_mut(),
+            boxed,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => {
+                RINGS.fetch_add(1, Ordering::Relaxed);
+                self.mark_claimed();
+                self.flags.fetch_and(!F_PRECONNECT, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(_) => {
+                // SAFETY: boxed was never published.
+                Err(*unsafe { Box::from_raw(boxed) })
+            }
+        }
+    }
+
+    fn mark_claimed(&self) {
+        self.owner_pid.store(process::pid(), Ordering::Relaxed);
+        self.owner_epoch
+            .store(process::fork_epoch(), Ordering::Relaxed);
+    }
+
+    /// True if this process has claimed the connection in the current fork
+    /// generation.
+    pub fn claimed_here(&self) -> bool {
+        self.owner_pid.load(Ordering::Relaxed) == process::pid()
+            && self.owner_epoch.load(Ordering::Relaxed) == process::fork_epoch()
+    }
+
+    /// Makes sure this process may use the attached connection: after a
+    /// fork, the first process to use it claims it (AttachedConn::claim).
+    #[inline]
+    pub fn claim(&self, conn: &dyn AttachedConn) -> Result<(), Errno> {
+        if self.claimed_here() {
+            return Ok(());
+        }
+        conn.claim()?;
+        self.mark_claimed();
+        Ok(())
+    }
+
+    /// The process that attached or last claimed the connection.
+    pub fn owner_pid(&self) -> pid_t {
+        self.owner_pid.load(Ordering::Relaxed)
+    }
+
+    // ---- epoll ----
+
+    /// The ring registrations of this epoll object, created on first use.
+    pub fn epoll_set_or_init(&self) -> &EpollSet {
+        let p = self.epoll.load(Ordering::Acquire);
+        if !p.is_null() {
+            // SAFETY: valid until recycle; the caller holds a reference.
+            return unsafe { &*p };
+        }
+        let fresh = Box::into_raw(Box::new(EpollSet::new()));
+        match self.epoll.compare_exchange(
+            ptr::null_mut(),
+            fresh,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            // SAFETY: we published fresh; valid until recycle.
+            Ok(_) => unsafe { &*fresh },
+            Err(existing) => {
+                // SAFETY: fresh was never published.
+                drop(unsafe { Box::from_raw(fresh) });
+                // SAFETY: as for `p` above.
+                unsafe { &*existing }
+            }
+        }
+    }
+
+    /// The ring registrations, if any were ever made.
+    pub fn epoll_set(&self) -> Option<&EpollSet> {
+        let p = self.epoll.load(Ordering::Acquire);
+        // SAFETY: valid until recycle; the caller holds a reference.
+        (!p.is_null()).then(|| unsafe { &*p })
+    }
+}

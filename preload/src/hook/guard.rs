@@ -1,0 +1,67 @@
+//! Re-entrancy guard: is this thread running shim code right now?
+//!
+//! Inside `libringsock.so`, a call to `close`, `read`, `connect`... binds to
+//! our own hook (the preloaded library is first in the symbol scope). When
+//! that happens on a socket the shim tracks (the ring layer closing an fd,
+//! the attacher calling `connect` on the socket it is attaching), the hook
+//! must go straight to libc instead of dispatching again. Hooks consult
+//! `active()` only on their slow path (tracked fds, socket creation), so the
+//! pass-through fast path never touches thread-local storage.
+//!
+//! The flag is a `const`-initialised thread-local `Cell<bool>` without a
+//! destructor: its access never allocates and registers nothing at thread
+//! exit. A preloaded library's TLS lives in the static TLS block, so the
+//! access is a couple of instructions.
+
+use std::cell::Cell;
+
+thread_local! {
+    static IN_SHIM: Cell<bool> = const { Cell::new(false) };
+}
+
+/// True while the current thread is inside a `Shim` scope.
+#[inline]
+pub fn active() -> bool {
+    IN_SHIM.with(Cell::get)
+}
+
+/// Marks the current thread as running shim code until dropped. Nested
+/// scopes are fine: the outermost one restores "not in shim".
+#[must_use = "the guard only lasts as long as the value"]
+pub struct Shim {
+    was: bool,
+}
+
+/// Enters a shim scope.
+#[inline]
+pub fn enter() -> Shim {
+    let was = IN_SHIM.with(|c| c.replace(true));
+    Shim { was }
+}
+
+impl Drop for Shim {
+    fn drop(&mut self) {
+        let was = self.was;
+        IN_SHIM.with(|c| c.set(was));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nests_and_restores() {
+        assert!(!active());
+        {
+            let _a = enter();
+            assert!(active());
+            {
+                let _b = enter();
+                assert!(active());
+            }
+            assert!(active());
+        }
+        assert!(!active());
+    }
+}

@@ -1,0 +1,145 @@
+//! epoll hooks: epoll_create, epoll_create1, epoll_ctl, epoll_wait,
+//! epoll_pwait, epoll_pwait2.
+//!
+//! An epoll instance becomes tracked (kind `Epoll`) only when a ring fd is
+//! added to it; until then, and always while no ring exists in the process,
+//! every call is one relaxed load plus libc.
+
+use libc::{c_int, epoll_event, sigset_t, timespec};
+
+use crate::dispatch::epoll::{ctl_ring, wait_mixed};
+use crate::dispatch::wait::deadline_after;
+use crate::fdtable::{self, FdRef, Kind};
+use crate::hook::{guard, hooks};
+use crate::{process, sys};
+
+/// The tracked state of epoll fd `epfd` if it holds ring registrations.
+fn ring_epoll(epfd: c_int) -> Option<FdRef> {
+    if fdtable::rings_alive() == 0 || !fdtable::is_tracked(epfd) || guard::active() {
+        return None;
+    }
+    fdtable::get(epfd).filter(|st| {
+        st.kind() == Some(Kind::Epoll) && st.epoll_set().is_some_and(|s| s.has_rings())
+    })
+}
+
+/// The epoll state for `epfd`, tracking it now if needed.
+fn epoll_state(epfd: c_int) -> Option<FdRef> {
+    if let Some(st) = fdtable::get(epfd) {
+        return (st.kind() == Some(Kind::Epoll)).then_some(st);
+    }
+    if !process::owns_memory() {
+        return None;
+    }
+    fdtable::track_new(epfd, Kind::Epoll, 0, false)
+}
+
+fn ms_to_deadline(ms: c_int) -> Option<u64> {
+    if ms < 0 {
+        None
+    } else {
+        Some(sys::monotonic_ns() + ms as u64 * 1_000_000)
+    }
+}
+
+hooks! {
+    /// Pass-through.
+    fn epoll_create(size: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_epoll_create1, if size > 0 { 0 } else { -1 }) as c_int)
+    {
+        // SAFETY: forwarding.
+        unsafe { epoll_create::next(size) }
+    }
+
+    /// Pass-through.
+    fn epoll_create1(flags: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_epoll_create1, flags) as c_int)
+    {
+        // SAFETY: forwarding.
+        unsafe { epoll_create1::next(flags) }
+    }
+
+    /// Ring fds are registered with the instance's `EpollSet`; everything
+    /// else goes to the kernel.
+    fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, event: *mut epoll_event) -> c_int;
+        fallback(libc::syscall(libc::SYS_epoll_ctl, epfd, op, fd, event) as c_int)
+    {
+        if fdtable::rings_alive() > 0 && !guard::active() {
+            if let Some(st) = fdtable::attached(fd) {
+                if epfd == fd {
+                    sys::set_errno(libc::EINVAL);
+                    return -1;
+                }
+                match epoll_state(epfd) {
+                    Some(ep) => {
+                        let set = ep.epoll_set_or_init();
+                        // SAFETY: caller's event contract.
+                        return unsafe { ctl_ring(epfd, set, op, fd, st, event) };
+                    }
+                    None => {
+                        // Not an epoll fd we can track: let the kernel say
+                        // what is wrong with it (EBADF, EINVAL).
+                    }
+                }
+            }
+        }
+        // SAFETY: forwarding.
+        unsafe { epoll_ctl::next(epfd, op, fd, event) }
+    }
+
+    /// epoll_wait(2).
+    fn epoll_wait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_epoll_wait, epfd, events, maxevents, timeout) as c_int)
+    {
+        if let Some(st) = ring_epoll(epfd) {
+            if let Some(set) = st.epoll_set() {
+                // SAFETY: caller's events contract.
+                return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), None) };
+            }
+        }
+        // SAFETY: forwarding.
+        unsafe { epoll_wait::next(epfd, events, maxevents, timeout) }
+    }
+
+    /// epoll_pwait(2).
+    fn epoll_pwait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
+        fallback(libc::syscall(libc::SYS_epoll_pwait, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
+    {
+        if let Some(st) = ring_epoll(epfd) {
+            if let Some(set) = st.epoll_set() {
+                let m = (!mask.is_null()).then_some(mask);
+                // SAFETY: caller's events contract.
+                return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), m) };
+            }
+        }
+        // SAFETY: forwarding.
+        unsafe { epoll_pwait::next(epfd, events, maxevents, timeout, mask) }
+    }
+
+    /// epoll_pwait2(2): a timespec timeout.
+    fn epoll_pwait2(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: *const timespec, mask: *const sigset_t) -> c_int;
+        fallback(libc::syscall(libc::SYS_epoll_pwait2, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
+    {
+        if let Some(st) = ring_epoll(epfd) {
+            if let Some(set) = st.epoll_set() {
+                let deadline = if timeout.is_null() {
+                    None
+                } else {
+                    // SAFETY: non-null caller timespec.
+                    let t = unsafe { *timeout };
+                    if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
+                        sys::set_errno(libc::EINVAL);
+                        return -1;
+                    }
+                    let ns = t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64;
+                    Some(deadline_after(ns).unwrap_or_else(sys::monotonic_ns))
+                };
+                let m = (!mask.is_null()).then_some(mask);
+                // SAFETY: caller's events contract.
+                return unsafe { wait_mixed(epfd, set, events, maxevents, deadline, m) };
+            }
+        }
+        // SAFETY: forwarding.
+        unsafe { epoll_pwait2::next(epfd, events, maxevents, timeout, mask) }
+    }
+}

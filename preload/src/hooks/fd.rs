@@ -1,0 +1,196 @@
+//! fd lifetime hooks: close, close_range, closefrom, dup, dup2, dup3,
+//! fcntl, fcntl64, ioctl.
+//!
+//! Table changes are made only by the process that owns this memory
+//! (`process::owns_memory`, which rules out a vfork child sharing it), and
+//! in an order that keeps the table right under concurrency: a slot is
+//! cleared *before* close releases the fd number (so a racing socket() that
+//! gets the number cannot be clobbered), and set *after* dup2/dup3/F_DUPFD
+//! succeeded (the target number stays occupied throughout).
+//!
+//! # Variadic functions
+//! `fcntl(int, int, ...)` and `ioctl(int, unsigned long, ...)` are variadic
+//! in C, and stable Rust cannot define a variadic function. They are defined
+//! here with one fixed extra `usize` argument instead. That is sound on the
+//! x86-64 System V and AArch64 Linux ABIs: a variadic caller passes the
+//! first variadic argument in the same register as a fixed third argument
+//! (rdx / x2), an int argument is passed in that register too (upper bits
+//! unspecified, which is why F_SETFL/FIONBIO values are truncated to c_int
+//! before use), and a caller that passes no third argument (F_GETFL) leaves
+//! an unspecified but harmless value there that we only forward. Forwarding
+//! to libc's variadic definition through a non-variadic pointer type is
+//! likewise ABI-identical on these targets (on x86-64 `al` is only an upper
+//! bound on vector registers used, and libc's fcntl/ioctl read none).
+
+use libc::{c_int, c_uint, c_ulong};
+
+use crate::fdtable;
+use crate::hook::{guard, hooks};
+use crate::{log as shim_log, process, sys};
+
+#[cfg(not(all(
+    target_os = "linux",
+    any(target_arch = "x86_64", target_arch = "aarch64")
+)))]
+compile_error!("fcntl/ioctl hooks rely on the x86-64 or AArch64 Linux calling convention");
+
+/// Makes `new` refer to what `old` refers to in the table (after a
+/// successful dup-family call).
+fn mirror_dup(old: c_int, new: c_int) {
+    if !(fdtable::is_tracked(old) || fdtable::is_tracked(new)) || !process::owns_memory() {
+        return;
+    }
+    match fdtable::get(old) {
+        Some(st) => fdtable::install_dup(new, &st),
+        None => fdtable::untrack(new),
+    }
+}
+
+hooks! {
+    /// close(2): untracks first; an attached connection whose last fd this
+    /// was is released (end-of-stream if this process owns it).
+    fn close(fd: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_close, fd) as c_int)
+    {
+        shim_log::on_fd_closed(fd);
+        if fdtable::is_tracked(fd) && process::owns_memory() {
+            let saved = sys::errno();
+            fdtable::untrack(fd);
+            sys::set_errno(saved);
+        }
+        // SAFETY: forwarding.
+        unsafe { close::next(fd) }
+    }
+
+    /// close_range(2): as close for every tracked fd in the range (unless
+    /// CLOSE_RANGE_CLOEXEC, which closes nothing now).
+    fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_close_range, first, last, flags) as c_int)
+    {
+        let cloexec_only = flags as c_uint & libc::CLOSE_RANGE_CLOEXEC != 0;
+        if !cloexec_only && first <= last && process::owns_memory() {
+            shim_log::on_range_closed(first, last);
+            fdtable::untrack_range(first, last);
+        }
+        // SAFETY: forwarding.
+        unsafe { close_range::next(first, last, flags) }
+    }
+
+    /// closefrom(3).
+    fn closefrom(lowfd: c_int) -> ();
+        fallback({ libc::syscall(libc::SYS_close_range, lowfd.max(0), c_uint::MAX, 0); })
+    {
+        if process::owns_memory() {
+            shim_log::on_range_closed(lowfd.max(0) as c_uint, c_uint::MAX);
+            fdtable::untrack_range(lowfd.max(0) as c_uint, c_uint::MAX);
+        }
+        // SAFETY: forwarding.
+        unsafe { closefrom::next(lowfd) }
+    }
+
+    /// dup(2): the new fd shares the state.
+    fn dup(fd: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_dup, fd) as c_int)
+    {
+        // SAFETY: forwarding.
+        let r = unsafe { dup::next(fd) };
+        if r >= 0 {
+            mirror_dup(fd, r);
+        }
+        r
+    }
+
+    /// dup2(2): `new` now refers to `old`'s state; what `new` was is
+    /// released as if closed.
+    fn dup2(old: c_int, new: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_dup2, old, new) as c_int)
+    {
+        // SAFETY: forwarding.
+        let r = unsafe { dup2::next(old, new) };
+        if r >= 0 && old != new {
+            shim_log::on_fd_replaced(new);
+            mirror_dup(old, new);
+        }
+        r
+    }
+
+    /// dup3(2).
+    fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_dup3, old, new, flags) as c_int)
+    {
+        // SAFETY: forwarding.
+        let r = unsafe { dup3::next(old, new, flags) };
+        if r >= 0 {
+            shim_log::on_fd_replaced(new);
+            mirror_dup(old, new);
+        }
+        r
+    }
+
+    /// fcntl(2); see the module docs for the fixed third argument.
+    fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int;
+        fallback(libc::syscall(libc::SYS_fcntl, fd, cmd, arg) as c_int)
+    {
+        // SAFETY: forwarding all three registers unchanged.
+        let r = unsafe { fcntl::next(fd, cmd, arg) };
+        after_fcntl(fd, cmd, arg, r);
+        r
+    }
+
+    /// fcntl64: the name glibc's headers redirect fcntl to under
+    /// _FILE_OFFSET_BITS=64 (glibc >= 2.28).
+    fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int;
+        fallback(libc::syscall(libc::SYS_fcntl, fd, cmd, arg) as c_int)
+    {
+        // SAFETY: forwarding all three registers unchanged.
+        let r = unsafe { fcntl64::next(fd, cmd, arg) };
+        after_fcntl(fd, cmd, arg, r);
+        r
+    }
+
+    /// ioctl(2): FIONBIO is mirrored; FIONREAD on a ring counts ring bytes.
+    fn ioctl(fd: c_int, request: c_ulong, arg: usize) -> c_int;
+        fallback(libc::syscall(libc::SYS_ioctl, fd, request, arg) as c_int)
+    {
+        if request == libc::FIONREAD && arg != 0 {
+            if let Some(st) = fdtable::attached(fd).filter(|_| !guard::active()) {
+                if let Some(conn) = st.conn() {
+                    let n = conn.available().min(c_int::MAX as usize) as c_int;
+                    // SAFETY: FIONREAD's argument is an int* per ioctl_tty(2);
+                    // non-null checked above.
+                    unsafe { std::ptr::write_unaligned(arg as *mut c_int, n) };
+                    return 0;
+                }
+            }
+        }
+        // SAFETY: forwarding all three registers unchanged.
+        let r = unsafe { ioctl::next(fd, request, arg) };
+        if r == 0 && request == libc::FIONBIO && arg != 0 && fdtable::is_tracked(fd) {
+            // SAFETY: FIONBIO's argument is a const int*; the kernel just
+            // read it successfully.
+            let on = unsafe { std::ptr::read_unaligned(arg as *const c_int) } != 0;
+            if let Some(st) = fdtable::get(fd) {
+                st.set_nonblocking(on);
+            }
+        }
+        r
+    }
+}
+
+fn after_fcntl(fd: c_int, cmd: c_int, arg: usize, r: c_int) {
+    if r < 0 || !fdtable::is_tracked(fd) {
+        return;
+    }
+    let saved = sys::errno();
+    match cmd {
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => mirror_dup(fd, r),
+        libc::F_SETFL => {
+            if let Some(st) = fdtable::get(fd) {
+                // The int argument arrives in the low 32 bits.
+                st.set_nonblocking(arg as c_int & libc::O_NONBLOCK != 0);
+            }
+        }
+        _ => {}
+    }
+    sys::set_errno(saved);
+}

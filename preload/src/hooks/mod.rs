@@ -1,0 +1,20 @@
+//! The exported hook functions, grouped by concern. Every one of them passes
+//! straight through to libc for fds the shim does not track.
+
+pub mod epoll;
+pub mod fd;
+pub mod io;
+pub mod poll;
+pub mod process;
+pub mod socket;
+
+/// Resolves every hook's next symbol (called by the constructor, so that no
+/// first call at an awkward moment has to enter the dynamic linker).
+pub fn resolve_all() {
+    epoll::resolve_all();
+    fd::resolve_all();
+    io::resolve_all();
+    poll::resolve_all();
+    process::resolve_all();
+    socket::resolve_all();
+}

@@ -1,0 +1,53 @@
+//! Process hooks: fork and _Fork.
+//!
+//! Both bump the fork generation before forking (a connection claimed before
+//! the fork must be claimed again by whichever process uses it afterwards)
+//! and refresh the cached pid in the child. The child's fd table is a copy of
+//! the parent's, like its kernel fd table: listeners keep working in every
+//! process (nginx workers accept on the master's socket), connections are
+//! released without end-of-stream by a process that closes them without
+//! having used them (DESIGN "fork, exec, dup").
+//!
+//! `vfork` is deliberately NOT interposed. A vfork child borrows the
+//! parent's stack and memory until it calls exec or _exit; a Rust wrapper
+//! that called the real vfork and then returned would let the child clobber
+//! the wrapper's own stack frame, which the parent later returns through.
+//! Forwarding it with a tail jump would add nothing. Left alone, vfork keeps
+//! its exact semantics, and the shim copes with a child that shares its
+//! memory: every hook that changes the fd table first checks
+//! `process::owns_memory()` (real pid == cached pid) and leaves the shared
+//! table alone in such a child.
+
+use libc::pid_t;
+
+use crate::hook::hooks;
+use crate::process;
+
+hooks! {
+    /// fork(2) through glibc (atfork handlers run as usual).
+    fn fork() -> pid_t;
+        fallback(libc::syscall(libc::SYS_fork) as pid_t)
+    {
+        process::before_fork();
+        // SAFETY: forwarding.
+        let pid = unsafe { fork::next() };
+        if pid == 0 {
+            process::after_fork_child();
+        }
+        pid
+    }
+
+    /// _Fork(3) (glibc >= 2.34): fork without atfork handlers, async-signal-
+    /// safe; our additions are atomics and one raw syscall.
+    fn _Fork() -> pid_t;
+        fallback(libc::syscall(libc::SYS_fork) as pid_t)
+    {
+        process::before_fork();
+        // SAFETY: forwarding.
+        let pid = unsafe { _Fork::next() };
+        if pid == 0 {
+            process::after_fork_child();
+        }
+        pid
+    }
+}

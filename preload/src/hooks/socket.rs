@@ -1,0 +1,221 @@
+//! Socket lifecycle and option hooks: socket, bind, listen, accept,
+//! accept4, connect, shutdown, getsockopt, setsockopt, getpeername,
+//! getsockname.
+
+use libc::{c_int, c_void, sockaddr, socklen_t};
+
+use crate::attached::Errno;
+use crate::fdtable::{self, Kind};
+use crate::hook::{guard, hooks};
+use crate::{lifecycle, sockaddr as addr, sys};
+
+/// A ring-attached fd that the calling code is not the shim itself.
+#[inline]
+fn ring(fd: c_int) -> Option<fdtable::FdRef> {
+    fdtable::attached(fd).filter(|_| !guard::active())
+}
+
+/// Parses a struct timeval option value into ns (0 = no timeout).
+///
+/// # Safety
+/// `val` is null or valid for `len` bytes.
+unsafe fn timeval_ns(val: *const c_void, len: socklen_t) -> Option<u64> {
+    if val.is_null() || (len as usize) < std::mem::size_of::<libc::timeval>() {
+        return None;
+    }
+    // SAFETY: len covers a timeval (checked above); unaligned-safe read.
+    let tv = unsafe { std::ptr::read_unaligned(val.cast::<libc::timeval>()) };
+    if tv.tv_sec < 0 || tv.tv_usec < 0 {
+        return None;
+    }
+    Some(
+        (tv.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(tv.tv_usec as u64 * 1000),
+    )
+}
+
+hooks! {
+    /// Tracks AF_INET/AF_INET6 TCP sockets as ring candidates.
+    fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_socket, domain, ty, protocol) as c_int)
+    {
+        // SAFETY: forwarding the caller's arguments.
+        let fd = unsafe { socket::next(domain, ty, protocol) };
+        if fd >= 0 && lifecycle::is_tcp(domain, ty, protocol) {
+            lifecycle::on_new_socket(fd, domain, ty);
+        }
+        fd
+    }
+
+    /// Pass-through: the kernel socket keeps its own address.
+    fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+        fallback(libc::syscall(libc::SYS_bind, fd, addr, len) as c_int)
+    {
+        // SAFETY: forwarding.
+        unsafe { bind::next(fd, addr, len) }
+    }
+
+    /// Marks a tracked socket as a listener: what it accepts is tracked.
+    fn listen(fd: c_int, backlog: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_listen, fd, backlog) as c_int)
+    {
+        // SAFETY: forwarding.
+        let r = unsafe { listen::next(fd, backlog) };
+        if r == 0 && fdtable::is_tracked(fd) {
+            if let Some(st) = fdtable::get(fd) {
+                st.set_listener();
+            }
+        }
+        r
+    }
+
+    /// Accepted connections of a tracked listener become candidates.
+    fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+        fallback(libc::syscall(libc::SYS_accept, fd, addr, len) as c_int)
+    {
+        // SAFETY: forwarding.
+        let nfd = unsafe { accept::next(fd, addr, len) };
+        after_accept(fd, nfd, 0);
+        nfd
+    }
+
+    /// As accept; SOCK_NONBLOCK is mirrored into the new socket's state.
+    fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_accept4, fd, addr, len, flags) as c_int)
+    {
+        // SAFETY: forwarding.
+        let nfd = unsafe { accept4::next(fd, addr, len, flags) };
+        after_accept(fd, nfd, flags);
+        nfd
+    }
+
+    /// The point where a ring may be attached to an outgoing connection.
+    fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
+        fallback(libc::syscall(libc::SYS_connect, fd, addr, len) as c_int)
+    {
+        if !fdtable::is_tracked(fd) || guard::active() {
+            // SAFETY: forwarding.
+            return unsafe { connect::next(fd, addr, len) };
+        }
+        let Some(st) = fdtable::get(fd).filter(|s| s.kind() == Some(Kind::Tcp) && s.is_preconnect()) else {
+            // SAFETY: forwarding.
+            return unsafe { connect::next(fd, addr, len) };
+        };
+        // SAFETY: addr/len come from the caller with connect's contract.
+        let dest = unsafe { addr::to_std(addr, len) };
+        let mut real = || {
+            // SAFETY: forwarding the caller's arguments, once.
+            if unsafe { connect::next(fd, addr, len) } == 0 {
+                Ok(())
+            } else {
+                Err(Errno(sys::errno()))
+            }
+        };
+        match lifecycle::connect(fd, &st, dest, &mut real) {
+            Ok(()) => 0,
+            Err(Errno(e)) => {
+                sys::set_errno(e);
+                -1
+            }
+        }
+    }
+
+    /// Ring: mirrored as end-of-stream by the connection.
+    fn shutdown(fd: c_int, how: c_int) -> c_int;
+        fallback(libc::syscall(libc::SYS_shutdown, fd, how) as c_int)
+    {
+        if let Some(st) = ring(fd) {
+            if let Some(conn) = st.conn() {
+                let _g = guard::enter();
+                return match conn.shutdown(fd, how) {
+                    Ok(()) => 0,
+                    Err(Errno(e)) => {
+                        sys::set_errno(e);
+                        -1
+                    }
+                };
+            }
+        }
+        // SAFETY: forwarding.
+        unsafe { shutdown::next(fd, how) }
+    }
+
+    /// Ring: SO_ERROR comes from the connection; the rest from the kernel
+    /// socket underneath.
+    fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
+        fallback(libc::syscall(libc::SYS_getsockopt, fd, level, name, val, len) as c_int)
+    {
+        if level == libc::SOL_SOCKET && name == libc::SO_ERROR && !val.is_null() && !len.is_null() {
+            let ring_err = ring(fd).and_then(|st| st.conn().map(|c| c.take_error()));
+            if let Some(e) = ring_err.filter(|&e| e != 0) {
+                // SAFETY: len is valid per getsockopt's contract.
+                if (unsafe { *len } as usize) < std::mem::size_of::<c_int>() {
+                    sys::set_errno(libc::EINVAL);
+                    return -1;
+                }
+                // SAFETY: val has room for an int (checked above).
+                unsafe {
+                    std::ptr::write_unaligned(val.cast::<c_int>(), e);
+                    *len = std::mem::size_of::<c_int>() as socklen_t;
+                }
+                return 0;
+            }
+            // No ring error: the kernel socket's SO_ERROR is the answer.
+        }
+        // SAFETY: forwarding.
+        unsafe { getsockopt::next(fd, level, name, val, len) }
+    }
+
+    /// Mirrors SO_RCVTIMEO/SO_SNDTIMEO of tracked sockets (ring waits honour
+    /// them); everything also goes to the kernel socket.
+    fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
+        fallback(libc::syscall(libc::SYS_setsockopt, fd, level, name, val, len) as c_int)
+    {
+        // SAFETY: forwarding.
+        let r = unsafe { setsockopt::next(fd, level, name, val, len) };
+        if r == 0
+            && level == libc::SOL_SOCKET
+            && (name == libc::SO_RCVTIMEO || name == libc::SO_SNDTIMEO)
+            && fdtable::is_tracked(fd)
+        {
+            // SAFETY: the kernel just accepted val/len as a timeval.
+            let ns = unsafe { timeval_ns(val, len) };
+            if let (Some(st), Some(ns)) = (fdtable::get(fd), ns) {
+                if name == libc::SO_RCVTIMEO {
+                    st.set_timeouts(Some(ns), None);
+                } else {
+                    st.set_timeouts(None, Some(ns));
+                }
+            }
+        }
+        r
+    }
+
+    /// Pass-through: the kernel socket has the real 4-tuple.
+    fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+        fallback(libc::syscall(libc::SYS_getpeername, fd, addr, len) as c_int)
+    {
+        // SAFETY: forwarding.
+        unsafe { getpeername::next(fd, addr, len) }
+    }
+
+    /// Pass-through: the kernel socket has the real 4-tuple.
+    fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
+        fallback(libc::syscall(libc::SYS_getsockname, fd, addr, len) as c_int)
+    {
+        // SAFETY: forwarding.
+        unsafe { getsockname::next(fd, addr, len) }
+    }
+}
+
+fn after_accept(lfd: c_int, nfd: c_int, flags: c_int) {
+    if nfd < 0 || !fdtable::is_tracked(lfd) {
+        return;
+    }
+    if let Some(l) = fdtable::get(lfd).filter(|l| l.kind() == Some(Kind::Listener)) {
+        let saved = sys::errno();
+        lifecycle::on_accepted(lfd, &l, nfd, flags);
+        sys::set_errno(saved);
+    }
+}

@@ -1,0 +1,115 @@
+//! Which sockets the shim tracks, and how connect/accept decide between a
+//! ring and plain TCP.
+//!
+//! Only AF_INET/AF_INET6 SOCK_STREAM sockets with protocol 0 or IPPROTO_TCP
+//! are ever tracked; UDP, AF_UNIX, netlink, raw, MPTCP... are never looked
+//! at again. Sockets created by the shim itself (inside a guard scope) are
+//! not tracked either, nor is anything while RINGSOCK_DISABLE=1.
+
+use std::net::SocketAddr;
+
+use libc::c_int;
+
+use crate::attached::{self, Decision, Errno, TcpReason};
+use crate::config::{self, Excluded};
+use crate::fdtable::{self, FdRef, Kind};
+use crate::hook::guard;
+use crate::{process, sockaddr};
+
+/// True for the sockets a ring could carry.
+pub fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
+    let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);
+    (domain == libc::AF_INET || domain == libc::AF_INET6)
+        && base == libc::SOCK_STREAM
+        && (protocol == 0 || protocol == libc::IPPROTO_TCP)
+}
+
+fn may_track() -> bool {
+    !guard::active() && !config::get().disable && process::owns_memory()
+}
+
+/// socket() returned `fd` for a TCP socket.
+pub fn on_new_socket(fd: c_int, domain: c_int, ty: c_int) {
+    if may_track() {
+        let nonblock = ty & libc::SOCK_NONBLOCK != 0;
+        if fdtable::track_new(fd, Kind::Tcp, domain, nonblock).is_none() {
+            log::debug!("fd {fd} not tracked (beyond table capacity)");
+        }
+    }
+}
+
+fn excluded_reason(e: Excluded) -> TcpReason {
+    match e {
+        Excluded::Port => TcpReason::ExcludedPort,
+        Excluded::Net => TcpReason::ExcludedNet,
+    }
+}
+
+/// accept()/accept4() on tracked listener `lfd` returned `fd`.
+pub fn on_accepted(lfd: c_int, listener: &FdRef, fd: c_int, flags: c_int) {
+    if !may_track() {
+        return;
+    }
+    let nonblock = flags & libc::SOCK_NONBLOCK != 0;
+    let Some(st) = fdtable::track_new(fd, Kind::Tcp, listener.family(), nonblock) else {
+        return;
+    };
+    let Some(attacher) = attached::attacher() else {
+        st.set_tcp_reason(TcpReason::NoTransport);
+        return;
+    };
+    let (Some(local), Some(peer)) = (sockaddr::query(fd, false), sockaddr::query(fd, true)) else {
+        st.set_tcp_reason(TcpReason::Family);
+        return;
+    };
+    if let Err(e) = config::get().allows(peer.ip(), local.port()) {
+        st.set_tcp_reason(excluded_reason(e));
+        return;
+    }
+    let _g = guard::enter();
+    let decision = attacher.accept(lfd, fd, local, peer);
+    apply(fd, &st, decision);
+}
+
+/// connect() on tracked socket `st`: decides, lets the kernel connect
+/// happen through `real_connect`, and returns its result.
+pub fn connect(
+    fd: c_int,
+    st: &FdRef,
+    dest: Option<SocketAddr>,
+    real_connect: &mut dyn FnMut() -> Result<(), Errno>,
+) -> Result<(), Errno> {
+    let reason = match (dest, attached::attacher()) {
+        (None, _) => Some(TcpReason::Family),
+        (_, None) => Some(TcpReason::NoTransport),
+        (Some(d), Some(_)) => config::get()
+            .allows(d.ip(), d.port())
+            .err()
+            .map(excluded_reason),
+    };
+    if let Some(r) = reason {
+        st.set_tcp_reason(r);
+        return real_connect();
+    }
+    let (Some(dest), Some(attacher)) = (dest, attached::attacher()) else {
+        return real_connect();
+    };
+    let _g = guard::enter();
+    let (res, decision) = attacher.connect(fd, dest, st.nonblocking(), real_connect);
+    apply(fd, st, decision);
+    res
+}
+
+fn apply(fd: c_int, st: &FdRef, decision: Decision) {
+    match decision {
+        Decision::Tcp(r) => st.set_tcp_reason(r),
+        Decision::Ring(conn) => {
+            if st.attach(conn).is_err() {
+                // Only possible if the program raced two connects on one fd.
+                log::warn!("fd {fd}: a ring was already attached; keeping the first");
+            } else {
+                log::debug!("fd {fd}: ring attached");
+            }
+        }
+    }
+}

@@ -1,0 +1,83 @@
+//! Which process we are: a cached pid and a fork generation.
+//!
+//! glibc stopped caching getpid() long ago, so the shim keeps its own copy,
+//! refreshed in every child that goes through `fork`, `_Fork` or an internal
+//! glibc fork (`daemon(3)` and friends reach us through the pthread_atfork
+//! child handler registered by `init`). The fork generation is bumped around
+//! every fork, in parent and child alike: a connection claimed before a fork
+//! must be claimed again afterwards (DESIGN "fork, exec, dup").
+//!
+//! `vfork` is deliberately not interposed (see hooks/process.rs): a vfork
+//! child shares this process's memory, including the fd table, while having
+//! its own kernel fd table. Hooks that change the fd table therefore ask
+//! `owns_memory()` first, which compares the cached pid with the real one: a
+//! mismatch means a child that shares our memory without having gone through
+//! our fork path, and such a child must leave the table alone.
+
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+
+use libc::pid_t;
+
+use crate::sys;
+
+/// 0 until first use; then the pid of the process that owns this memory.
+static PID: AtomicI32 = AtomicI32::new(0);
+/// Bumped before every fork; see `claim` in fdtable/state.rs.
+static FORK_EPOCH: AtomicU64 = AtomicU64::new(1);
+
+/// The pid of the process that owns this memory image (cheap: no syscall
+/// after the first call).
+pub fn pid() -> pid_t {
+    let p = PID.load(Ordering::Relaxed);
+    if p != 0 {
+        return p;
+    }
+    let real = sys::getpid();
+    PID.store(real, Ordering::Relaxed);
+    real
+}
+
+/// The current fork generation.
+pub fn fork_epoch() -> u64 {
+    FORK_EPOCH.load(Ordering::Acquire)
+}
+
+/// True when the calling process owns this memory image, false in a child
+/// that shares it (vfork, clone(CLONE_VM)) and must not change shim state.
+/// Costs one getpid syscall: callers use it only on paths that also make a
+/// system call of their own.
+pub fn owns_memory() -> bool {
+    sys::getpid() == pid()
+}
+
+/// Called just before the real fork in the parent: connections claimed so far
+/// must be claimed again after the fork, by whichever process uses them.
+pub fn before_fork() {
+    FORK_EPOCH.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Called in the child right after a fork that gave it its own memory.
+/// Async-signal-safe: one syscall and atomics.
+pub fn after_fork_child() {
+    PID.store(sys::getpid(), Ordering::Relaxed);
+}
+
+extern "C" fn atfork_prepare() {
+    before_fork();
+}
+
+extern "C" fn atfork_child() {
+    after_fork_child();
+}
+
+/// Registers the fork handlers that cover forks we do not see as calls to
+/// our `fork` hook (glibc-internal forks such as daemon(3)). Both handlers
+/// are idempotent with the work our `fork` hook does itself.
+pub fn register_atfork() {
+    // SAFETY: the handlers are plain extern "C" functions that only touch
+    // atomics and make raw syscalls, which is allowed in atfork handlers.
+    let rc = unsafe { libc::pthread_atfork(Some(atfork_prepare), None, Some(atfork_child)) };
+    if rc != 0 {
+        log::warn!("pthread_atfork failed ({rc}); forks through daemon(3) keep a stale pid");
+    }
+}

@@ -1,0 +1,97 @@
+//! Reading C socket addresses.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+
+/// Converts an AF_INET/AF_INET6 `sockaddr` of `len` bytes; None for other
+/// families or short buffers.
+///
+/// # Safety
+/// `addr` is null or valid for `len` bytes.
+pub unsafe fn to_std(addr: *const libc::sockaddr, len: libc::socklen_t) -> Option<SocketAddr> {
+    if addr.is_null() || (len as usize) < std::mem::size_of::<libc::sa_family_t>() {
+        return None;
+    }
+    // SAFETY: at least the family field is readable (checked above); the
+    // structs are read unaligned because C callers owe us no alignment.
+    let family = unsafe { std::ptr::read_unaligned(addr.cast::<libc::sa_family_t>()) };
+    match i32::from(family) {
+        libc::AF_INET if len as usize >= std::mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: len covers a sockaddr_in.
+            let a = unsafe { std::ptr::read_unaligned(addr.cast::<libc::sockaddr_in>()) };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                ip,
+                u16::from_be(a.sin_port),
+            )))
+        }
+        libc::AF_INET6 if len as usize >= std::mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: len covers a sockaddr_in6.
+            let a = unsafe { std::ptr::read_unaligned(addr.cast::<libc::sockaddr_in6>()) };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// The local or peer address of socket `fd` through libc (never our hooks).
+pub fn query(fd: i32, peer: bool) -> Option<SocketAddr> {
+    // SAFETY: sockaddr_storage is plain data; zeroes are a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let p = (&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr>();
+    // SAFETY: p/len describe `ss`.
+    let r = unsafe {
+        if peer {
+            crate::real::getpeername(fd, p, &mut len)
+        } else {
+            crate::real::getsockname(fd, p, &mut len)
+        }
+    };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: the kernel wrote `len` bytes of address into ss.
+    unsafe { to_std(p, len) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v4_and_v6() {
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: 6379u16.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(Ipv4Addr::new(127, 0, 0, 1)).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let p = (&sin as *const libc::sockaddr_in).cast();
+        let n = std::mem::size_of_val(&sin) as u32;
+        // SAFETY: p/n describe sin.
+        assert_eq!(
+            unsafe { to_std(p, n) },
+            Some("127.0.0.1:6379".parse().unwrap())
+        );
+        // SAFETY: a shorter length is rejected before reading past it.
+        assert_eq!(unsafe { to_std(p, 4) }, None);
+        // SAFETY: null is allowed.
+        assert_eq!(unsafe { to_std(std::ptr::null(), 16) }, None);
+        let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        sin6.sin6_family = libc::AF_INET6 as u16;
+        sin6.sin6_port = 80u16.to_be();
+        sin6.sin6_addr.s6_addr = Ipv6Addr::LOCALHOST.octets();
+        let p6 = (&sin6 as *const libc::sockaddr_in6).cast();
+        let n6 = std::mem::size_of_val(&sin6) as u32;
+        // SAFETY: p6/n6 describe sin6.
+        assert_eq!(unsafe { to_std(p6, n6) }, Some("[::1]:80".parse().unwrap()));
+    }
+}

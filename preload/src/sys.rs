@@ -1,0 +1,122 @@
+//! Raw system calls for the shim's own use.
+//!
+//! Every libc entry point the shim interposes (read, write, close, ...)
+//! resolves to our own hook when called from inside `libringsock.so`,
+//! because the preloaded library comes first in the global symbol scope.
+//! The few things the shim does for itself at awkward moments (logging,
+//! finding its pid, raising SIGPIPE) therefore go straight to the kernel
+//! through `syscall(2)`, which is never interposed.
+
+use libc::{c_int, c_long, pid_t};
+
+/// The calling thread's errno.
+pub fn errno() -> c_int {
+    // SAFETY: __errno_location always returns a valid pointer to this
+    // thread's errno.
+    unsafe { *libc::__errno_location() }
+}
+
+/// Sets the calling thread's errno.
+pub fn set_errno(e: c_int) {
+    // SAFETY: as in `errno`.
+    unsafe { *libc::__errno_location() = e }
+}
+
+/// getpid(2) straight from the kernel (glibc no longer caches it, and the
+/// shim must see the truth in a vfork child).
+pub fn getpid() -> pid_t {
+    // SAFETY: getpid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_getpid) as pid_t }
+}
+
+/// gettid(2).
+pub fn gettid() -> pid_t {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    unsafe { libc::syscall(libc::SYS_gettid) as pid_t }
+}
+
+/// Sends `sig` to the calling thread only, as the kernel does for SIGPIPE.
+pub fn raise_on_this_thread(sig: c_int) {
+    // SAFETY: tgkill with our own pid/tid and a valid signal number.
+    unsafe {
+        libc::syscall(
+            libc::SYS_tgkill,
+            getpid() as c_long,
+            gettid() as c_long,
+            sig as c_long,
+        );
+    }
+}
+
+/// Writes all of `buf` to `fd`, retrying on EINTR and short writes; gives up
+/// silently on any other error (this is the logger's last resort, there is
+/// nobody to report to).
+pub fn write_all(fd: c_int, mut buf: &[u8]) {
+    while !buf.is_empty() {
+        // SAFETY: buf is a valid, initialised slice for its whole length.
+        let n = unsafe { libc::syscall(libc::SYS_write, fd, buf.as_ptr(), buf.len()) };
+        if n < 0 {
+            if errno() == libc::EINTR {
+                continue;
+            }
+            return;
+        }
+        if n == 0 {
+            return;
+        }
+        buf = &buf[n as usize..];
+    }
+}
+
+/// openat(AT_FDCWD, path, flags, mode) without going through libc's `open`.
+/// `path` must be NUL-terminated. Returns the fd or the errno.
+pub fn open(path: &[u8], flags: c_int, mode: libc::mode_t) -> Result<c_int, c_int> {
+    if path.last() != Some(&0) {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: path is NUL-terminated (checked above) and outlives the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            flags as c_long,
+            mode as c_long,
+        )
+    };
+    if fd < 0 {
+        Err(errno())
+    } else {
+        Ok(fd as c_int)
+    }
+}
+
+/// fcntl(2) without going through libc's (hooked) `fcntl`.
+pub fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> Result<c_int, c_int> {
+    // SAFETY: fcntl with an integer argument touches no memory of ours.
+    let r = unsafe { libc::syscall(libc::SYS_fcntl, fd, cmd, arg) };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r as c_int)
+    }
+}
+
+/// close(2) without going through libc's (hooked) `close`.
+pub fn close(fd: c_int) {
+    // SAFETY: closing an fd the caller owns.
+    unsafe {
+        libc::syscall(libc::SYS_close, fd);
+    }
+}
+
+/// CLOCK_MONOTONIC in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer; clock_gettime is not interposed.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
