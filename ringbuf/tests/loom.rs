@@ -3,7 +3,7 @@
 //! ordered after its write is reported) and a condvar doorbell (a lost
 //! wakeup is reported as a deadlock).
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringbuf --test loom --release`
+//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringbuf --test loom --release --no-default-features`
 
 #![cfg(loom)]
 

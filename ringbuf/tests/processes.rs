@@ -1,6 +1,8 @@
 //! Two real processes share a ring through a memfd passed by inheritance:
 //! the parent streams 32 MiB with a checksum, the child echoes a digest.
 
+#![cfg(not(loom))]
+
 use ringbuf::{EventFd, Receiver, RingConfig, Segment, Sender, ShmTransport, SpinBudget};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Command;

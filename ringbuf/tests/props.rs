@@ -1,6 +1,8 @@
 //! Property tests: the ring is a byte stream (against a VecDeque model),
 //! and the receiver survives arbitrary ring contents.
 
+#![cfg(not(loom))]
+
 use proptest::prelude::*;
 use ringbuf::{heap_pair, Receiver, RingConfig, RingError, RingMem, ShmTransport};
 use std::collections::VecDeque;

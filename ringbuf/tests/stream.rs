@@ -1,5 +1,7 @@
 //! Byte-stream behaviour of a ring end to end, in one process.
 
+#![cfg(not(loom))]
+
 use ringbuf::{heap_pair, EventFd, RingConfig, RingError, SpinBudget};
 use std::time::Duration;
 
