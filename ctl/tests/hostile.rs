@@ -113,3 +113,79 @@ fn many_sessions_and_abrupt_disconnects() {
     }
     still_serving(&d);
 }
+
+#[test]
+fn a_session_that_never_reads_is_throttled_not_fatal() {
+    let d = Daemon::start();
+    let greedy = d.session();
+    let req = frame::encode(&Msg::Status { after: None }).unwrap();
+    // Pipeline requests without reading a single reply, until our own send
+    // buffer is full: the daemon stops reading us once its replies back up.
+    let mut sent = 0;
+    while sent < 100_000 {
+        match ringsock_proto::io::send_frame(greedy.as_raw_fd(), &req, &[], libc::MSG_DONTWAIT) {
+            Ok(()) => sent += 1,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+    assert!(sent < 100_000, "daemon never pushed back");
+    still_serving(&d);
+    // Every request still gets its reply, in order.
+    let mut buf = vec![0u8; ringsock_proto::MAX_FRAME_TOTAL];
+    for _ in 0..sent {
+        let (m, _) = ringsock_proto::recv_msg(greedy.as_raw_fd(), &mut buf).unwrap();
+        assert!(matches!(m, Msg::StatusReply { .. }));
+    }
+}
+
+#[test]
+fn sessions_beyond_the_limit_are_refused_alone() {
+    // RLIMIT_NOFILE 64 gives the daemon a budget of 16 sessions.
+    let dir = TempDir::new();
+    let socket = dir.path("ctl.sock");
+    let mut child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -n 64 && exec {BIN} daemon --foreground --socket {}",
+            socket.display()
+        ))
+        .stderr(std::fs::File::create(dir.path("log")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("daemon start", || {
+        ringsock_proto::Client::connect(&socket, None).is_ok()
+    });
+    let mut ok = Vec::new();
+    let mut refused = 0;
+    for _ in 0..24 {
+        let mut c =
+            ringsock_proto::Client::connect(&socket, Some(std::time::Duration::from_secs(5)))
+                .unwrap();
+        match c.hello("t") {
+            Ok(_) => ok.push(c),
+            Err(_) => refused += 1,
+        }
+    }
+    assert!(
+        refused > 0 && ok.len() >= 8,
+        "ok {} refused {refused}",
+        ok.len()
+    );
+    // Those admitted are served; after some leave, newcomers are admitted.
+    for c in &mut ok {
+        assert!(matches!(
+            call(c, &Msg::Status { after: None }, &[]).0,
+            Msg::StatusReply { .. }
+        ));
+    }
+    ok.truncate(2);
+    wait_until("a free session slot", || {
+        ringsock_proto::Client::connect(&socket, Some(std::time::Duration::from_secs(5)))
+            .is_ok_and(|mut c| c.hello("t").is_ok())
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(dir.path("log")).unwrap();
+    assert!(log.contains("refusing another"), "{log}");
+}
