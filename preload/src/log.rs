@@ -193,7 +193,7 @@ mod tests {
     #[test]
     fn short_line_is_newline_terminated() {
         let mut l = StackLine::new();
-        write!(l, "ringsock[{}]: {}", 7, "hi").unwrap();
+        write!(l, "ringsock[{}]: hi", 7).unwrap();
         assert_eq!(l.finish(), b"ringsock[7]: hi\n");
     }
 

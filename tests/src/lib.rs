@@ -1,1 +1,56 @@
-//! (skeleton)
+//! Harness for running real, unmodified programs under `libringsock.so`.
+//!
+//! * `shim()` finds the shim next to the test binary and (re)builds it with
+//!   `cargo build -p ringsock-preload` into the same target directory once
+//!   per test process, so the tests always exercise the current source;
+//! * `Cmd` spawns a program with LD_PRELOAD set, bounded in time;
+//! * `Server` is a background program that is killed (TERM, then KILL) and
+//!   reaped when dropped, with its output kept in a temp dir;
+//! * `free_port`, `wait_port`, `TempDir`, `sha256` and the `require!`
+//!   macro, which skips a test (with a printed reason) only when a program
+//!   is not installed.
+
+pub mod proc;
+pub mod sha256;
+pub mod shim;
+pub mod tmp;
+
+pub use proc::{free_port, run, wait_port, Cmd, Server};
+pub use shim::{shim, which};
+pub use tmp::TempDir;
+
+/// Skips the calling test, with a reason on stdout, if any of the programs
+/// is not installed; otherwise evaluates to nothing.
+#[macro_export]
+macro_rules! require {
+    ($($bin:expr),+ $(,)?) => {
+        $(
+            if $crate::which($bin).is_none() {
+                println!("SKIP: `{}` is not installed; install it to run this test", $bin);
+                return;
+            }
+        )+
+    };
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*), for payloads whose
+/// checksum the test knows in advance.
+pub fn payload(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// Panics if the shim complained on `stderr`: in pass-through mode, with
+/// the default log level, it must stay silent.
+pub fn assert_shim_silent(what: &str, stderr: &str) {
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("ringsock[")).collect();
+    assert!(lines.is_empty(), "{what}: the shim logged:\n{}", lines.join("\n"));
+}

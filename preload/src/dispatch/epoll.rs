@@ -392,7 +392,7 @@ fn kernel_events(
         match remaining(deadline) {
             None => -1,
             Some(ts) => {
-                let ms = ts.tv_sec as i64 * 1000 + (ts.tv_nsec as i64 + 999_999) / 1_000_000;
+                let ms = ts.tv_sec * 1000 + (ts.tv_nsec + 999_999) / 1_000_000;
                 ms.min(i32::MAX as i64) as c_int
             }
         }

@@ -72,7 +72,7 @@ pub fn spin(mut ready: impl FnMut() -> bool) -> bool {
         }
         i = i.wrapping_add(1);
         // Reading the clock every iteration would dominate a short spin.
-        if i % 64 == 0 && sys::monotonic_ns().saturating_sub(start) >= budget {
+        if i.is_multiple_of(64) && sys::monotonic_ns().saturating_sub(start) >= budget {
             BUDGET_NS.with(|b| b.set(budget / 2));
             return false;
         }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 
 /// Marks a symbol that dlsym could not find: callers use their raw-syscall
 /// fallback from then on. Never a valid function address.
-const MISSING: *mut c_void = 1 as *mut c_void;
+const MISSING: *mut c_void = ptr::dangling_mut::<c_void>();
 
 /// One interposed function's next definition.
 pub struct Symbol {

@@ -1,0 +1,214 @@
+//! Spawning programs under the shim, with time bounds everywhere.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::Read;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::shim::shim;
+use crate::tmp::TempDir;
+
+/// A command that runs under `LD_PRELOAD=libringsock.so` (or without it,
+/// for comparison runs).
+pub struct Cmd {
+    cmd: Command,
+    label: String,
+}
+
+impl Cmd {
+    /// `program` with the shim preloaded (default knobs: log level warn, so
+    /// a healthy pass-through run prints nothing of ours).
+    pub fn shimmed(program: &str) -> Cmd {
+        let mut c = Cmd::plain(program);
+        c.cmd.env("LD_PRELOAD", shim()).env("RINGSOCK_LOG", "warn");
+        c
+    }
+
+    /// `program` without the shim.
+    pub fn plain(program: &str) -> Cmd {
+        let mut cmd = Command::new(program);
+        cmd.env_remove("LD_PRELOAD").stdin(Stdio::null());
+        Cmd { cmd, label: program.to_string() }
+    }
+
+    pub fn arg(mut self, a: impl AsRef<OsStr>) -> Cmd {
+        self.cmd.arg(a);
+        self
+    }
+
+    pub fn args<I: IntoIterator<Item = S>, S: AsRef<OsStr>>(mut self, a: I) -> Cmd {
+        self.cmd.args(a);
+        self
+    }
+
+    pub fn env(mut self, k: &str, v: impl AsRef<OsStr>) -> Cmd {
+        self.cmd.env(k, v);
+        self
+    }
+
+    pub fn current_dir(mut self, d: impl AsRef<std::path::Path>) -> Cmd {
+        self.cmd.current_dir(d);
+        self
+    }
+
+    /// Runs to completion within `timeout`, capturing output; panics (after
+    /// killing it) if it takes longer.
+    pub fn run(self, timeout: Duration) -> Output {
+        run(self.cmd, &self.label, timeout)
+    }
+
+    /// Runs and asserts success; returns stdout as text.
+    pub fn run_ok(self, timeout: Duration) -> (String, String) {
+        let label = self.label.clone();
+        let out = self.run(timeout);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success(),
+            "{label} failed ({}):\nstdout:\n{stdout}\nstderr:\n{stderr}",
+            out.status
+        );
+        (stdout, stderr)
+    }
+
+    /// Starts it in the background; output goes to files in a temp dir.
+    pub fn spawn(mut self) -> Server {
+        let dir = TempDir::new("server");
+        let out = dir.path().join("stdout");
+        let err = dir.path().join("stderr");
+        self.cmd
+            .stdout(File::create(&out).expect("stdout file"))
+            .stderr(File::create(&err).expect("stderr file"));
+        let child = self.cmd.spawn().unwrap_or_else(|e| panic!("spawning {}: {e}", self.label));
+        Server { child: Some(child), label: self.label, out, err, _dir: dir }
+    }
+}
+
+/// Runs `cmd` within `timeout` with captured output.
+pub fn run(mut cmd: Command, label: &str, timeout: Duration) -> Output {
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawning {label}: {e}"));
+    let mut so = child.stdout.take().expect("stdout pipe");
+    let mut se = child.stderr.take().expect("stderr pipe");
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let status = wait_until(&mut child, timeout);
+    let stdout = t_out.join().unwrap_or_default();
+    let stderr = t_err.join().unwrap_or_default();
+    match status {
+        Some(status) => Output { status, stdout, stderr },
+        None => panic!(
+            "{label} did not finish within {timeout:?}\nstdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        ),
+    }
+}
+
+/// Waits for `child` up to `timeout`; kills and reaps it and returns None
+/// if it is still running then.
+fn wait_until(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let end = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() >= end {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A background program, stopped and reaped on drop.
+pub struct Server {
+    child: Option<Child>,
+    label: String,
+    out: PathBuf,
+    err: PathBuf,
+    _dir: TempDir,
+}
+
+impl Server {
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// What it has written to stdout and stderr so far.
+    pub fn output(&self) -> (String, String) {
+        let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+        (read(&self.out), read(&self.err))
+    }
+
+    /// Panics, with its output, if it has exited.
+    pub fn assert_running(&mut self) {
+        let Some(c) = self.child.as_mut() else { return };
+        if let Ok(Some(status)) = c.try_wait() {
+            let (o, e) = self.output();
+            panic!("{} exited early ({status}):\nstdout:\n{o}\nstderr:\n{e}", self.label);
+        }
+    }
+
+    /// Stops it (SIGTERM, then SIGKILL after 3 s) and returns its status
+    /// and output.
+    pub fn stop(&mut self) -> (Option<ExitStatus>, String, String) {
+        let status = self.child.take().and_then(|mut c| {
+            // SAFETY: signalling our own child by pid.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+            wait_until(&mut c, Duration::from_secs(3))
+        });
+        let (o, e) = self.output();
+        (status, o, e)
+    }
+
+    /// Waits for it to exit by itself within `timeout`.
+    pub fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let c = self.child.as_mut()?;
+        let s = wait_until(c, timeout);
+        self.child = None;
+        s
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binding port 0");
+    l.local_addr().expect("local_addr").port()
+}
+
+/// Waits until 127.0.0.1:`port` accepts connections; panics with the
+/// server's output if it exits or `timeout` passes first.
+pub fn wait_port(server: &mut Server, port: u16, timeout: Duration) {
+    let end = Instant::now() + timeout;
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    loop {
+        server.assert_running();
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return;
+        }
+        if Instant::now() >= end {
+            let (o, e) = server.output();
+            panic!("{} never listened on port {port}:\nstdout:\n{o}\nstderr:\n{e}", server.label);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
