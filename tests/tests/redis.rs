@@ -1,0 +1,65 @@
+//! redis-server under the shim, driven by redis-benchmark and redis-cli
+//! (also under the shim).
+
+use std::time::Duration;
+
+use ringsock_integration::{assert_shim_silent, free_port, require, wait_port, Cmd, TempDir};
+
+#[test]
+fn redis_benchmark_and_cli_readback() {
+    require!("redis-server", "redis-benchmark", "redis-cli");
+    let dir = TempDir::new("redis");
+    let port = free_port().to_string();
+    let mut server = Cmd::shimmed("redis-server")
+        .args(["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir.path())
+        .spawn();
+    wait_port(&mut server, port.parse().unwrap(), Duration::from_secs(10));
+
+    let (out, err) = Cmd::shimmed("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port, "-t", "set,get", "-n", "20000", "-c", "20"])
+        .run_ok(Duration::from_secs(60));
+    assert_shim_silent("redis-benchmark", &err);
+    for test in ["SET", "GET"] {
+        let section = out
+            .split(&format!("====== {test} ======"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {test} section in:\n{out}"));
+        let done = section
+            .lines()
+            .find(|l| l.contains("requests completed in"))
+            .unwrap_or_else(|| panic!("no completion line for {test}:\n{section}"));
+        let n: u64 = done.split_whitespace().next().unwrap().parse().unwrap();
+        assert_eq!(n, 20000, "{test}: {done}");
+    }
+    assert!(!out.to_lowercase().contains("error"), "{out}");
+
+    let cli = |args: &[&str]| {
+        let (o, e) = Cmd::shimmed("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port])
+            .args(args)
+            .run_ok(Duration::from_secs(10));
+        assert_shim_silent("redis-cli", &e);
+        o.trim_end().to_string()
+    };
+    let big = "v".repeat(100_000);
+    assert_eq!(cli(&["SET", "ringsock:key", "hello world"]), "OK");
+    assert_eq!(cli(&["GET", "ringsock:key"]), "hello world");
+    assert_eq!(cli(&["SET", "ringsock:big", &big]), "OK");
+    assert_eq!(cli(&["GET", "ringsock:big"]), big);
+    // BGSAVE forks a child that inherits every connection and closes what
+    // it does not need: the parent's connections must be unaffected.
+    assert!(cli(&["BGSAVE"]).contains("Background saving started"));
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while cli(&["INFO", "persistence"]).contains("rdb_bgsave_in_progress:1") {
+        assert!(std::time::Instant::now() < end, "BGSAVE did not finish");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(cli(&["INFO", "persistence"]).contains("rdb_last_bgsave_status:ok"));
+    assert_eq!(cli(&["GET", "ringsock:key"]), "hello world");
+    assert_eq!(cli(&["DBSIZE"]).parse::<u64>().map(|n| n >= 2), Ok(true));
+
+    let (_, _, serr) = server.stop();
+    assert_shim_silent("redis-server", &serr);
+}
