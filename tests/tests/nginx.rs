@@ -20,6 +20,7 @@ fn nginx_serves_files_to_curl() {
     for (name, data) in &files {
         prefix.write(&format!("html/{name}"), data);
     }
+    let sums: Vec<String> = files.iter().map(|(_, d)| sha256::hex(d)).collect();
     let port = free_port();
     let p = prefix.path().display();
     let conf = format!(
@@ -51,31 +52,20 @@ fn nginx_serves_files_to_curl() {
 
     // Several rounds, so that both workers get to serve.
     for round in 0..3 {
-        for (name, data) in &files {
+        for ((name, data), sum) in files.iter().zip(&sums) {
             let out = Cmd::shimmed("curl")
                 .args(["-sS", "--fail", "--max-time", "10"])
                 .arg(format!("http://127.0.0.1:{port}/{name}"))
                 .run(Duration::from_secs(15));
             let err = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                out.status.success(),
-                "round {round} curl {name}: {}\n{err}",
-                out.status
-            );
+            assert!(out.status.success(), "round {round} curl {name}: {}\n{err}", out.status);
             assert_shim_silent("curl", &err);
             assert_eq!(out.stdout.len(), data.len(), "{name}: length");
-            assert_eq!(
-                sha256::hex(&out.stdout),
-                sha256::hex(data),
-                "{name}: checksum"
-            );
+            assert_eq!(&sha256::hex(&out.stdout), sum, "{name}: checksum");
         }
     }
     let (_, _, serr) = server.stop();
     assert_shim_silent("nginx", &serr);
     let log = std::fs::read_to_string(prefix.path().join("error.log")).unwrap_or_default();
-    assert!(
-        !log.contains("[alert]") && !log.contains("[crit]"),
-        "nginx error.log:\n{log}"
-    );
+    assert!(!log.contains("[alert]") && !log.contains("[crit]"), "nginx error.log:\n{log}");
 }

@@ -1,0 +1,85 @@
+//! The shim loads, reports bad knobs in one line each without breaking the
+//! program, honours RINGSOCK_LOG / RINGSOCK_LOG_FILE / RINGSOCK_DISABLE.
+
+use std::time::Duration;
+
+use ringsock_integration::{require, Cmd, TempDir};
+
+const T: Duration = Duration::from_secs(10);
+
+#[test]
+fn loads_and_logs_at_debug() {
+    require!("echo");
+    let (out, err) = Cmd::shimmed("echo").arg("hi").env("RINGSOCK_LOG", "debug").run_ok(T);
+    assert_eq!(out, "hi\n");
+    let loaded: Vec<&str> = err.lines().filter(|l| l.contains("debug: loaded")).collect();
+    assert_eq!(loaded.len(), 1, "{err}");
+    let pid_prefix = loaded[0].split(']').next().unwrap();
+    assert!(pid_prefix.starts_with("ringsock[") && pid_prefix[9..].parse::<u32>().is_ok(), "{err}");
+}
+
+#[test]
+fn silent_by_default() {
+    require!("echo");
+    let (out, err) = Cmd::shimmed("echo").arg("quiet").run_ok(T);
+    assert_eq!(out, "quiet\n");
+    assert_eq!(err, "");
+}
+
+#[test]
+fn bad_knobs_give_one_line_each_and_the_program_runs() {
+    require!("echo");
+    let (out, err) = Cmd::shimmed("echo")
+        .arg("still works")
+        .env("RINGSOCK_RING_SLOTS", "3000")
+        .env("RINGSOCK_SPIN_US", "-5")
+        .env("RINGSOCK_LOG", "chatty")
+        .env("RINGSOCK_EXCLUDE_PORTS", "80-")
+        .env("RINGSOCK_INCLUDE_NETS", "10.0.0.0/40")
+        .env("RINGSOCK_ALPHA", "💥")
+        .run_ok(T);
+    assert_eq!(out, "still works\n");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 6, "{err}");
+    for (var, default) in [
+        ("RINGSOCK_RING_SLOTS=\"3000\"", "using default 4096"),
+        ("RINGSOCK_SPIN_US=\"-5\"", "using default 50"),
+        ("RINGSOCK_LOG=\"chatty\"", "using default warn"),
+        ("RINGSOCK_EXCLUDE_PORTS=\"80-\"", "using default (none)"),
+        ("RINGSOCK_INCLUDE_NETS=\"10.0.0.0/40\"", "using default (none)"),
+        ("RINGSOCK_ALPHA=\"💥\"", "using default 8"),
+    ] {
+        assert!(
+            lines.iter().any(|l| l.contains(var) && l.ends_with(default)),
+            "no line for {var} ending in `{default}`:\n{err}"
+        );
+    }
+}
+
+#[test]
+fn log_file_receives_the_lines() {
+    require!("echo");
+    let dir = TempDir::new("logfile");
+    let log = dir.path().join("shim.log");
+    let (out, err) = Cmd::shimmed("echo")
+        .arg("x")
+        .env("RINGSOCK_LOG", "debug")
+        .env("RINGSOCK_LOG_FILE", &log)
+        .run_ok(T);
+    assert_eq!(out, "x\n");
+    assert_eq!(err, "", "nothing on stderr when a log file is set");
+    let text = std::fs::read_to_string(&log).expect("log file written");
+    assert!(text.contains("debug: loaded"), "{text}");
+}
+
+#[test]
+fn disabled_shim_passes_everything_through() {
+    require!("python3");
+    let script = "import socket\n\
+        l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen()\n\
+        c = socket.create_connection(l.getsockname()); a, _ = l.accept()\n\
+        c.sendall(b'ping'); print(a.recv(4).decode())";
+    let (out, err) = Cmd::shimmed("python3").args(["-c", script]).env("RINGSOCK_DISABLE", "1").run_ok(T);
+    assert_eq!(out, "ping\n");
+    assert_eq!(err, "");
+}
