@@ -52,5 +52,9 @@ pub fn payload(len: usize, seed: u64) -> Vec<u8> {
 /// the default log level, it must stay silent.
 pub fn assert_shim_silent(what: &str, stderr: &str) {
     let lines: Vec<&str> = stderr.lines().filter(|l| l.contains("ringsock[")).collect();
-    assert!(lines.is_empty(), "{what}: the shim logged:\n{}", lines.join("\n"));
+    assert!(
+        lines.is_empty(),
+        "{what}: the shim logged:\n{}",
+        lines.join("\n")
+    );
 }

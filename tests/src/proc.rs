@@ -31,7 +31,10 @@ impl Cmd {
     pub fn plain(program: &str) -> Cmd {
         let mut cmd = Command::new(program);
         cmd.env_remove("LD_PRELOAD").stdin(Stdio::null());
-        Cmd { cmd, label: program.to_string() }
+        Cmd {
+            cmd,
+            label: program.to_string(),
+        }
     }
 
     pub fn arg(mut self, a: impl AsRef<OsStr>) -> Cmd {
@@ -82,15 +85,26 @@ impl Cmd {
         self.cmd
             .stdout(File::create(&out).expect("stdout file"))
             .stderr(File::create(&err).expect("stderr file"));
-        let child = self.cmd.spawn().unwrap_or_else(|e| panic!("spawning {}: {e}", self.label));
-        Server { child: Some(child), label: self.label, out, err, _dir: dir }
+        let child = self
+            .cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {}: {e}", self.label));
+        Server {
+            child: Some(child),
+            label: self.label,
+            out,
+            err,
+            _dir: dir,
+        }
     }
 }
 
 /// Runs `cmd` within `timeout` with captured output.
 pub fn run(mut cmd: Command, label: &str, timeout: Duration) -> Output {
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawning {label}: {e}"));
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {label}: {e}"));
     let mut so = child.stdout.take().expect("stdout pipe");
     let mut se = child.stderr.take().expect("stderr pipe");
     let t_out = std::thread::spawn(move || {
@@ -107,7 +121,11 @@ pub fn run(mut cmd: Command, label: &str, timeout: Duration) -> Output {
     let stdout = t_out.join().unwrap_or_default();
     let stderr = t_err.join().unwrap_or_default();
     match status {
-        Some(status) => Output { status, stdout, stderr },
+        Some(status) => Output {
+            status,
+            stdout,
+            stderr,
+        },
         None => panic!(
             "{label} did not finish within {timeout:?}\nstdout:\n{}\nstderr:\n{}",
             String::from_utf8_lossy(&stdout),
@@ -158,7 +176,10 @@ impl Server {
         let Some(c) = self.child.as_mut() else { return };
         if let Ok(Some(status)) = c.try_wait() {
             let (o, e) = self.output();
-            panic!("{} exited early ({status}):\nstdout:\n{o}\nstderr:\n{e}", self.label);
+            panic!(
+                "{} exited early ({status}):\nstdout:\n{o}\nstderr:\n{e}",
+                self.label
+            );
         }
     }
 
@@ -207,7 +228,10 @@ pub fn wait_port(server: &mut Server, port: u16, timeout: Duration) {
         }
         if Instant::now() >= end {
             let (o, e) = server.output();
-            panic!("{} never listened on port {port}:\nstdout:\n{o}\nstderr:\n{e}", server.label);
+            panic!(
+                "{} never listened on port {port}:\nstdout:\n{o}\nstderr:\n{e}",
+                server.label
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -24,9 +24,14 @@ fn build() -> PathBuf {
     let deps = exe.parent().expect("deps dir");
     let profile_dir = deps.parent().expect("profile dir");
     let target = profile_dir.parent().expect("target dir");
-    let profile = profile_dir.file_name().and_then(|s| s.to_str()).unwrap_or("debug");
+    let profile = profile_dir
+        .file_name()
+        .and_then(|s| s.to_str())
+        .unwrap_or("debug");
     let so = profile_dir.join("libringsock.so");
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace)
@@ -49,12 +54,16 @@ fn build() -> PathBuf {
 pub fn which(bin: &str) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let is_exe = |p: &Path| {
-        p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+        p.metadata()
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
     };
     if bin.contains('/') {
         let p = PathBuf::from(bin);
         return is_exe(&p).then_some(p);
     }
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join(bin)).find(|p| is_exe(p))
+    std::env::split_paths(&path)
+        .map(|d| d.join(bin))
+        .find(|p| is_exe(p))
 }

@@ -13,8 +13,8 @@ impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static N: AtomicU32 = AtomicU32::new(0);
         let n = N.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir()
-            .join(format!("ringsock-test-{tag}-{}-{n}", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("ringsock-test-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).expect("creating temp dir");
         TempDir { path }

@@ -9,8 +9,15 @@ use std::time::Duration;
 use ringsock_integration::{assert_shim_silent, require, Cmd};
 
 fn probe(shimmed: bool) -> String {
-    let script = format!("{}/tests/scripts/hooks_probe.py", env!("CARGO_MANIFEST_DIR"));
-    let cmd = if shimmed { Cmd::shimmed("python3") } else { Cmd::plain("python3") };
+    let script = format!(
+        "{}/tests/scripts/hooks_probe.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let cmd = if shimmed {
+        Cmd::shimmed("python3")
+    } else {
+        Cmd::plain("python3")
+    };
     let (out, err) = cmd.arg(script).run_ok(Duration::from_secs(20));
     if shimmed {
         assert_shim_silent("hooks_probe.py", &err);
@@ -23,7 +30,10 @@ fn c_level_hooks_match_plain_libc() {
     require!("python3");
     let plain = probe(false);
     let shimmed = probe(true);
-    assert!(plain.contains("done=True"), "probe incomplete without the shim:\n{plain}");
+    assert!(
+        plain.contains("done=True"),
+        "probe incomplete without the shim:\n{plain}"
+    );
     assert_eq!(shimmed, plain, "results differ with the shim");
     // A few values pinned, so that a probe that silently checks nothing
     // cannot pass.
@@ -40,6 +50,9 @@ fn c_level_hooks_match_plain_libc() {
         "so_error=ECONNREFUSED",
         "read_after_half_close=late",
     ] {
-        assert!(shimmed.lines().any(|l| l == line), "missing `{line}` in:\n{shimmed}");
+        assert!(
+            shimmed.lines().any(|l| l == line),
+            "missing `{line}` in:\n{shimmed}"
+        );
     }
 }

@@ -19,7 +19,13 @@ fn curl_fetches_from_python_http_server() {
     }
     let port = free_port();
     let mut server = Cmd::shimmed("python3")
-        .args(["-m", "http.server", "--bind", "127.0.0.1", &port.to_string()])
+        .args([
+            "-m",
+            "http.server",
+            "--bind",
+            "127.0.0.1",
+            &port.to_string(),
+        ])
         .current_dir(dir.path())
         .spawn();
     wait_port(&mut server, port, Duration::from_secs(10));
@@ -33,7 +39,11 @@ fn curl_fetches_from_python_http_server() {
         assert!(out.status.success(), "curl {name}: {}\n{err}", out.status);
         assert_shim_silent("curl", &err);
         assert_eq!(out.stdout.len(), data.len(), "{name}: length");
-        assert_eq!(sha256::hex(&out.stdout), sha256::hex(data), "{name}: checksum");
+        assert_eq!(
+            sha256::hex(&out.stdout),
+            sha256::hex(data),
+            "{name}: checksum"
+        );
     }
     let (_, _, serr) = server.stop();
     assert_shim_silent("http.server", &serr);

@@ -15,12 +15,16 @@ print(int(d["end"]["sum_sent"]["bytes"]), int(d["end"]["sum_received"]["bytes"])
 
 fn run_direction(reverse: bool) {
     let port = free_port().to_string();
-    let mut server = Cmd::shimmed("iperf3").args(["-s", "-1", "-B", "127.0.0.1", "-p", &port]).spawn();
+    let mut server = Cmd::shimmed("iperf3")
+        .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port])
+        .spawn();
     wait_port(&mut server, port.parse().unwrap(), Duration::from_secs(10));
     // wait_port's probe connection counts as iperf3's single client on some
     // versions; give the one-off server a fresh start if it already exited.
     if server.wait(Duration::from_millis(300)).is_some() {
-        server = Cmd::shimmed("iperf3").args(["-s", "-1", "-B", "127.0.0.1", "-p", &port]).spawn();
+        server = Cmd::shimmed("iperf3")
+            .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port])
+            .spawn();
         std::thread::sleep(Duration::from_millis(300));
     }
     let mut client = Cmd::shimmed("iperf3").args(["-c", "127.0.0.1", "-p", &port, "-t", "1", "-J"]);
@@ -30,7 +34,10 @@ fn run_direction(reverse: bool) {
     let out = client.run(Duration::from_secs(20));
     let json = String::from_utf8_lossy(&out.stdout).into_owned();
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "iperf3 -c (reverse={reverse}) failed:\n{json}\n{err}");
+    assert!(
+        out.status.success(),
+        "iperf3 -c (reverse={reverse}) failed:\n{json}\n{err}"
+    );
     assert_shim_silent("iperf3 client", &err);
     let parsed = std::process::Command::new("python3")
         .args(["-c", PARSE])
@@ -45,8 +52,15 @@ fn run_direction(reverse: bool) {
         })
         .expect("python3 json parse");
     let text = String::from_utf8_lossy(&parsed.stdout);
-    assert!(parsed.status.success(), "{}\n{json}", String::from_utf8_lossy(&parsed.stderr));
-    let v: Vec<u64> = text.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    assert!(
+        parsed.status.success(),
+        "{}\n{json}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+    let v: Vec<u64> = text
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect();
     assert!(v[0] > 0 && v[1] > 0, "no bytes moved: {v:?}");
     let _ = server.wait(Duration::from_secs(5));
     let (_, _, serr) = server.stop();

@@ -27,7 +27,18 @@ fn memcached_under_load_and_readback() {
     require!("memcached");
     let port = free_port();
     let mut server = Cmd::shimmed("memcached")
-        .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-u", "root", "-t", "2"])
+        .args([
+            "-l",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "0",
+            "-u",
+            "root",
+            "-t",
+            "2",
+        ])
         .spawn();
     wait_port(&mut server, port, Duration::from_secs(10));
 
@@ -39,9 +50,15 @@ fn memcached_under_load_and_readback() {
                 .run_ok(Duration::from_secs(30));
             assert_shim_silent("memcslap", &err);
             let text = format!("{out}{err}");
-            assert!(!text.to_lowercase().contains("fail"), "memcslap {test}:\n{text}");
+            assert!(
+                !text.to_lowercase().contains("fail"),
+                "memcslap {test}:\n{text}"
+            );
             let done = format!("Time to {test}");
-            assert!(text.contains(&done), "memcslap {test} did not finish:\n{text}");
+            assert!(
+                text.contains(&done),
+                "memcslap {test} did not finish:\n{text}"
+            );
         }
     } else {
         println!("memcslap not installed: running the python client only");

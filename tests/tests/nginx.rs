@@ -58,7 +58,11 @@ fn nginx_serves_files_to_curl() {
                 .arg(format!("http://127.0.0.1:{port}/{name}"))
                 .run(Duration::from_secs(15));
             let err = String::from_utf8_lossy(&out.stderr);
-            assert!(out.status.success(), "round {round} curl {name}: {}\n{err}", out.status);
+            assert!(
+                out.status.success(),
+                "round {round} curl {name}: {}\n{err}",
+                out.status
+            );
             assert_shim_silent("curl", &err);
             assert_eq!(out.stdout.len(), data.len(), "{name}: length");
             assert_eq!(&sha256::hex(&out.stdout), sum, "{name}: checksum");
@@ -67,5 +71,8 @@ fn nginx_serves_files_to_curl() {
     let (_, _, serr) = server.stop();
     assert_shim_silent("nginx", &serr);
     let log = std::fs::read_to_string(prefix.path().join("error.log")).unwrap_or_default();
-    assert!(!log.contains("[alert]") && !log.contains("[crit]"), "nginx error.log:\n{log}");
+    assert!(
+        !log.contains("[alert]") && !log.contains("[crit]"),
+        "nginx error.log:\n{log}"
+    );
 }

@@ -42,8 +42,14 @@ fn python_echo_4mib_both_ways() {
         .run_ok(Duration::from_secs(30));
     assert_shim_silent("client", &err);
     let sent = field(&out, "sent")[0].to_string();
-    assert_eq!(field(&out, "threaded-back"), [SIZE.to_string().as_str(), &sent]);
-    assert_eq!(field(&out, "asyncio-back"), [SIZE.to_string().as_str(), &sent]);
+    assert_eq!(
+        field(&out, "threaded-back"),
+        [SIZE.to_string().as_str(), &sent]
+    );
+    assert_eq!(
+        field(&out, "asyncio-back"),
+        [SIZE.to_string().as_str(), &sent]
+    );
     assert!(out.contains("lines ok"), "{out}");
 
     // The server saw the same bytes (its lines appear once the connections
@@ -57,7 +63,10 @@ fn python_echo_4mib_both_ways() {
             assert_shim_silent("server", &serr);
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "server output:\n{sout}\n{serr}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "server output:\n{sout}\n{serr}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

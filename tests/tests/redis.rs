@@ -11,14 +11,34 @@ fn redis_benchmark_and_cli_readback() {
     let dir = TempDir::new("redis");
     let port = free_port().to_string();
     let mut server = Cmd::shimmed("redis-server")
-        .args(["--port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args([
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
         .arg("--dir")
         .arg(dir.path())
         .spawn();
     wait_port(&mut server, port.parse().unwrap(), Duration::from_secs(10));
 
     let (out, err) = Cmd::shimmed("redis-benchmark")
-        .args(["-h", "127.0.0.1", "-p", &port, "-t", "set,get", "-n", "20000", "-c", "20"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port,
+            "-t",
+            "set,get",
+            "-n",
+            "20000",
+            "-c",
+            "20",
+        ])
         .run_ok(Duration::from_secs(60));
     assert_shim_silent("redis-benchmark", &err);
     for test in ["SET", "GET"] {

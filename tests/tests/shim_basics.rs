@@ -10,12 +10,21 @@ const T: Duration = Duration::from_secs(10);
 #[test]
 fn loads_and_logs_at_debug() {
     require!("echo");
-    let (out, err) = Cmd::shimmed("echo").arg("hi").env("RINGSOCK_LOG", "debug").run_ok(T);
+    let (out, err) = Cmd::shimmed("echo")
+        .arg("hi")
+        .env("RINGSOCK_LOG", "debug")
+        .run_ok(T);
     assert_eq!(out, "hi\n");
-    let loaded: Vec<&str> = err.lines().filter(|l| l.contains("debug: loaded")).collect();
+    let loaded: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("debug: loaded"))
+        .collect();
     assert_eq!(loaded.len(), 1, "{err}");
     let pid_prefix = loaded[0].split(']').next().unwrap();
-    assert!(pid_prefix.starts_with("ringsock[") && pid_prefix[9..].parse::<u32>().is_ok(), "{err}");
+    assert!(
+        pid_prefix.starts_with("ringsock[") && pid_prefix[9..].parse::<u32>().is_ok(),
+        "{err}"
+    );
 }
 
 #[test]
@@ -46,11 +55,16 @@ fn bad_knobs_give_one_line_each_and_the_program_runs() {
         ("RINGSOCK_SPIN_US=\"-5\"", "using default 50"),
         ("RINGSOCK_LOG=\"chatty\"", "using default warn"),
         ("RINGSOCK_EXCLUDE_PORTS=\"80-\"", "using default (none)"),
-        ("RINGSOCK_INCLUDE_NETS=\"10.0.0.0/40\"", "using default (none)"),
+        (
+            "RINGSOCK_INCLUDE_NETS=\"10.0.0.0/40\"",
+            "using default (none)",
+        ),
         ("RINGSOCK_ALPHA=\"💥\"", "using default 8"),
     ] {
         assert!(
-            lines.iter().any(|l| l.contains(var) && l.ends_with(default)),
+            lines
+                .iter()
+                .any(|l| l.contains(var) && l.ends_with(default)),
             "no line for {var} ending in `{default}`:\n{err}"
         );
     }
@@ -79,7 +93,10 @@ fn disabled_shim_passes_everything_through() {
         l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen()\n\
         c = socket.create_connection(l.getsockname()); a, _ = l.accept()\n\
         c.sendall(b'ping'); print(a.recv(4).decode())";
-    let (out, err) = Cmd::shimmed("python3").args(["-c", script]).env("RINGSOCK_DISABLE", "1").run_ok(T);
+    let (out, err) = Cmd::shimmed("python3")
+        .args(["-c", script])
+        .env("RINGSOCK_DISABLE", "1")
+        .run_ok(T);
     assert_eq!(out, "ping\n");
     assert_eq!(err, "");
 }
