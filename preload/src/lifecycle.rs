@@ -109,6 +109,7 @@ fn apply(fd: c_int, st: &FdRef, decision: Decision) {
                 log::warn!("fd {fd}: a ring was already attached; keeping the first");
             } else {
                 log::debug!("fd {fd}: ring attached");
+                crate::dispatch::epoll::migrate(fd, st);
             }
         }
     }

@@ -415,3 +415,42 @@ fn kernel_events(
     }
     strip_token(out, r as usize, token) as c_int
 }
+
+/// Moves the kernel epoll registrations a socket got before its ring was
+/// attached (recorded by the epoll_ctl hook) over to ring registrations of
+/// the same instances, with the same events and data.
+pub fn migrate(fd: c_int, st: &FdRef) {
+    for pre in st.take_pre_epoll() {
+        let _g = guard::enter();
+        // SAFETY: removing the kernel registration of our own fd.
+        unsafe { real::epoll_ctl(pre.epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+        let Some(ep) = crate::hooks::epoll::epoll_state_for(pre.epfd) else {
+            log::warn!(
+                "fd {fd}: epoll fd {} cannot be tracked; its events are lost",
+                pre.epfd
+            );
+            continue;
+        };
+        let ev = epoll_event {
+            events: pre.events,
+            u64: pre.data,
+        };
+        // SAFETY: ev is valid for the call.
+        if unsafe {
+            ctl_ring(
+                pre.epfd,
+                ep.epoll_set_or_init(),
+                libc::EPOLL_CTL_ADD,
+                fd,
+                st.clone(),
+                &ev,
+            )
+        } != 0
+        {
+            log::warn!(
+                "fd {fd}: moving its registration in epoll fd {} failed",
+                pre.epfd
+            );
+        }
+    }
+}

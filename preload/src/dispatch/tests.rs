@@ -228,3 +228,158 @@ fn epoll_level_edge_oneshot() {
         fdh::close(fb);
     }
 }
+
+/// A ring layer double: attaches a mock connection to connects/accepts on
+/// the ports listed in `PEERS` (with the far end stored there), declines
+/// everything else.
+struct MockAttacher;
+
+static PEERS: std::sync::Mutex<Vec<(u16, Arc<MockConn>)>> = std::sync::Mutex::new(Vec::new());
+
+impl crate::attached::Attacher for MockAttacher {
+    fn connect(
+        &self,
+        _fd: i32,
+        dest: std::net::SocketAddr,
+        _nonblocking: bool,
+        connect: &mut dyn FnMut() -> Result<(), crate::Errno>,
+    ) -> (Result<(), crate::Errno>, crate::Decision) {
+        let res = connect();
+        let mut peers = PEERS.lock().unwrap();
+        match peers.iter().position(|(p, _)| *p == dest.port()) {
+            Some(i) if res.is_ok() => {
+                let (mine, theirs) = pair(64);
+                peers[i].1 = theirs;
+                (res, crate::Decision::Ring(mine))
+            }
+            _ => (res, crate::Decision::Tcp(crate::TcpReason::Declined)),
+        }
+    }
+
+    fn accept(
+        &self,
+        _l: i32,
+        _fd: i32,
+        local: std::net::SocketAddr,
+        _peer: std::net::SocketAddr,
+    ) -> crate::Decision {
+        let peers = PEERS.lock().unwrap();
+        if peers.iter().any(|(p, _)| *p == local.port()) {
+            crate::Decision::Ring(pair(64).0)
+        } else {
+            crate::Decision::Tcp(crate::TcpReason::Declined)
+        }
+    }
+
+    fn flush_all(&self) {}
+}
+
+static ATTACHER: MockAttacher = MockAttacher;
+
+/// A listening socket on 127.0.0.1 (through the hooks, so it is tracked).
+fn listener() -> (i32, u16) {
+    // SAFETY: socket/bind/listen/getsockname with valid arguments.
+    unsafe {
+        let l = sock::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        let mut sin: libc::sockaddr_in = std::mem::zeroed();
+        sin.sin_family = libc::AF_INET as u16;
+        sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
+        assert_eq!(
+            sock::bind(l, (&sin as *const libc::sockaddr_in).cast(), len),
+            0
+        );
+        assert_eq!(sock::listen(l, 8), 0);
+        let mut got = len;
+        sock::getsockname(l, (&mut sin as *mut libc::sockaddr_in).cast(), &mut got);
+        (l, u16::from_be(sin.sin_port))
+    }
+}
+
+#[test]
+fn connect_attaches_and_takes_over_earlier_epoll_registration() {
+    crate::register_attacher(&ATTACHER);
+    let (l, port) = listener();
+    PEERS.lock().unwrap().push((port, pair(1).0));
+    // SAFETY: hook calls with valid arguments throughout.
+    unsafe {
+        let c = sock::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fdtable::get(c).is_some_and(|s| s.is_preconnect()));
+        let epfd = ep::epoll_create1(0);
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 42,
+        };
+        // Registered before connect, as nginx does for upstreams.
+        assert_eq!(ep::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, c, &mut ev), 0);
+        let mut sin: libc::sockaddr_in = std::mem::zeroed();
+        sin.sin_family = libc::AF_INET as u16;
+        sin.sin_port = port.to_be();
+        sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
+        assert_eq!(
+            sock::connect(c, (&sin as *const libc::sockaddr_in).cast(), len),
+            0
+        );
+        assert!(
+            fdtable::attached(c).is_some(),
+            "the attacher's ring is attached"
+        );
+
+        let peer = PEERS
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(p, _)| *p == port)
+            .unwrap()
+            .1
+            .clone();
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }; 2];
+        assert_eq!(ep::epoll_wait(epfd, out.as_mut_ptr(), 2, 0), 0);
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            use crate::AttachedConn;
+            peer.try_send(&[std::io::IoSlice::new(b"ring")]).unwrap()
+        });
+        assert_eq!(ep::epoll_wait(epfd, out.as_mut_ptr(), 2, 5000), 1);
+        assert_eq!({ out[0].u64 }, 42);
+        assert_eq!(t.join().unwrap(), 4);
+        assert_eq!(read(c, 16, 0), (4, b"ring".to_vec()));
+        fdh::close(epfd);
+        fdh::close(c);
+        fdh::close(l);
+    }
+}
+
+#[test]
+fn declined_connect_stays_tcp_and_works() {
+    crate::register_attacher(&ATTACHER);
+    let (l, port) = listener();
+    // SAFETY: hook calls with valid arguments throughout.
+    unsafe {
+        let c = sock::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        let mut sin: libc::sockaddr_in = std::mem::zeroed();
+        sin.sin_family = libc::AF_INET as u16;
+        sin.sin_port = port.to_be();
+        sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
+        assert_eq!(
+            sock::connect(c, (&sin as *const libc::sockaddr_in).cast(), len),
+            0
+        );
+        let st = fdtable::get(c).unwrap();
+        assert!(st.conn().is_none());
+        assert_eq!(st.tcp_reason(), crate::TcpReason::Declined);
+        let a = sock::accept(l, ptr::null_mut(), ptr::null_mut());
+        assert!(
+            a >= 0 && fdtable::get(a).is_some(),
+            "accepted sockets are tracked"
+        );
+        assert!(fdtable::attached(a).is_none());
+        assert_eq!(write(c, b"tcp"), 3);
+        assert_eq!(read(a, 8, 0), (3, b"tcp".to_vec()));
+        for fd in [a, c, l] {
+            fdh::close(fd);
+        }
+    }
+}

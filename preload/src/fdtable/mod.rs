@@ -41,7 +41,7 @@ use std::ops::Deref;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-pub use state::{rings_alive, FdState, Kind, Socket};
+pub use state::{rings_alive, FdState, Kind, PreEpoll, Socket};
 
 use crate::attached::ReleaseKind;
 use crate::hook::guard;

@@ -9,7 +9,7 @@ use std::ptr;
 use std::sync::atomic::{
     fence, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
 };
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use libc::pid_t;
 
@@ -80,6 +80,19 @@ pub struct FdState {
     conn: AtomicPtr<ConnBox>,
     /// Ring registrations of an epoll instance (Kind::Epoll).
     epoll: AtomicPtr<EpollSet>,
+    /// Epoll registrations (epfd, events, data) made while the socket was
+    /// pre-connect, recorded only when a ring layer is registered: a ring
+    /// attached by connect() must take them over (nginx adds upstream
+    /// sockets to its epoll set before connecting).
+    pre_epoll: Mutex<Vec<PreEpoll>>,
+}
+
+/// One epoll registration of a pre-connect socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PreEpoll {
+    pub epfd: i32,
+    pub events: u32,
+    pub data: u64,
 }
 
 impl FdState {
@@ -99,6 +112,7 @@ impl FdState {
             owner_epoch: AtomicU64::new(0),
             conn: AtomicPtr::new(ptr::null_mut()),
             epoll: AtomicPtr::new(ptr::null_mut()),
+            pre_epoll: Mutex::new(Vec::new()),
         }
     }
 
@@ -167,6 +181,7 @@ impl FdState {
             // SAFETY: as above, from Box::into_raw in `epoll_set_or_init`.
             drop(unsafe { Box::from_raw(ep) });
         }
+        drop(std::mem::take(&mut *self.pre_epoll_lock()));
         self.fds.store(0, Ordering::Relaxed);
         self.kind.store(0, Ordering::Relaxed);
         self.tcp_reason.store(0, Ordering::Relaxed);
@@ -241,6 +256,30 @@ impl FdState {
     pub fn set_tcp_reason(&self, r: TcpReason) {
         self.tcp_reason.store(r as u8, Ordering::Relaxed);
         self.flags.fetch_and(!F_PRECONNECT, Ordering::Relaxed);
+        self.pre_epoll_lock().clear();
+    }
+
+    fn pre_epoll_lock(&self) -> std::sync::MutexGuard<'_, Vec<PreEpoll>> {
+        // A panic aborts the process, so the lock cannot be poisoned in
+        // practice; recover the guard anyway.
+        self.pre_epoll.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Mirrors a successful epoll_ctl on this pre-connect socket.
+    pub fn note_pre_epoll(&self, op: i32, epfd: i32, events: u32, data: u64) {
+        if !self.is_preconnect() {
+            return;
+        }
+        let mut v = self.pre_epoll_lock();
+        v.retain(|r| r.epfd != epfd);
+        if op != libc::EPOLL_CTL_DEL {
+            v.push(PreEpoll { epfd, events, data });
+        }
+    }
+
+    /// Takes the recorded pre-connect epoll registrations.
+    pub fn take_pre_epoll(&self) -> Vec<PreEpoll> {
+        std::mem::take(&mut *self.pre_epoll_lock())
     }
 
     pub fn tcp_reason(&self) -> TcpReason {

@@ -34,6 +34,28 @@ fn epoll_state(epfd: c_int) -> Option<FdRef> {
     fdtable::track_new(epfd, Kind::Epoll, 0, false)
 }
 
+/// Records an epoll registration of a pre-connect socket, so that a ring
+/// attached by connect() can take it over (dispatch/epoll.rs, `migrate`).
+fn note_pre_connect(epfd: c_int, op: c_int, fd: c_int, event: *const epoll_event) {
+    let Some(st) = fdtable::get(fd).filter(|s| s.is_preconnect()) else {
+        return;
+    };
+    let (events, data) = if event.is_null() {
+        (0, 0)
+    } else {
+        // SAFETY: the kernel just accepted this event pointer; the struct is
+        // packed, so read it unaligned.
+        let e = unsafe { std::ptr::read_unaligned(event) };
+        (e.events, e.u64)
+    };
+    st.note_pre_epoll(op, epfd, events, data);
+}
+
+/// The epoll state for `epfd` (for dispatch/epoll.rs's migration).
+pub fn epoll_state_for(epfd: c_int) -> Option<FdRef> {
+    epoll_state(epfd)
+}
+
 fn ms_to_deadline(ms: c_int) -> Option<u64> {
     if ms < 0 {
         None
@@ -84,7 +106,11 @@ hooks! {
             }
         }
         // SAFETY: forwarding.
-        unsafe { epoll_ctl::next(epfd, op, fd, event) }
+        let r = unsafe { epoll_ctl::next(epfd, op, fd, event) };
+        if r == 0 && crate::attached::attacher().is_some() && fdtable::is_tracked(fd) {
+            note_pre_connect(epfd, op, fd, event);
+        }
+        r
     }
 
     /// epoll_wait(2).
