@@ -137,6 +137,19 @@ pub trait AttachedConn: Send + Sync {
     /// Ends a wait started by `arm` (clears the flag, drains the doorbell).
     fn disarm(&self, interest: Ready);
 
+    /// `arm` for a waiter that watches the wait fds edge-triggered (epoll
+    /// with EPOLLET) and may keep the arm across many calls: the
+    /// connection need not keep the fds readable for it, so a doorbell can
+    /// be drained by other waiters without losing its wake-up.
+    fn arm_edge(&self, interest: Ready) -> Ready {
+        self.arm(interest)
+    }
+
+    /// Ends an `arm_edge`.
+    fn disarm_edge(&self, interest: Ready) {
+        self.disarm(interest)
+    }
+
     /// The fds to sleep on after `arm(interest)`; they become readable (or
     /// report an error/hangup) when the connection's readiness may have
     /// changed. The set must not change during the life of the connection
@@ -234,6 +247,19 @@ pub trait Attacher: Send + Sync {
     /// Flushes every attached connection with batched, unpublished bytes.
     /// Called before the process blocks in poll/select/epoll.
     fn flush_all(&self);
+
+    /// listen() succeeded on tracked socket `fd`, bound to `addr`.
+    fn listening(&self, _fd: RawFd, _addr: SocketAddr) {}
+
+    /// The last fd of a tracked listener bound to `addr` is being closed in
+    /// this process.
+    fn listener_closed(&self, _addr: SocketAddr) {}
+
+    /// A tracked connection `fd` stays plain TCP, for `reason`.
+    fn tcp_decided(&self, _fd: RawFd, _reason: TcpReason) {}
+
+    /// The last fd of a tracked plain-TCP connection is being closed.
+    fn tcp_closed(&self, _fd: RawFd) {}
 }
 
 static ATTACHER: OnceLock<&'static dyn Attacher> = OnceLock::new();

@@ -11,6 +11,7 @@
 //!   `Attacher`);
 //! * `lifecycle` — which sockets are tracked, connect/accept decisions;
 //! * `dispatch` — blocking and readiness semantics for ring fds;
+//! * `ring` — the shared-memory ring layer (the `Attacher`);
 //! * `config`, `log`, `process`, `signals`, `sockaddr`, `sys` — support.
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -25,6 +26,7 @@ pub mod lifecycle;
 pub mod log;
 pub mod process;
 pub mod real;
+pub mod ring;
 pub mod signals;
 pub mod sockaddr;
 pub mod sys;
@@ -43,6 +45,9 @@ extern "C" fn ringsock_init() {
     process::pid();
     process::register_atfork();
     hooks::resolve_all();
+    if !cfg.disable {
+        ring::install();
+    }
     #[cfg(not(test))]
     std::panic::set_hook(Box::new(|info| {
         log::always(format_args!("internal error: {info}"));

@@ -63,7 +63,7 @@ pub fn on_accepted(lfd: c_int, listener: &FdRef, fd: c_int, flags: c_int) {
         return;
     };
     if let Err(e) = config::get().allows(peer.ip(), local.port()) {
-        st.set_tcp_reason(excluded_reason(e));
+        stay_tcp(fd, &st, excluded_reason(e));
         return;
     }
     let _g = guard::enter();
@@ -88,8 +88,13 @@ pub fn connect(
             .map(excluded_reason),
     };
     if let Some(r) = reason {
-        st.set_tcp_reason(r);
-        return real_connect();
+        let res = real_connect();
+        if r != TcpReason::Family && matches!(res, Ok(()) | Err(Errno(libc::EINPROGRESS))) {
+            stay_tcp(fd, st, r);
+        } else {
+            st.set_tcp_reason(r);
+        }
+        return res;
     }
     let (Some(dest), Some(attacher)) = (dest, attached::attacher()) else {
         return real_connect();
@@ -98,6 +103,49 @@ pub fn connect(
     let (res, decision) = attacher.connect(fd, dest, st.nonblocking(), real_connect);
     apply(fd, st, decision);
     res
+}
+
+/// listen() succeeded on tracked socket `fd`: register it with the ring
+/// layer (connections to it may then be offered rings).
+pub fn on_listen(fd: c_int) {
+    let (Some(a), Some(addr)) = (attached::attacher(), sockaddr::query(fd, false)) else {
+        return;
+    };
+    if config::get().allows(addr.ip(), addr.port()).is_err() {
+        return;
+    }
+    let saved = crate::sys::errno();
+    let _g = guard::enter();
+    a.listening(fd, addr);
+    crate::sys::set_errno(saved);
+}
+
+/// The last fd of tracked socket `st` (number `fd`) in this process is
+/// about to be closed.
+pub fn on_last_close(fd: c_int, st: &crate::fdtable::FdState) {
+    let Some(a) = attached::attacher() else {
+        return;
+    };
+    let _g = guard::enter();
+    match st.kind() {
+        Some(Kind::Listener) => {
+            if let Some(addr) = sockaddr::query(fd, false) {
+                a.listener_closed(addr);
+            }
+        }
+        Some(Kind::Tcp) if !st.is_preconnect() && st.conn().is_none() => a.tcp_closed(fd),
+        _ => {}
+    }
+}
+
+/// Records a plain-TCP decision made before the ring layer was asked, and
+/// tells it (for status).
+fn stay_tcp(fd: c_int, st: &FdRef, r: TcpReason) {
+    st.set_tcp_reason(r);
+    if let Some(a) = attached::attacher() {
+        let _g = guard::enter();
+        a.tcp_decided(fd, r);
+    }
 }
 
 fn apply(fd: c_int, st: &FdRef, decision: Decision) {

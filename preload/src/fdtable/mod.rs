@@ -279,6 +279,9 @@ fn drop_slot_ref(old: *mut FdState, fd: i32, stale: bool) {
     // SAFETY: the slot owned a reference, which the swap handed to us.
     let st: &'static FdState = unsafe { &*old };
     if st.remove_fd() {
+        if !stale {
+            crate::lifecycle::on_last_close(fd, st);
+        }
         if let Some(conn) = st.conn() {
             let kind = if stale {
                 ReleaseKind::Stale

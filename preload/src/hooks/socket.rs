@@ -62,9 +62,10 @@ hooks! {
     {
         // SAFETY: forwarding.
         let r = unsafe { listen::next(fd, backlog) };
-        if r == 0 && fdtable::is_tracked(fd) {
+        if r == 0 && fdtable::is_tracked(fd) && !guard::active() {
             if let Some(st) = fdtable::get(fd) {
                 st.set_listener();
+                lifecycle::on_listen(fd);
             }
         }
         r

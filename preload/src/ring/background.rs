@@ -1,0 +1,380 @@
+//! The shim's one background thread per process, and the lists it serves.
+//!
+//! * Flush timer: a `send` may leave bytes in an open batch (RB2 adaptive
+//!   batching). They are pushed out before this process can block (every
+//!   recv/poll/epoll_wait/select flushes, `flush_all`), and, for a program
+//!   that computes for a while after sending, by this thread within
+//!   `FLUSH_NS`: no byte waits for a batch to fill.
+//! * Handshake follow-up: a client whose offer the server neither took nor
+//!   declined in the segment asks the daemon (`Collect`) and falls back to
+//!   TCP on `Declined`/`Expired`; accepted offers are collected so the
+//!   daemon can forget them.
+//! * Reports: connections are reported to the daemon for `ringsock-ctl
+//!   status` from here, off the connect/accept path.
+//!
+//! The thread parks on a futex when it has nothing to do, so an idle
+//! program costs nothing; it is started lazily, and again in a forked child
+//! (threads do not survive fork).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+use ringsock_proto::{Msg, Transport};
+
+use super::conn::ShmConn;
+use super::ctl;
+use super::plock::PLock;
+use crate::attached::TcpReason;
+use crate::hook::guard;
+use crate::{process, sockaddr, sys};
+
+/// Longest time a batched byte waits when the program does not block.
+const FLUSH_NS: u64 = 200_000;
+/// A pending client asks the daemon after this long, then at this period.
+const COLLECT_AFTER_NS: u64 = 20_000_000;
+const COLLECT_EVERY_NS: u64 = 50_000_000;
+
+enum Report {
+    Ring(Arc<ShmConn>, RawFd),
+    Fallback(RawFd, SocketAddr, SocketAddr),
+    Tcp {
+        fd: RawFd,
+        local: SocketAddr,
+        peer: SocketAddr,
+        reason: TcpReason,
+    },
+    Closed(RawFd, SocketAddr, SocketAddr),
+}
+
+static FLUSH: PLock<Vec<Arc<ShmConn>>> = PLock::new(Vec::new(), Vec::new);
+static DIRTY: AtomicUsize = AtomicUsize::new(0);
+static PENDING: PLock<Vec<Weak<ShmConn>>> = PLock::new(Vec::new(), Vec::new);
+static COLLECT: PLock<Vec<u64>> = PLock::new(Vec::new(), Vec::new);
+static REPORTS: PLock<VecDeque<Report>> = PLock::new(VecDeque::new(), VecDeque::new);
+
+/// Futex word: bumped by every wake-up request.
+static WAKE: AtomicU32 = AtomicU32::new(0);
+static PARKED: AtomicBool = AtomicBool::new(false);
+/// The pid whose thread is running (a forked child has none).
+static THREAD_PID: AtomicI32 = AtomicI32::new(0);
+
+fn wake() {
+    WAKE.fetch_add(1, Ordering::Release);
+    if PARKED.load(Ordering::Acquire) {
+        // SAFETY: futex wake on a static word.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                WAKE.as_ptr(),
+                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+                1,
+            )
+        };
+    }
+}
+
+fn park(seen: u32, timeout_ns: Option<u64>) {
+    let ts = timeout_ns.map(|ns| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    });
+    let tsp = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    PARKED.store(true, Ordering::SeqCst);
+    if WAKE.load(Ordering::SeqCst) == seen {
+        // SAFETY: futex wait on a static word with a valid or null timeout.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                WAKE.as_ptr(),
+                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+                seen,
+                tsp,
+            )
+        };
+    }
+    PARKED.store(false, Ordering::SeqCst);
+}
+
+fn sleep_ns(ns: u64) {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: ns as libc::c_long,
+    };
+    // SAFETY: valid timespec, no remainder wanted.
+    unsafe { libc::syscall(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize) };
+}
+
+fn ensure_thread() {
+    let me = process::pid();
+    let cur = THREAD_PID.load(Ordering::Acquire);
+    if cur == me {
+        return;
+    }
+    if THREAD_PID
+        .compare_exchange(cur, me, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("ringsock".into())
+        .stack_size(256 * 1024)
+        .spawn(run);
+    if let Err(e) = spawned {
+        log::warn!(
+            "cannot start the ringsock thread ({e}); batches flush only when the program blocks"
+        );
+    }
+}
+
+/// Queues `conn` for a timed flush.
+pub fn queue_flush(conn: Arc<ShmConn>) {
+    FLUSH.lock().push(conn);
+    if DIRTY.fetch_add(1, Ordering::AcqRel) == 0 {
+        ensure_thread();
+        wake();
+    }
+}
+
+/// Flushes every connection with batched bytes (before this process
+/// blocks). One atomic load when there is nothing to do.
+pub fn flush_all() {
+    if DIRTY.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let list = std::mem::take(&mut *FLUSH.lock());
+    DIRTY.fetch_sub(list.len(), Ordering::AcqRel);
+    for c in list {
+        c.flush_ring();
+    }
+}
+
+/// The background variant: never waits for a connection in use.
+fn flush_some() {
+    let list = std::mem::take(&mut *FLUSH.lock());
+    DIRTY.fetch_sub(list.len(), Ordering::AcqRel);
+    for c in list {
+        if c.is_released() {
+            continue;
+        }
+        if !c.try_flush_ring() {
+            // In use by the program: keep it queued for the next tick.
+            FLUSH.lock().push(c);
+            DIRTY.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
+fn report(r: Report) {
+    REPORTS.lock().push_back(r);
+    ensure_thread();
+    wake();
+}
+
+/// A ring was attached to `fd` (client or server side).
+pub fn note_ring(fd: RawFd, conn: &Arc<ShmConn>) {
+    conn.report_fd.store(fd, Ordering::Relaxed);
+    report(Report::Ring(conn.clone(), fd));
+}
+
+/// A client started waiting for the server's decision.
+pub fn note_pending(conn: &Arc<ShmConn>) {
+    PENDING.lock().push(Arc::downgrade(conn));
+}
+
+/// The server took the ring: let the daemon forget the offer.
+pub fn note_accepted(offer_id: u64) {
+    COLLECT.lock().push(offer_id);
+}
+
+/// A pending client fell back to TCP.
+pub fn note_fallback(conn: &ShmConn) {
+    let fd = conn.report_fd.load(Ordering::Relaxed);
+    report(Report::Fallback(fd, conn.local, conn.peer));
+}
+
+/// The connection's last fd in this process is gone.
+pub fn note_closed(conn: &ShmConn) {
+    let fd = conn.report_fd.load(Ordering::Relaxed);
+    report(Report::Closed(fd, conn.local, conn.peer));
+}
+
+/// A tracked socket stays plain TCP.
+pub fn note_tcp(fd: RawFd, peer: Option<SocketAddr>, reason: TcpReason) {
+    let (Some(local), Some(peer)) = (
+        sockaddr::query(fd, false),
+        peer.or_else(|| sockaddr::query(fd, true)),
+    ) else {
+        return;
+    };
+    report(Report::Tcp {
+        fd,
+        local,
+        peer,
+        reason,
+    });
+}
+
+/// A tracked plain-TCP socket's last fd is being closed.
+pub fn note_tcp_closed(fd: RawFd) {
+    let (Some(local), Some(peer)) = (sockaddr::query(fd, false), sockaddr::query(fd, true)) else {
+        return;
+    };
+    report(Report::Closed(fd, local, peer));
+}
+
+fn reason_text(r: TcpReason) -> &'static str {
+    match r {
+        TcpReason::Undecided => "undecided",
+        TcpReason::Disabled => "RINGSOCK_DISABLE",
+        TcpReason::ExcludedPort => "port excluded",
+        TcpReason::ExcludedNet => "address excluded",
+        TcpReason::NoTransport => "no ring transport",
+        TcpReason::Declined => "no ringsock peer",
+        TcpReason::Family => "address family",
+    }
+}
+
+fn send_report(r: Report) {
+    let (msg, memfd) = match r {
+        Report::Ring(conn, fd) => {
+            if conn.is_released() {
+                return;
+            }
+            let memfd = conn.segment().share_fd().ok();
+            let transport = if conn.is_tcp() {
+                Transport::Tcp
+            } else {
+                Transport::Shm
+            };
+            (
+                Msg::ConnReport {
+                    fd,
+                    local: conn.local,
+                    peer: conn.peer,
+                    transport,
+                    reason: String::new(),
+                    ring: Some(conn.offer_id),
+                },
+                memfd,
+            )
+        }
+        Report::Fallback(fd, local, peer) => (
+            Msg::ConnReport {
+                fd,
+                local,
+                peer,
+                transport: Transport::Tcp,
+                reason: "server declined the ring".into(),
+                ring: None,
+            },
+            None,
+        ),
+        Report::Tcp {
+            fd,
+            local,
+            peer,
+            reason,
+        } => (
+            Msg::ConnReport {
+                fd,
+                local,
+                peer,
+                transport: Transport::Tcp,
+                reason: reason_text(reason).into(),
+                ring: None,
+            },
+            None,
+        ),
+        Report::Closed(fd, local, peer) => (Msg::ConnClosed { fd, local, peer }, None),
+    };
+    let fds: Vec<RawFd> = memfd.iter().map(|f| f.as_raw_fd()).collect();
+    let _ = ctl::call(&msg, &fds);
+}
+
+fn follow_pending(now: u64) {
+    let list: Vec<Weak<ShmConn>> = std::mem::take(&mut *PENDING.lock());
+    let mut keep = Vec::new();
+    for w in list {
+        let Some(c) = w.upgrade() else { continue };
+        if !c.is_pending() || c.is_released() {
+            continue;
+        }
+        if now.saturating_sub(c.born_ns.load(Ordering::Relaxed)) < COLLECT_AFTER_NS {
+            keep.push(w);
+            continue;
+        }
+        match ctl::call(
+            &Msg::Collect {
+                offer_id: c.offer_id,
+            },
+            &[],
+        )
+        .ok()
+        {
+            Some((Msg::Pending, _)) | Some((Msg::Answered { .. }, _)) => keep.push(w),
+            Some((Msg::Declined { .. }, _))
+            | Some((Msg::Expired, _))
+            | Some((Msg::Error { .. }, _)) => {
+                if c.offer_pid == process::pid() {
+                    c.decline_from_ctl();
+                } else {
+                    keep.push(w);
+                }
+            }
+            // The session is gone (daemon restart): the offer died with it.
+            None => c.decline_from_ctl(),
+            Some(_) => keep.push(w),
+        }
+    }
+    PENDING.lock().extend(keep);
+}
+
+fn collect_accepted() {
+    let ids = std::mem::take(&mut *COLLECT.lock());
+    for offer_id in ids {
+        let _ = ctl::call(&Msg::Collect { offer_id }, &[]);
+    }
+}
+
+fn run() {
+    let _g = guard::enter();
+    let me = process::pid();
+    let mut next_collect = 0u64;
+    loop {
+        if THREAD_PID.load(Ordering::Acquire) != me {
+            return;
+        }
+        let seen = WAKE.load(Ordering::Acquire);
+        if DIRTY.load(Ordering::Acquire) > 0 {
+            sleep_ns(FLUSH_NS);
+            flush_some();
+        }
+        loop {
+            let next = REPORTS.lock().pop_front();
+            match next {
+                Some(r) => send_report(r),
+                None => break,
+            }
+        }
+        let now = sys::monotonic_ns();
+        let pending = !PENDING.lock().is_empty();
+        if now >= next_collect {
+            collect_accepted();
+            if pending {
+                follow_pending(now);
+            }
+            next_collect = now + COLLECT_EVERY_NS;
+        }
+        if DIRTY.load(Ordering::Acquire) > 0 || !REPORTS.lock().is_empty() {
+            continue;
+        }
+        let pending = !PENDING.lock().is_empty() || !COLLECT.lock().is_empty();
+        park(seen, pending.then_some(COLLECT_AFTER_NS));
+    }
+}

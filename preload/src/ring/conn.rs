@@ -1,0 +1,902 @@
+//! One same-host connection over a shared-memory segment: the
+//! `AttachedConn` the hooks dispatch to.
+//!
+//! The segment (created by the client, see handshake.rs) holds two rings:
+//! ring 0 carries client -> server, ring 1 server -> client. Each side owns
+//! an eventfd doorbell the other side rings (`bell` here, the peer's inside
+//! both ring transports), and keeps a private duplicate of the kernel TCP
+//! socket, which stays connected and idle underneath: its EOF or reset is
+//! how a side learns that the peer *process* died without closing.
+//!
+//! Modes (the client starts `Pending`, the server starts `Ring`):
+//! * `Pending`: the client may already write (up to `PENDING_CAP` bytes)
+//!   into ring 0; the server has not decided yet. The server stores its
+//!   decision in the segment header (`STATE_*`) and rings our bell; a
+//!   decline we only learn from the daemon is delivered by the background
+//!   thread (`decline_from_ctl`).
+//! * `Ring`: everything goes through the rings.
+//! * `Tcp`: the server turned the ring down; what we had written into ring 0
+//!   was taken back and sent over TCP first, in order (`fall_back`), and
+//!   from then on every call goes to the kernel socket.
+//!
+//! Waiting: `arm` announces a sleeping reader/writer in the ring (the RB2
+//! flags whose ordering the loom models in ringbuf/tests/loom.rs check) and
+//! counts waiters. The doorbell is drained only when no level-triggered
+//! waiter (ppoll) is left, under the same lock as arming, so one waiter
+//! can never swallow the wake-up another is about to sleep on.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use libc::c_int;
+use ringbuf::{EventFd, Notify, Receiver, RingError, Segment, Sender, ShmTransport};
+
+use super::background;
+use crate::attached::{AttachedConn, Errno, Ready, ReleaseKind, WaitFd, WaitFds};
+use crate::{process, sys};
+
+/// Segment header user words (`SegmentHeader::user`).
+pub const WORD_STATE: usize = 0;
+pub const WORD_CLIENT_PID: usize = 1;
+pub const WORD_SERVER_PID: usize = 2;
+
+/// Values of `WORD_STATE`, written by the server.
+pub const STATE_PENDING: u64 = 0;
+pub const STATE_ACCEPTED: u64 = 1;
+pub const STATE_DECLINED: u64 = 2;
+
+/// Bytes a client may put in the ring before the server decided: what a
+/// decline makes us resend over TCP, so it is kept small.
+pub const PENDING_CAP: usize = 64 * 1024;
+
+const MODE_PENDING: u8 = 0;
+const MODE_RING: u8 = 1;
+const MODE_TCP: u8 = 2;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Server,
+}
+
+/// The peer's doorbell, shared by our two ring ends.
+pub struct PeerBell(pub Arc<EventFd>);
+
+impl Notify for PeerBell {
+    fn notify(&self) -> Result<(), RingError> {
+        self.0.notify()
+    }
+}
+
+#[derive(Default)]
+struct Waiters {
+    /// Waiters sleeping in a level-triggered poll on our wait fds.
+    level: u32,
+    /// Outstanding arms per direction (level and edge waiters).
+    rx: u32,
+    tx: u32,
+}
+
+pub struct ShmConn {
+    side: Side,
+    /// The daemon's id for the offer that set this connection up.
+    pub offer_id: u64,
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    seg: Segment,
+    tx: Mutex<Sender<ShmTransport>>,
+    rx: Mutex<Receiver<ShmTransport>>,
+    bell: EventFd,
+    /// Our duplicate of the kernel socket; -1 once released.
+    tcp: AtomicI32,
+    mode: AtomicU8,
+    /// Bytes written while `Pending`.
+    pending_sent: AtomicUsize,
+    /// The daemon said the server will not use the ring.
+    ctl_declined: AtomicBool,
+    /// Kernel socket saw EOF/reset: the peer process is gone (or closed).
+    peer_gone: AtomicBool,
+    /// Pending SO_ERROR for the program.
+    error: AtomicI32,
+    rd_shut: AtomicBool,
+    wr_shut: AtomicBool,
+    /// The end-of-stream mark could not be written yet (ring full).
+    eos_owed: AtomicBool,
+    /// Queued on the background thread's flush list.
+    pub(super) dirty: AtomicBool,
+    waiters: Mutex<Waiters>,
+    released: AtomicBool,
+    /// When the client started waiting for the server's decision.
+    pub born_ns: AtomicU64,
+    /// The fd number under which the connection was reported to the daemon.
+    pub report_fd: AtomicI32,
+    /// The process that made the offer (only it can ask the daemon).
+    pub offer_pid: i32,
+    this: Weak<ShmConn>,
+}
+
+/// What the handshake hands over to build a connection.
+pub struct Parts {
+    pub side: Side,
+    pub offer_id: u64,
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+    pub seg: Segment,
+    pub tx: Sender<ShmTransport>,
+    pub rx: Receiver<ShmTransport>,
+    pub bell: EventFd,
+    pub tcp: RawFd,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // panic = "abort": a poisoned lock cannot be observed; recover anyway.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Errno for a ring failure the program sees on its socket.
+fn ring_errno(e: &RingError, what: &str) -> Errno {
+    match e {
+        RingError::WouldBlock => Errno(libc::EAGAIN),
+        RingError::PeerClosed | RingError::Closed => Errno(libc::EPIPE),
+        RingError::Corrupt(c) => {
+            log::error!("{what}: corrupt ring ({c:?}); the connection is reset");
+            Errno(libc::ECONNRESET)
+        }
+        RingError::Os(e) => Errno(*e),
+        RingError::Config(m) => {
+            log::error!("{what}: {m}");
+            Errno(libc::EINVAL)
+        }
+    }
+}
+
+fn poll_one(fd: RawFd, events: i16) -> i16 {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout; raw syscall (never our hook).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ppoll,
+            &mut p as *mut libc::pollfd,
+            1,
+            &libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            } as *const libc::timespec,
+            std::ptr::null::<libc::sigset_t>(),
+            8,
+        )
+    };
+    if r > 0 {
+        p.revents
+    } else {
+        0
+    }
+}
+
+/// recv(2) on the kernel socket, never blocking, never our hook.
+fn sys_recv(fd: RawFd, buf: &mut [u8], flags: c_int) -> Result<usize, Errno> {
+    // SAFETY: buf is valid for its length.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            flags | libc::MSG_DONTWAIT,
+            std::ptr::null_mut::<libc::sockaddr>(),
+            std::ptr::null_mut::<libc::socklen_t>(),
+        )
+    };
+    if n < 0 {
+        Err(Errno(sys::errno()))
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// send(2) on the kernel socket, never blocking, never raising SIGPIPE.
+fn sys_send(fd: RawFd, buf: &[u8]) -> Result<usize, Errno> {
+    // SAFETY: buf is valid for its length.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_sendto,
+            fd,
+            buf.as_ptr(),
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            std::ptr::null::<libc::sockaddr>(),
+            0,
+        )
+    };
+    if n < 0 {
+        Err(Errno(sys::errno()))
+    } else {
+        Ok(n as usize)
+    }
+}
+
+fn pid_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks existence.
+    unsafe { libc::syscall(libc::SYS_kill, pid, 0) == 0 || sys::errno() == libc::EPERM }
+}
+
+impl ShmConn {
+    pub fn new(p: Parts) -> Arc<ShmConn> {
+        let mode = match p.side {
+            Side::Client => MODE_PENDING,
+            Side::Server => MODE_RING,
+        };
+        let word = match p.side {
+            Side::Client => WORD_CLIENT_PID,
+            Side::Server => WORD_SERVER_PID,
+        };
+        p.seg.header().user[word].store(process::pid() as u64, Ordering::Release);
+        Arc::new_cyclic(|this| ShmConn {
+            side: p.side,
+            offer_id: p.offer_id,
+            local: p.local,
+            peer: p.peer,
+            seg: p.seg,
+            tx: Mutex::new(p.tx),
+            rx: Mutex::new(p.rx),
+            bell: p.bell,
+            tcp: AtomicI32::new(p.tcp),
+            mode: AtomicU8::new(mode),
+            pending_sent: AtomicUsize::new(0),
+            ctl_declined: AtomicBool::new(false),
+            peer_gone: AtomicBool::new(false),
+            error: AtomicI32::new(0),
+            rd_shut: AtomicBool::new(false),
+            wr_shut: AtomicBool::new(false),
+            eos_owed: AtomicBool::new(false),
+            dirty: AtomicBool::new(false),
+            waiters: Mutex::new(Waiters::default()),
+            released: AtomicBool::new(false),
+            born_ns: AtomicU64::new(sys::monotonic_ns()),
+            report_fd: AtomicI32::new(-1),
+            offer_pid: process::pid(),
+            this: this.clone(),
+        })
+    }
+
+    pub fn segment(&self) -> &Segment {
+        &self.seg
+    }
+
+    fn tcp_fd(&self) -> RawFd {
+        self.tcp.load(Ordering::Acquire)
+    }
+
+    pub fn is_pending(&self) -> bool {
+        self.mode.load(Ordering::Acquire) == MODE_PENDING
+    }
+
+    pub fn is_tcp(&self) -> bool {
+        self.mode.load(Ordering::Acquire) == MODE_TCP
+    }
+
+    pub fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
+    /// The daemon reports that the server declined (or never claimed) the
+    /// offer: fall back, and wake whoever sleeps on us.
+    pub fn decline_from_ctl(&self) {
+        self.ctl_declined.store(true, Ordering::Release);
+        let _ = self.bell.notify();
+    }
+
+    /// Resolves `Pending` from what the server wrote in the segment (or the
+    /// daemon said). Cheap when already decided.
+    fn settle(&self) -> u8 {
+        let m = self.mode.load(Ordering::Acquire);
+        if m != MODE_PENDING {
+            return m;
+        }
+        match self.seg.header().user[WORD_STATE].load(Ordering::Acquire) {
+            STATE_ACCEPTED => {
+                let _ = self.mode.compare_exchange(
+                    MODE_PENDING,
+                    MODE_RING,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+                background::note_accepted(self.offer_id);
+            }
+            STATE_DECLINED => self.fall_back("the server declined the ring"),
+            STATE_PENDING if self.ctl_declined.load(Ordering::Acquire) => {
+                self.fall_back("the server did not take the ring")
+            }
+            _ => {}
+        }
+        self.mode.load(Ordering::Acquire)
+    }
+
+    /// Pending -> Tcp: takes back what we wrote into ring 0 and sends it
+    /// over the kernel socket before anything else can be sent there.
+    fn fall_back(&self, why: &str) {
+        let mut tx = lock(&self.tx);
+        if self.mode.load(Ordering::Acquire) != MODE_PENDING {
+            return;
+        }
+        let fd = self.tcp_fd();
+        let spill = match tx.take_unconsumed() {
+            Ok(b) => b,
+            Err(e) => {
+                log::error!("falling back to TCP: the early bytes are unreadable ({e:?})");
+                self.error.store(libc::ECONNRESET, Ordering::Release);
+                Vec::new()
+            }
+        };
+        if let Err(Errno(e)) = send_all_bounded(fd, &spill) {
+            log::warn!(
+                "falling back to TCP: resending {} early bytes failed (errno {e})",
+                spill.len()
+            );
+            self.error.store(e, Ordering::Release);
+        }
+        if self.wr_shut.load(Ordering::Acquire) {
+            // SAFETY: shutdown on our own duplicate of the socket.
+            unsafe { libc::syscall(libc::SYS_shutdown, fd, libc::SHUT_WR) };
+        }
+        self.mode.store(MODE_TCP, Ordering::Release);
+        drop(tx);
+        log::info!(
+            "{} -> {}: plain TCP ({why}); {} early bytes resent",
+            self.local,
+            self.peer,
+            spill.len()
+        );
+        background::note_fallback(self);
+    }
+
+    /// Looks at the kernel socket after a wake-up: EOF or reset means the
+    /// peer process is gone; data while pending means the server is talking
+    /// TCP (it turned the ring down without a word).
+    fn check_tcp(&self) {
+        let fd = self.tcp_fd();
+        if fd < 0 || self.peer_gone.load(Ordering::Relaxed) {
+            return;
+        }
+        let re = poll_one(fd, libc::POLLIN | libc::POLLRDHUP);
+        if re == 0 {
+            return;
+        }
+        let mut b = [0u8; 1];
+        match sys_recv(fd, &mut b, libc::MSG_PEEK) {
+            Ok(0) => self.peer_gone.store(true, Ordering::Release),
+            Ok(_) => {
+                if self.mode.load(Ordering::Acquire) == MODE_PENDING {
+                    self.fall_back("the server answered over TCP");
+                } else if self.mode.load(Ordering::Acquire) == MODE_RING {
+                    log::error!(
+                        "{} -> {}: unexpected TCP data on a ring connection; resetting it",
+                        self.local,
+                        self.peer
+                    );
+                    self.error.store(libc::ECONNRESET, Ordering::Release);
+                    self.peer_gone.store(true, Ordering::Release);
+                }
+            }
+            Err(Errno(libc::EAGAIN)) => {}
+            Err(Errno(e)) => {
+                self.error.store(e, Ordering::Release);
+                self.peer_gone.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Pushes batched bytes out (and a deferred end-of-stream mark).
+    pub fn flush_ring(&self) {
+        let mut tx = lock(&self.tx);
+        self.flush_locked(&mut tx);
+    }
+
+    /// Background variant: skips a connection another thread is using (it
+    /// will flush by itself before blocking). Returns false if skipped.
+    pub fn try_flush_ring(&self) -> bool {
+        match self.tx.try_lock() {
+            Ok(mut tx) => {
+                self.flush_locked(&mut tx);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn flush_locked(&self, tx: &mut Sender<ShmTransport>) {
+        self.dirty.store(false, Ordering::Release);
+        if let Err(e) = tx.flush() {
+            if e != RingError::Closed {
+                log::debug!("flush: {e:?}");
+            }
+        }
+        if self.eos_owed.load(Ordering::Acquire) {
+            match tx.close() {
+                Ok(()) => self.eos_owed.store(false, Ordering::Release),
+                Err(RingError::WouldBlock) => {}
+                Err(_) => self.eos_owed.store(false, Ordering::Release),
+            }
+        }
+        if tx.has_unflushed() || self.eos_owed.load(Ordering::Acquire) {
+            self.mark_dirty();
+        }
+    }
+
+    fn mark_dirty(&self) {
+        if !self.dirty.swap(true, Ordering::AcqRel) {
+            if let Some(me) = self.this.upgrade() {
+                background::queue_flush(me);
+            }
+        }
+    }
+
+    fn ring_readiness(&self) -> Ready {
+        let mut r = Ready::NONE;
+        let gone = self.peer_gone.load(Ordering::Acquire);
+        {
+            let mut rx = lock(&self.rx);
+            let readable = rx.readable();
+            if self.rd_shut.load(Ordering::Relaxed) || gone || !matches!(readable, Ok(false)) {
+                r = r | Ready::READ;
+            }
+            if rx.at_eof() || gone {
+                r = r | Ready::RDHUP;
+            }
+        }
+        if self.mode.load(Ordering::Acquire) == MODE_PENDING {
+            if self.pending_sent.load(Ordering::Relaxed) < PENDING_CAP && self.tcp_connected() {
+                r = r | Ready::WRITE;
+            }
+        } else if gone
+            || self.wr_shut.load(Ordering::Relaxed)
+            || !matches!(lock(&self.tx).writable(), Ok(false))
+        {
+            r = r | Ready::WRITE;
+        }
+        if self.error.load(Ordering::Acquire) != 0 {
+            r = r | Ready::ERR;
+        }
+        if gone && (self.wr_shut.load(Ordering::Relaxed) || self.error.load(Ordering::Acquire) != 0)
+        {
+            r = r | Ready::HUP;
+        }
+        r
+    }
+
+    /// While pending: whether the kernel connect completed (a program
+    /// waiting for POLLOUT after a non-blocking connect must not be told
+    /// "writable" before the kernel would).
+    fn tcp_connected(&self) -> bool {
+        let fd = self.tcp_fd();
+        fd >= 0 && poll_one(fd, libc::POLLOUT) & libc::POLLOUT != 0
+    }
+
+    fn tcp_readiness(&self) -> Ready {
+        let fd = self.tcp_fd();
+        let re = poll_one(
+            fd,
+            libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP | libc::POLLPRI,
+        );
+        let mut r = Ready(re as u16 as u32);
+        if self.error.load(Ordering::Acquire) != 0 {
+            r = r | Ready::ERR;
+        }
+        r
+    }
+
+    fn tcp_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
+        let e = self.error.swap(0, Ordering::AcqRel);
+        if e != 0 {
+            return Err(Errno(e));
+        }
+        let flags = if peek { libc::MSG_PEEK } else { 0 };
+        let mut total = 0;
+        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
+            match sys_recv(self.tcp_fd(), b, flags) {
+                Ok(n) => {
+                    total += n;
+                    if n < b.len() || peek {
+                        break;
+                    }
+                }
+                Err(e) if total == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(total)
+    }
+
+    fn tcp_send(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
+        let mut total = 0;
+        for b in bufs.iter().filter(|b| !b.is_empty()) {
+            match sys_send(self.tcp_fd(), b) {
+                Ok(n) => {
+                    total += n;
+                    if n < b.len() {
+                        break;
+                    }
+                }
+                Err(e) if total == 0 => return Err(e),
+                Err(_) => break,
+            }
+        }
+        Ok(total)
+    }
+
+    fn arm_inner(&self, interest: Ready, level: bool) -> Ready {
+        let mode = self.settle();
+        if mode == MODE_TCP {
+            if level {
+                lock(&self.waiters).level += 1;
+            }
+            return self.tcp_readiness();
+        }
+        let mut w = lock(&self.waiters);
+        if level {
+            w.level += 1;
+        }
+        // Pending: the server's decision arrives on our bell like data.
+        let want_rx = interest.intersects(Ready::READ | Ready::RDHUP) || mode == MODE_PENDING;
+        let want_tx = interest.intersects(Ready::WRITE) && mode == MODE_RING;
+        if want_rx {
+            w.rx += 1;
+            let _ = lock(&self.rx).prepare_wait();
+        }
+        if want_tx {
+            w.tx += 1;
+            let _ = lock(&self.tx).prepare_wait();
+        }
+        drop(w);
+        self.readiness()
+    }
+
+    fn disarm_inner(&self, interest: Ready, level: bool) {
+        {
+            let mut w = lock(&self.waiters);
+            if level {
+                w.level = w.level.saturating_sub(1);
+            }
+            let mode = self.mode.load(Ordering::Acquire);
+            if mode != MODE_TCP {
+                let had_rx =
+                    interest.intersects(Ready::READ | Ready::RDHUP) || mode == MODE_PENDING;
+                if had_rx && w.rx > 0 {
+                    w.rx -= 1;
+                    if w.rx == 0 {
+                        let _ = lock(&self.rx).finish_wait(true);
+                    }
+                }
+                if interest.intersects(Ready::WRITE) && w.tx > 0 {
+                    w.tx -= 1;
+                    if w.tx == 0 {
+                        let _ = lock(&self.tx).finish_wait(true);
+                    }
+                }
+            }
+            if w.level == 0 {
+                self.bell.drain();
+            }
+        }
+        self.check_tcp();
+        self.settle();
+    }
+}
+
+/// Sends `buf` whole on a possibly full socket, waiting at most a few
+/// seconds in total (a server that turned the ring down reads its socket).
+fn send_all_bounded(fd: RawFd, mut buf: &[u8]) -> Result<(), Errno> {
+    let deadline = sys::monotonic_ns() + 5_000_000_000;
+    while !buf.is_empty() {
+        match sys_send(fd, buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(Errno(libc::EAGAIN)) | Err(Errno(libc::EINTR)) => {
+                if sys::monotonic_ns() > deadline {
+                    return Err(Errno(libc::ETIMEDOUT));
+                }
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; 10 ms timeout.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_ppoll,
+                        &mut p as *mut libc::pollfd,
+                        1,
+                        &libc::timespec {
+                            tv_sec: 0,
+                            tv_nsec: 10_000_000,
+                        } as *const libc::timespec,
+                        std::ptr::null::<libc::sigset_t>(),
+                        8,
+                    )
+                };
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+impl AttachedConn for ShmConn {
+    fn try_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
+        match self.settle() {
+            MODE_TCP => return self.tcp_recv(bufs, peek),
+            MODE_PENDING => {
+                // The server has not decided, so nothing can be in ring 1;
+                // TCP data would mean it declined without telling us.
+                self.check_tcp();
+                if self.settle() == MODE_TCP {
+                    return self.tcp_recv(bufs, peek);
+                }
+                if !self.peer_gone.load(Ordering::Acquire) {
+                    return Err(Errno(libc::EAGAIN));
+                }
+            }
+            _ => {}
+        }
+        if self.rd_shut.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
+        let mut rx = lock(&self.rx);
+        let mut total = 0;
+        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
+            let r = if peek { rx.peek(b) } else { rx.read(b) };
+            match r {
+                Ok(0) => break,
+                Ok(n) => {
+                    total += n;
+                    if n < b.len() || peek {
+                        break;
+                    }
+                }
+                Err(RingError::WouldBlock) if total > 0 => break,
+                Err(RingError::WouldBlock) => {
+                    drop(rx);
+                    if self.peer_gone.load(Ordering::Acquire) {
+                        let e = self.error.swap(0, Ordering::AcqRel);
+                        return if e != 0 { Err(Errno(e)) } else { Ok(0) };
+                    }
+                    return Err(Errno(libc::EAGAIN));
+                }
+                Err(e) if total > 0 => {
+                    let _ = e;
+                    break;
+                }
+                Err(e) => return Err(ring_errno(&e, "recv")),
+            }
+        }
+        Ok(total)
+    }
+
+    fn try_send(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
+        let mode = self.settle();
+        if mode == MODE_TCP {
+            return self.tcp_send(bufs);
+        }
+        if self.wr_shut.load(Ordering::Relaxed) || self.peer_gone.load(Ordering::Acquire) {
+            return Err(Errno(libc::EPIPE));
+        }
+        let mut budget = usize::MAX;
+        if mode == MODE_PENDING {
+            budget = PENDING_CAP.saturating_sub(self.pending_sent.load(Ordering::Relaxed));
+            if budget == 0 || !self.tcp_connected() {
+                return Err(Errno(libc::EAGAIN));
+            }
+        }
+        let mut tx = lock(&self.tx);
+        if mode == MODE_PENDING && self.mode.load(Ordering::Acquire) != MODE_PENDING {
+            // Declined meanwhile (fall_back holds the lock while it moves
+            // the early bytes): this call goes to TCP.
+            drop(tx);
+            return self.try_send(bufs);
+        }
+        let mut total = 0;
+        for b in bufs.iter().filter(|b| !b.is_empty()) {
+            let chunk = &b[..b.len().min(budget - total)];
+            match tx.write(chunk) {
+                Ok(n) => {
+                    total += n;
+                    if n < b.len() || total == budget {
+                        break;
+                    }
+                }
+                Err(RingError::WouldBlock) => break,
+                Err(e) if total > 0 => {
+                    let _ = e;
+                    break;
+                }
+                Err(e) => return Err(ring_errno(&e, "send")),
+            }
+        }
+        if mode == MODE_PENDING {
+            self.pending_sent.fetch_add(total, Ordering::Relaxed);
+        }
+        if tx.has_unflushed() {
+            drop(tx);
+            self.mark_dirty();
+        }
+        if total == 0 {
+            return Err(Errno(libc::EAGAIN));
+        }
+        Ok(total)
+    }
+
+    fn flush(&self) {
+        background::flush_all();
+    }
+
+    fn readiness(&self) -> Ready {
+        match self.settle() {
+            MODE_TCP => self.tcp_readiness(),
+            _ => self.ring_readiness(),
+        }
+    }
+
+    fn arm(&self, interest: Ready) -> Ready {
+        self.arm_inner(interest, true)
+    }
+
+    fn disarm(&self, interest: Ready) {
+        self.disarm_inner(interest, true)
+    }
+
+    fn arm_edge(&self, interest: Ready) -> Ready {
+        self.arm_inner(interest, false)
+    }
+
+    fn disarm_edge(&self, interest: Ready) {
+        self.disarm_inner(interest, false)
+    }
+
+    fn wait_fds(&self, _fd: RawFd, interest: Ready) -> WaitFds {
+        let tcp = self.tcp_fd();
+        if self.settle() == MODE_TCP {
+            let mut ev = 0i16;
+            if interest.intersects(Ready::READ | Ready::RDHUP | Ready::PRI) {
+                ev |= libc::POLLIN | libc::POLLRDHUP | libc::POLLPRI;
+            }
+            if interest.intersects(Ready::WRITE) {
+                ev |= libc::POLLOUT;
+            }
+            return [
+                Some(WaitFd {
+                    fd: tcp,
+                    events: ev,
+                }),
+                None,
+            ];
+        }
+        [
+            Some(WaitFd {
+                fd: self.bell.fd(),
+                events: libc::POLLIN,
+            }),
+            (tcp >= 0).then_some(WaitFd {
+                fd: tcp,
+                events: libc::POLLIN | libc::POLLRDHUP,
+            }),
+        ]
+    }
+
+    fn available(&self) -> usize {
+        if self.settle() == MODE_TCP {
+            let mut n: c_int = 0;
+            // SAFETY: FIONREAD writes one int.
+            unsafe { libc::syscall(libc::SYS_ioctl, self.tcp_fd(), libc::FIONREAD, &mut n) };
+            return n.max(0) as usize;
+        }
+        lock(&self.rx).available().unwrap_or(0)
+    }
+
+    fn shutdown(&self, _fd: RawFd, how: c_int) -> Result<(), Errno> {
+        if !matches!(how, libc::SHUT_RD | libc::SHUT_WR | libc::SHUT_RDWR) {
+            return Err(Errno(libc::EINVAL));
+        }
+        if self.settle() == MODE_TCP {
+            // SAFETY: shutdown on our duplicate of the socket.
+            let r = unsafe { libc::syscall(libc::SYS_shutdown, self.tcp_fd(), how) };
+            return if r < 0 {
+                Err(Errno(sys::errno()))
+            } else {
+                Ok(())
+            };
+        }
+        if how != libc::SHUT_WR {
+            self.rd_shut.store(true, Ordering::Release);
+        }
+        if how != libc::SHUT_RD && !self.wr_shut.swap(true, Ordering::AcqRel) {
+            // The kernel socket stays untouched: its FIN would read as the
+            // peer process dying. The end-of-stream mark says it instead.
+            self.eos_owed.store(true, Ordering::Release);
+            self.flush_ring();
+        }
+        if self.mode.load(Ordering::Acquire) == MODE_TCP && self.wr_shut.load(Ordering::Acquire) {
+            // Declined while we were closing: fall_back did the SHUT_WR.
+        }
+        Ok(())
+    }
+
+    fn take_error(&self) -> c_int {
+        self.error.swap(0, Ordering::AcqRel)
+    }
+
+    fn claim(&self) -> Result<(), Errno> {
+        let word = match self.side {
+            Side::Client => WORD_CLIENT_PID,
+            Side::Server => WORD_SERVER_PID,
+        };
+        let w = &self.seg.header().user[word];
+        let me = process::pid() as u64;
+        // SAFETY: plain syscall.
+        let parent = unsafe { libc::getppid() } as u64;
+        loop {
+            let cur = w.load(Ordering::Acquire);
+            if cur == me {
+                return Ok(());
+            }
+            // The connection passes to a child that inherited it from its
+            // user, or from a user that is gone; never to a sibling or the
+            // parent while the child that took it still lives.
+            if cur != 0 && cur != parent && pid_alive(cur as i32) {
+                log::error!(
+                    "{} -> {}: in use by pid {cur}; a ring connection cannot be used by two processes (EBADFD)",
+                    self.local,
+                    self.peer
+                );
+                return Err(Errno(libc::EBADFD));
+            }
+            if w.compare_exchange(cur, me, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                return Ok(());
+            }
+        }
+    }
+
+    fn release(&self, _fd: RawFd, kind: ReleaseKind) {
+        if self.released.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if kind == ReleaseKind::Owner && self.mode.load(Ordering::Acquire) != MODE_TCP {
+            {
+                let mut tx = lock(&self.tx);
+                if !self.wr_shut.swap(true, Ordering::AcqRel)
+                    || self.eos_owed.load(Ordering::Acquire)
+                {
+                    // A full ring leaves no room for the mark: the peer then
+                    // sees our kernel socket close, which reads the same.
+                    let _ = tx.close();
+                    self.eos_owed.store(false, Ordering::Release);
+                }
+                let _ = tx.flush();
+            }
+            let _ = lock(&self.rx).close();
+        }
+        let fd = self.tcp.swap(-1, Ordering::AcqRel);
+        if fd >= 0 {
+            sys::close(fd);
+        }
+        if kind != ReleaseKind::Stale {
+            background::note_closed(self);
+        }
+    }
+}
+
+impl Drop for ShmConn {
+    fn drop(&mut self) {
+        let fd = *self.tcp.get_mut();
+        if fd >= 0 {
+            sys::close(fd);
+        }
+    }
+}

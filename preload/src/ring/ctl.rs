@@ -1,0 +1,198 @@
+//! This process's session with the local `ringsock-ctl` daemon.
+//!
+//! One SOCK_SEQPACKET session per process, opened lazily on the first
+//! connect/accept/listen that needs it, with send/receive timeouts of
+//! RINGSOCK_CONNECT_TIMEOUT_MS so a stuck daemon can only delay a connect,
+//! never hang it. Without a daemon every connection stays plain TCP; a
+//! failed attempt is not retried for `RETRY_NS`, so a host without a daemon
+//! pays one failed connect(2) per second at most. A daemon that restarts is
+//! picked up by the next attempt, and the listeners this process registered
+//! are registered again (the new daemon knows nothing of them).
+//!
+//! After a fork the child must not speak on its parent's session (replies
+//! would go to whichever process reads first): the session is keyed by pid
+//! and a child opens its own, registering the listeners it inherited.
+
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::path::Path;
+use std::time::Duration;
+
+use ringsock_proto::{Client, Fds, Msg};
+
+use super::plock::PLock;
+use crate::{config, process, sys};
+
+/// Pause between attempts to reach an absent daemon.
+const RETRY_NS: u64 = 1_000_000_000;
+
+/// A listening socket this process registered, to re-register after a
+/// daemon restart or in a forked child. Only the program's fd number is
+/// kept (a copy of the socket would keep it open after the program closed
+/// it); the daemon re-checks the proof, so a number that was closed and
+/// reused for something else is simply refused and forgotten.
+struct Listener {
+    fd: RawFd,
+    addr: SocketAddr,
+}
+
+struct Session {
+    pid: libc::pid_t,
+    client: Option<Client>,
+    retry_at: u64,
+    listeners: Vec<Listener>,
+    /// Listeners must be (re)sent on the current session.
+    listeners_stale: bool,
+}
+
+fn fresh() -> Session {
+    Session {
+        pid: 0,
+        client: None,
+        retry_at: 0,
+        listeners: Vec::new(),
+        listeners_stale: false,
+    }
+}
+
+static SESSION: PLock<Session> = PLock::new(
+    Session {
+        pid: 0,
+        client: None,
+        retry_at: 0,
+        listeners: Vec::new(),
+        listeners_stale: false,
+    },
+    fresh,
+);
+
+/// Why a request could not be answered.
+#[derive(Debug)]
+pub enum CtlError {
+    /// No daemon (or not reachable right now).
+    Unavailable,
+    /// The session broke during the call (timeout, daemon exit, garbage).
+    Broken,
+}
+
+fn exe_name() -> String {
+    std::fs::read_link("/proc/self/exe")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+impl Session {
+    /// A usable client, connecting (and re-registering listeners) if needed.
+    fn client(&mut self) -> Result<&mut Client, CtlError> {
+        let me = process::pid();
+        if self.pid != me {
+            // A forked child: the inherited session belongs to the parent.
+            // Dropping our copy of its fd does not close the parent's.
+            self.client = None;
+            self.pid = me;
+            self.retry_at = 0;
+            self.listeners_stale = true;
+        }
+        if self.client.is_none() {
+            let now = sys::monotonic_ns();
+            if now < self.retry_at {
+                return Err(CtlError::Unavailable);
+            }
+            let cfg = config::get();
+            let timeout = Duration::from_millis(u64::from(cfg.connect_timeout_ms));
+            let path = Path::new(&cfg.ctl_sock);
+            let connected = Client::connect(path, Some(timeout)).and_then(|mut c| {
+                c.hello(&exe_name())?;
+                Ok(c)
+            });
+            match connected {
+                Ok(c) => {
+                    log::debug!("ctl session open on {}", path.display());
+                    self.client = Some(c);
+                    self.listeners_stale = true;
+                }
+                Err(e) => {
+                    log::debug!("no ctl daemon at {}: {e}", path.display());
+                    self.retry_at = now + RETRY_NS;
+                    return Err(CtlError::Unavailable);
+                }
+            }
+        }
+        if self.listeners_stale {
+            self.listeners_stale = false;
+            self.register_all();
+        }
+        self.client.as_mut().ok_or(CtlError::Unavailable)
+    }
+
+    fn register_all(&mut self) {
+        let mut i = 0;
+        while i < self.listeners.len() {
+            let (sock, addr) = (self.listeners[i].fd, self.listeners[i].addr);
+            match self.raw_call(&Msg::ListenerAdd { addr }, &[sock]) {
+                Ok(Msg::Ok) => i += 1,
+                Ok(other) => {
+                    log::info!("listener {addr} not registered: {other:?}");
+                    self.listeners.swap_remove(i);
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn raw_call(&mut self, msg: &Msg, fds: &[RawFd]) -> Result<Msg, CtlError> {
+        Ok(self.raw_call_fds(msg, fds)?.0)
+    }
+
+    fn raw_call_fds(&mut self, msg: &Msg, fds: &[RawFd]) -> Result<(Msg, Fds), CtlError> {
+        let Some(c) = self.client.as_mut() else {
+            return Err(CtlError::Unavailable);
+        };
+        match c.call(msg, fds) {
+            Ok(r) => Ok(r),
+            Err(e) => {
+                log::warn!("ctl session lost: {e}; connections stay on TCP until it is back");
+                self.client = None;
+                self.retry_at = sys::monotonic_ns() + RETRY_NS;
+                Err(CtlError::Broken)
+            }
+        }
+    }
+}
+
+/// One request/reply with the daemon.
+pub fn call(msg: &Msg, fds: &[RawFd]) -> Result<(Msg, Fds), CtlError> {
+    let mut s = SESSION.lock();
+    s.client()?;
+    s.raw_call_fds(msg, fds)
+}
+
+/// Registers listening socket `fd` bound to `addr`, now and after every
+/// reconnect. Quietly does nothing without a daemon (the registration is
+/// made when one appears).
+pub fn add_listener(fd: RawFd, addr: SocketAddr) {
+    let mut s = SESSION.lock();
+    s.listeners.retain(|l| l.fd != fd);
+    s.listeners.push(Listener { fd, addr });
+    let fresh_session = s.client.is_none() || s.pid != process::pid();
+    // Opening a session registers every listener, this one included.
+    if s.client().is_ok() && !fresh_session {
+        match s.raw_call(&Msg::ListenerAdd { addr }, &[fd]) {
+            Ok(Msg::Ok) => log::debug!("listener {addr} registered"),
+            Ok(other) => log::info!("listener {addr} not registered: {other:?}"),
+            Err(_) => {}
+        }
+    }
+}
+
+/// The program closed the last fd of listening socket `addr` in this
+/// process: connections to it must no longer be offered a ring on its
+/// behalf.
+pub fn forget_listener(addr: SocketAddr) {
+    let mut s = SESSION.lock();
+    let before = s.listeners.len();
+    s.listeners.retain(|l| l.addr != addr);
+    if s.listeners.len() != before && s.pid == process::pid() && s.client.is_some() {
+        let _ = s.raw_call(&Msg::ListenerRemove { addr }, &[]);
+    }
+}

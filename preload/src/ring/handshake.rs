@@ -1,0 +1,300 @@
+//! Setting a ring up for one connection (DESIGN "Control plane").
+//!
+//! Client, in connect(): bind (to learn the local port), create the segment
+//! and both doorbells, and offer them through the daemon for the 4-tuple
+//! *before* the SYN leaves; then let the kernel connect. The connection is
+//! attached at once, in `Pending` mode (conn.rs).
+//!
+//! Server, in accept(): claim the offer with the accepted socket as proof,
+//! map the segment, answer through the daemon, and only once the daemon
+//! confirmed the answer store `STATE_ACCEPTED` in the segment and ring the
+//! client's bell. The daemon makes Answer, Decline and expiry mutually
+//! exclusive, so the two sides can never disagree: a client that learns
+//! `Declined`/`Expired` knows the server's answer failed and that it stays
+//! on TCP too.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ringbuf::{EventFd, Notify, Receiver, RingConfig, Segment, Sender, ShmTransport};
+use ringsock_proto::{Msg, RefuseReason};
+
+use super::conn::{Parts, PeerBell, ShmConn, Side, STATE_ACCEPTED, STATE_DECLINED, WORD_STATE};
+use super::{background, ctl};
+use crate::attached::{Decision, Errno, TcpReason};
+use crate::{config, sockaddr, sys};
+
+/// Offer payload: what the segment is and which ring goes which way.
+pub const PAYLOAD: &[u8] = b"ringsock-shm/1 c2s=0 s2c=1";
+
+/// The shim's ring parameters (geometry from the knobs; batching too).
+pub fn ring_config() -> RingConfig {
+    let c = config::get();
+    RingConfig {
+        slots: c.ring_slots,
+        slot_size: c.slot_size,
+        alpha: c.alpha,
+        beta: c.beta,
+        gamma: c.gamma,
+        ..RingConfig::default()
+    }
+}
+
+/// Our batching knobs on a geometry chosen by the peer (never trusted: the
+/// result is validated by the ring constructors).
+fn config_for(slots: u32, slot_size: u32) -> RingConfig {
+    let mut c = ring_config();
+    c.slots = slots;
+    c.slot_size = slot_size;
+    let half = (slots / 2).max(1);
+    c.alpha = c.alpha.min(half);
+    c.beta = c.beta.min(c.alpha);
+    c.gamma = c.gamma.min(half);
+    c.max_record_slots = c.max_record_slots.min(slots);
+    c
+}
+
+fn dup_cloexec(fd: RawFd) -> Result<RawFd, Errno> {
+    sys::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0).map_err(Errno)
+}
+
+fn wildcard(dest: &SocketAddr, family: i32) -> SocketAddr {
+    if family == libc::AF_INET6 || dest.is_ipv6() {
+        SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0)
+    } else {
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)
+    }
+}
+
+/// Makes sure `fd` has a local port (an unbound socket gets one the way
+/// connect would have picked it: any address, ephemeral port).
+fn ensure_bound(fd: RawFd, dest: &SocketAddr) -> Option<SocketAddr> {
+    let local = sockaddr::query(fd, false)?;
+    if local.port() != 0 {
+        return Some(local);
+    }
+    let mut family: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: SO_DOMAIN writes one int.
+    unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_DOMAIN,
+            &mut family as *mut libc::c_int,
+            &mut len as *mut libc::socklen_t,
+        )
+    };
+    let any = wildcard(dest, family);
+    let (ss, sl) = sockaddr::from_std(&any);
+    // SAFETY: ss/sl describe a valid sockaddr of our own.
+    let r = unsafe { libc::syscall(libc::SYS_bind, fd, &ss as *const libc::sockaddr_storage, sl) };
+    if r < 0 {
+        log::debug!("fd {fd}: bind before offer failed (errno {})", sys::errno());
+        return None;
+    }
+    sockaddr::query(fd, false)
+}
+
+/// Client side: offer, connect, attach in `Pending` mode.
+pub fn connect(
+    fd: RawFd,
+    dest: SocketAddr,
+    real_connect: &mut dyn FnMut() -> Result<(), Errno>,
+) -> (Result<(), Errno>, Decision) {
+    let tcp = |real_connect: &mut dyn FnMut() -> Result<(), Errno>| {
+        (real_connect(), Decision::Tcp(TcpReason::Declined))
+    };
+    let Some(local) = ensure_bound(fd, &dest) else {
+        return tcp(real_connect);
+    };
+    let made = (|| {
+        let seg = Segment::create(&ring_config(), 2).ok()?;
+        let cbell = EventFd::new().ok()?;
+        let sbell = EventFd::new().ok()?;
+        let memfd = seg.share_fd().ok()?;
+        Some((seg, cbell, sbell, memfd))
+    })();
+    let Some((seg, cbell, sbell, memfd)) = made else {
+        log::info!("fd {fd}: no memory or descriptors for a ring; plain TCP");
+        return tcp(real_connect);
+    };
+    let offer = Msg::Offer {
+        client: local,
+        server: dest,
+        payload: PAYLOAD.to_vec(),
+    };
+    let fds = [fd, memfd.as_raw_fd(), cbell.fd(), sbell.fd()];
+    let offer_id = match ctl::call(&offer, &fds) {
+        Ok((Msg::OfferOk { offer_id }, _)) => offer_id,
+        Ok((Msg::OfferRefused { reason }, _)) => {
+            if reason != RefuseReason::NoListener {
+                log::info!("fd {fd}: offer to {dest} refused ({})", reason.as_str());
+            }
+            return tcp(real_connect);
+        }
+        Ok((other, _)) => {
+            log::warn!("fd {fd}: unexpected reply to an offer: {other:?}");
+            return tcp(real_connect);
+        }
+        Err(_) => return tcp(real_connect),
+    };
+    drop(memfd);
+    let res = real_connect();
+    let in_progress = matches!(
+        res,
+        Ok(()) | Err(Errno(libc::EINPROGRESS)) | Err(Errno(libc::EINTR))
+    );
+    let tcp_dup = if in_progress {
+        dup_cloexec(fd).ok()
+    } else {
+        None
+    };
+    let Some(tcp_dup) = tcp_dup else {
+        let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
+        return (res, Decision::Tcp(TcpReason::Declined));
+    };
+    let cfg = ring_config();
+    let ring0 = seg.ring(0);
+    let ring1 = seg.ring(1);
+    let peer = Arc::new(sbell);
+    let tx = Sender::new(
+        ring0,
+        ShmTransport::new(seg.ring(0), Some(Box::new(PeerBell(peer.clone())))),
+        cfg,
+    );
+    let rx = Receiver::new(
+        ring1,
+        ShmTransport::new(seg.ring(1), Some(Box::new(PeerBell(peer)))),
+        cfg,
+    );
+    let (Ok(tx), Ok(rx)) = (tx, rx) else {
+        sys::close(tcp_dup);
+        let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
+        return (res, Decision::Tcp(TcpReason::Declined));
+    };
+    let conn = ShmConn::new(Parts {
+        side: Side::Client,
+        offer_id,
+        local,
+        peer: dest,
+        seg,
+        tx,
+        rx,
+        bell: cbell,
+        tcp: tcp_dup,
+    });
+    background::note_pending(&conn);
+    background::note_ring(fd, &conn);
+    (res, Decision::Ring(conn))
+}
+
+/// Server side: claim the offer for the accepted socket, if there is one.
+pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
+    let (offer_id, fds) = match ctl::call(&Msg::Claim, &[fd]) {
+        Ok((
+            Msg::ClaimOk {
+                offer_id, payload, ..
+            },
+            fds,
+        )) if payload == PAYLOAD => (offer_id, fds),
+        Ok((Msg::ClaimOk { offer_id, .. }, _)) => {
+            decline(offer_id, "unknown offer payload");
+            return Decision::Tcp(TcpReason::Declined);
+        }
+        Ok((Msg::NoOffer, _)) | Err(_) => return Decision::Tcp(TcpReason::Declined),
+        Ok((other, _)) => {
+            log::warn!("fd {fd}: unexpected reply to a claim: {other:?}");
+            return Decision::Tcp(TcpReason::Declined);
+        }
+    };
+    let mut fds: Vec<OwnedFd> = fds.into_owned();
+    if fds.len() != 3 {
+        decline(offer_id, "wrong descriptor count");
+        return Decision::Tcp(TcpReason::Declined);
+    }
+    let sbell = EventFd::from_owned(fds.pop().expect("3 fds"));
+    let cbell = Arc::new(EventFd::from_owned(fds.pop().expect("3 fds")));
+    let memfd = fds.pop().expect("3 fds");
+    let seg = match Segment::attach(memfd) {
+        Ok(s) if s.rings() == 2 => s,
+        Ok(_) => {
+            decline(offer_id, "segment without two rings");
+            return Decision::Tcp(TcpReason::Declined);
+        }
+        Err(e) => {
+            log::warn!("fd {fd}: the offered ring is unusable ({e:?}); plain TCP");
+            decline(offer_id, "segment rejected");
+            return Decision::Tcp(TcpReason::Declined);
+        }
+    };
+    let refuse = |seg: &Segment, why: &str| {
+        decline(offer_id, why);
+        seg.header().user[WORD_STATE].store(STATE_DECLINED, Ordering::Release);
+        let _ = cbell.notify();
+        Decision::Tcp(TcpReason::Declined)
+    };
+    let (slots, slot_size) = seg.geometry();
+    let cfg = config_for(slots, slot_size);
+    let peer_bell = cbell.clone();
+    let rx = Receiver::new(
+        seg.ring(0),
+        ShmTransport::new(seg.ring(0), Some(Box::new(PeerBell(peer_bell.clone())))),
+        cfg,
+    );
+    let tx = Sender::new(
+        seg.ring(1),
+        ShmTransport::new(seg.ring(1), Some(Box::new(PeerBell(peer_bell)))),
+        cfg,
+    );
+    let (Ok(tx), Ok(rx)) = (tx, rx) else {
+        return refuse(&seg, "ring geometry rejected");
+    };
+    let Ok(tcp_dup) = dup_cloexec(fd) else {
+        return refuse(&seg, "out of descriptors");
+    };
+    match ctl::call(
+        &Msg::Answer {
+            offer_id,
+            payload: Vec::new(),
+        },
+        &[],
+    ) {
+        Ok((Msg::Ok, _)) => {}
+        other => {
+            // Expired, or the client cancelled: it is on TCP, so are we.
+            log::debug!("fd {fd}: answer not taken ({other:?}); plain TCP");
+            sys::close(tcp_dup);
+            return Decision::Tcp(TcpReason::Declined);
+        }
+    }
+    seg.header().user[WORD_STATE].store(STATE_ACCEPTED, Ordering::Release);
+    let _ = cbell.notify();
+    drop(cbell);
+    let conn = ShmConn::new(Parts {
+        side: Side::Server,
+        offer_id,
+        local,
+        peer,
+        seg,
+        tx,
+        rx,
+        bell: sbell,
+        tcp: tcp_dup,
+    });
+    background::note_ring(fd, &conn);
+    Decision::Ring(conn)
+}
+
+fn decline(offer_id: u64, reason: &str) {
+    let _ = ctl::call(
+        &Msg::Decline {
+            offer_id,
+            reason: reason.to_owned(),
+        },
+        &[],
+    );
+}

@@ -1,0 +1,80 @@
+//! The ring layer: the `Attacher` that moves same-host TCP connections onto
+//! shared-memory rings, through the local `ringsock-ctl` daemon.
+//!
+//! * `handshake` — offer (client, in connect) and claim/answer (server, in
+//!   accept);
+//! * `conn` — the attached connection (`AttachedConn` over two rings);
+//! * `ctl` — this process's session with the daemon, listener registration;
+//! * `background` — the flush timer, handshake follow-up and status
+//!   reports, on one lazily started thread;
+//! * `plock` — a lock that survives fork.
+
+mod background;
+mod conn;
+mod ctl;
+mod handshake;
+mod plock;
+
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+
+use crate::attached::{Attacher, Decision, Errno, TcpReason};
+
+pub use conn::ShmConn;
+pub use handshake::{ring_config, PAYLOAD};
+
+/// Same-host rings over shared memory.
+pub struct ShmAttacher;
+
+pub static SHM: ShmAttacher = ShmAttacher;
+
+impl Attacher for ShmAttacher {
+    fn connect(
+        &self,
+        fd: RawFd,
+        dest: SocketAddr,
+        _nonblocking: bool,
+        connect: &mut dyn FnMut() -> Result<(), Errno>,
+    ) -> (Result<(), Errno>, Decision) {
+        let (res, d) = handshake::connect(fd, dest, connect);
+        if let Decision::Tcp(r) = &d {
+            if res.is_ok() || res == Err(Errno(libc::EINPROGRESS)) {
+                background::note_tcp(fd, Some(dest), *r);
+            }
+        }
+        (res, d)
+    }
+
+    fn accept(&self, _listener: RawFd, fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
+        let d = handshake::accept(fd, local, peer);
+        if let Decision::Tcp(r) = &d {
+            background::note_tcp(fd, Some(peer), *r);
+        }
+        d
+    }
+
+    fn flush_all(&self) {
+        background::flush_all();
+    }
+
+    fn listening(&self, fd: RawFd, addr: SocketAddr) {
+        ctl::add_listener(fd, addr);
+    }
+
+    fn listener_closed(&self, addr: SocketAddr) {
+        ctl::forget_listener(addr);
+    }
+
+    fn tcp_decided(&self, fd: RawFd, reason: TcpReason) {
+        background::note_tcp(fd, None, reason);
+    }
+
+    fn tcp_closed(&self, fd: RawFd) {
+        background::note_tcp_closed(fd);
+    }
+}
+
+/// Installs the shared-memory ring layer (library constructor).
+pub fn install() {
+    crate::attached::register_attacher(&SHM);
+}
