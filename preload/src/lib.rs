@@ -45,6 +45,8 @@ extern "C" fn ringsock_init() {
     process::pid();
     process::register_atfork();
     hooks::resolve_all();
+    // Unit tests install their own test double instead.
+    #[cfg(not(test))]
     if !cfg.disable {
         ring::install();
     }

@@ -43,11 +43,11 @@ pub struct Config {
     pub ring_slots: u32,
     /// RINGSOCK_SLOT_SIZE (256): multiple of 64 in 64..=65536.
     pub slot_size: u32,
-    /// RINGSOCK_ALPHA (8): tail publication interval, 1..=slots/2.
+    /// RINGSOCK_ALPHA (16): tail publication interval, 1..=slots/2.
     pub alpha: u32,
-    /// RINGSOCK_BETA (4): slot transmission interval, 1..=alpha.
+    /// RINGSOCK_BETA (8): slot transmission interval, 1..=alpha.
     pub beta: u32,
-    /// RINGSOCK_GAMMA (32): lazy head push interval, 1..=slots/2.
+    /// RINGSOCK_GAMMA (64): lazy head push interval, 1..=slots/2.
     pub gamma: u32,
     /// RINGSOCK_SPIN_US (50): spin budget before sleeping, 0..=100000.
     pub spin_us: u32,
@@ -68,9 +68,9 @@ impl Default for Config {
             exclude_nets: Vec::new(),
             ring_slots: 4096,
             slot_size: 256,
-            alpha: 8,
-            beta: 4,
-            gamma: 32,
+            alpha: 16,
+            beta: 8,
+            gamma: 64,
             spin_us: 50,
             connect_timeout_ms: 200,
         }
@@ -302,7 +302,7 @@ mod tests {
         assert!(d.is_empty());
         assert_eq!(c, Config::default());
         assert_eq!(c.ring_slots, 4096);
-        assert_eq!((c.alpha, c.beta, c.gamma), (8, 4, 32));
+        assert_eq!((c.alpha, c.beta, c.gamma), (16, 8, 64));
         assert_eq!(c.ctl_sock, OsString::from(DEFAULT_CTL_SOCK));
     }
 
@@ -363,7 +363,7 @@ mod tests {
         let defaults = Config::default();
         assert_eq!(c.ring_slots, defaults.ring_slots);
         assert_eq!(c.slot_size, defaults.slot_size);
-        assert_eq!((c.alpha, c.beta, c.gamma), (8, 4, 32));
+        assert_eq!((c.alpha, c.beta, c.gamma), (16, 8, 64));
         assert_eq!(c.spin_us, 50);
         assert_eq!(c.connect_timeout_ms, 200);
         assert!(c.include_ports.is_empty());
@@ -410,7 +410,7 @@ mod tests {
     fn alpha_bounds_follow_ring_size() {
         let (c, d) = with(&[("RINGSOCK_RING_SLOTS", "64"), ("RINGSOCK_ALPHA", "33")]);
         assert_eq!(c.ring_slots, 64);
-        assert_eq!(c.alpha, 8);
+        assert_eq!(c.alpha, 16);
         assert_eq!(d.len(), 1);
         assert!(d[0].reason.contains("1..=32"));
         let (c, d) = with(&[("RINGSOCK_ALPHA", "2")]);

@@ -32,13 +32,16 @@ use crate::hook::guard;
 use crate::{process, sockaddr, sys};
 
 /// Longest time a batched byte waits when the program does not block.
-const FLUSH_NS: u64 = 200_000;
+const FLUSH_NS: u64 = 1_000_000;
+/// Idle ticks (nothing to flush) before the thread stops ticking.
+const IDLE_TICKS: u32 = 100;
 /// A pending client asks the daemon after this long, then at this period.
 const COLLECT_AFTER_NS: u64 = 20_000_000;
 const COLLECT_EVERY_NS: u64 = 50_000_000;
 
 enum Report {
     Ring(Arc<ShmConn>, RawFd),
+    RingClosed(Arc<ShmConn>),
     Fallback(RawFd, SocketAddr, SocketAddr),
     Tcp {
         fd: RawFd,
@@ -57,6 +60,8 @@ static REPORTS: PLock<VecDeque<Report>> = PLock::new(VecDeque::new(), VecDeque::
 
 /// Futex word: bumped by every wake-up request.
 static WAKE: AtomicU32 = AtomicU32::new(0);
+/// The thread sleeps without a deadline (or a long one): a new batch must
+/// wake it. While it ticks (`FLUSH_NS`) writers never make a system call.
 static PARKED: AtomicBool = AtomicBool::new(false);
 /// The pid whose thread is running (a forked child has none).
 static THREAD_PID: AtomicI32 = AtomicI32::new(0);
@@ -76,7 +81,9 @@ fn wake() {
     }
 }
 
-fn park(seen: u32, timeout_ns: Option<u64>) {
+/// Sleeps until `wake` or the timeout. `long` marks a sleep that writers
+/// must interrupt (see PARKED).
+fn park(seen: u32, timeout_ns: Option<u64>, long: bool) {
     let ts = timeout_ns.map(|ns| libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (ns % 1_000_000_000) as libc::c_long,
@@ -84,7 +91,9 @@ fn park(seen: u32, timeout_ns: Option<u64>) {
     let tsp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    PARKED.store(true, Ordering::SeqCst);
+    if long {
+        PARKED.store(true, Ordering::SeqCst);
+    }
     if WAKE.load(Ordering::SeqCst) == seen {
         // SAFETY: futex wait on a static word with a valid or null timeout.
         unsafe {
@@ -98,15 +107,6 @@ fn park(seen: u32, timeout_ns: Option<u64>) {
         };
     }
     PARKED.store(false, Ordering::SeqCst);
-}
-
-fn sleep_ns(ns: u64) {
-    let ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: ns as libc::c_long,
-    };
-    // SAFETY: valid timespec, no remainder wanted.
-    unsafe { libc::syscall(libc::SYS_nanosleep, &ts as *const libc::timespec, 0usize) };
 }
 
 fn ensure_thread() {
@@ -137,7 +137,10 @@ pub fn queue_flush(conn: Arc<ShmConn>) {
     FLUSH.lock().push(conn);
     if DIRTY.fetch_add(1, Ordering::AcqRel) == 0 {
         ensure_thread();
-        wake();
+        // Only a thread that stopped ticking needs a system call to notice.
+        if PARKED.load(Ordering::Acquire) {
+            wake();
+        }
     }
 }
 
@@ -200,8 +203,9 @@ pub fn note_fallback(conn: &ShmConn) {
 
 /// The connection's last fd in this process is gone.
 pub fn note_closed(conn: &ShmConn) {
-    let fd = conn.report_fd.load(Ordering::Relaxed);
-    report(Report::Closed(fd, conn.local, conn.peer));
+    if let Some(me) = conn.this() {
+        report(Report::RingClosed(me));
+    }
 }
 
 /// A tracked socket stays plain TCP.
@@ -242,10 +246,25 @@ fn reason_text(r: TcpReason) -> &'static str {
 
 fn send_report(r: Report) {
     let (msg, memfd) = match r {
+        Report::RingClosed(conn) => {
+            if !conn.reported.load(Ordering::Acquire) {
+                return;
+            }
+            let fd = conn.report_fd.load(Ordering::Relaxed);
+            (
+                Msg::ConnClosed {
+                    fd,
+                    local: conn.local,
+                    peer: conn.peer,
+                },
+                None,
+            )
+        }
         Report::Ring(conn, fd) => {
             if conn.is_released() {
                 return;
             }
+            conn.reported.store(true, Ordering::Release);
             let memfd = conn.segment().share_fd().ok();
             let transport = if conn.is_tcp() {
                 Transport::Tcp
@@ -346,14 +365,15 @@ fn run() {
     let _g = guard::enter();
     let me = process::pid();
     let mut next_collect = 0u64;
+    let mut idle = IDLE_TICKS;
     loop {
         if THREAD_PID.load(Ordering::Acquire) != me {
             return;
         }
         let seen = WAKE.load(Ordering::Acquire);
         if DIRTY.load(Ordering::Acquire) > 0 {
-            sleep_ns(FLUSH_NS);
             flush_some();
+            idle = 0;
         }
         loop {
             let next = REPORTS.lock().pop_front();
@@ -363,18 +383,24 @@ fn run() {
             }
         }
         let now = sys::monotonic_ns();
-        let pending = !PENDING.lock().is_empty();
         if now >= next_collect {
             collect_accepted();
-            if pending {
+            if !PENDING.lock().is_empty() {
                 follow_pending(now);
             }
             next_collect = now + COLLECT_EVERY_NS;
         }
-        if DIRTY.load(Ordering::Acquire) > 0 || !REPORTS.lock().is_empty() {
+        if !REPORTS.lock().is_empty() {
             continue;
         }
-        let pending = !PENDING.lock().is_empty() || !COLLECT.lock().is_empty();
-        park(seen, pending.then_some(COLLECT_AFTER_NS));
+        let follow_up = !PENDING.lock().is_empty() || !COLLECT.lock().is_empty();
+        if idle < IDLE_TICKS {
+            // Ticking: batches written meanwhile are flushed at the next
+            // tick without anyone waking us.
+            idle += 1;
+            park(seen, Some(FLUSH_NS), false);
+        } else {
+            park(seen, follow_up.then_some(COLLECT_AFTER_NS), true);
+        }
     }
 }

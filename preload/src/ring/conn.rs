@@ -115,6 +115,8 @@ pub struct ShmConn {
     pub report_fd: AtomicI32,
     /// The process that made the offer (only it can ask the daemon).
     pub offer_pid: i32,
+    /// The daemon was told about this connection (so it must hear of its end).
+    pub reported: AtomicBool,
     this: Weak<ShmConn>,
 }
 
@@ -262,8 +264,13 @@ impl ShmConn {
             born_ns: AtomicU64::new(sys::monotonic_ns()),
             report_fd: AtomicI32::new(-1),
             offer_pid: process::pid(),
+            reported: AtomicBool::new(false),
             this: this.clone(),
         })
+    }
+
+    pub fn this(&self) -> Option<Arc<ShmConn>> {
+        self.this.upgrade()
     }
 
     pub fn segment(&self) -> &Segment {

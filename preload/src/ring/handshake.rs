@@ -122,9 +122,20 @@ pub fn connect(
         log::info!("fd {fd}: no memory or descriptors for a ring; plain TCP");
         return tcp(real_connect);
     };
+    // connect(2) to the unspecified address reaches this host's loopback;
+    // the server's accepted socket shows that address, so offer for it.
+    let server = match dest.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), dest.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), dest.port())
+        }
+        _ => dest,
+    };
     let offer = Msg::Offer {
         client: local,
-        server: dest,
+        server,
         payload: PAYLOAD.to_vec(),
     };
     let fds = [fd, memfd.as_raw_fd(), cbell.fd(), sbell.fd()];
@@ -180,7 +191,7 @@ pub fn connect(
         side: Side::Client,
         offer_id,
         local,
-        peer: dest,
+        peer: server,
         seg,
         tx,
         rx,
