@@ -28,7 +28,7 @@ fn two_processes_share_a_ring() {
     let to_child = EventFd::new().unwrap();
     let to_parent = EventFd::new().unwrap();
     let (seg_fd, bell_c, bell_p) = (
-        inheritable(seg.fd().as_raw_fd()),
+        inheritable(seg.fd().expect("memfd open").as_raw_fd()),
         inheritable(to_child.fd()),
         inheritable(to_parent.fd()),
     );

@@ -18,7 +18,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -40,7 +40,7 @@ const COLLECT_AFTER_NS: u64 = 20_000_000;
 const COLLECT_EVERY_NS: u64 = 50_000_000;
 
 enum Report {
-    Ring(Arc<ShmConn>, RawFd),
+    Ring(Arc<ShmConn>, RawFd, Option<OwnedFd>),
     RingClosed(Arc<ShmConn>),
     Fallback(RawFd, SocketAddr, SocketAddr),
     Tcp {
@@ -180,9 +180,11 @@ fn report(r: Report) {
 }
 
 /// A ring was attached to `fd` (client or server side).
-pub fn note_ring(fd: RawFd, conn: &Arc<ShmConn>) {
+/// `memfd` (a descriptor of the ring's segment) goes to the daemon for
+/// its counters and is closed once sent.
+pub fn note_ring(fd: RawFd, conn: &Arc<ShmConn>, memfd: Option<OwnedFd>) {
     conn.report_fd.store(fd, Ordering::Relaxed);
-    report(Report::Ring(conn.clone(), fd));
+    report(Report::Ring(conn.clone(), fd, memfd));
 }
 
 /// A client started waiting for the server's decision.
@@ -260,12 +262,11 @@ fn send_report(r: Report) {
                 None,
             )
         }
-        Report::Ring(conn, fd) => {
+        Report::Ring(conn, fd, memfd) => {
             if conn.is_released() {
                 return;
             }
             conn.reported.store(true, Ordering::Release);
-            let memfd = conn.segment().share_fd().ok();
             let transport = if conn.is_tcp() {
                 Transport::Tcp
             } else {

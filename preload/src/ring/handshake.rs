@@ -118,7 +118,7 @@ pub fn connect(
         let memfd = seg.share_fd().ok()?;
         Some((seg, cbell, sbell, memfd))
     })();
-    let Some((seg, cbell, sbell, memfd)) = made else {
+    let Some((mut seg, cbell, sbell, memfd)) = made else {
         log::info!("fd {fd}: no memory or descriptors for a ring; plain TCP");
         return tcp(real_connect);
     };
@@ -187,6 +187,8 @@ pub fn connect(
         let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
         return (res, Decision::Tcp(TcpReason::Declined));
     };
+    let report_memfd = seg.share_fd().ok();
+    seg.close_fd();
     let conn = ShmConn::new(Parts {
         side: Side::Client,
         offer_id,
@@ -199,7 +201,7 @@ pub fn connect(
         tcp: tcp_dup,
     });
     background::note_pending(&conn);
-    background::note_ring(fd, &conn);
+    background::note_ring(fd, &conn, report_memfd);
     (res, Decision::Ring(conn))
 }
 
@@ -230,7 +232,7 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
     let sbell = EventFd::from_owned(fds.pop().expect("3 fds"));
     let cbell = Arc::new(EventFd::from_owned(fds.pop().expect("3 fds")));
     let memfd = fds.pop().expect("3 fds");
-    let seg = match Segment::attach(memfd) {
+    let mut seg = match Segment::attach(memfd) {
         Ok(s) if s.rings() == 2 => s,
         Ok(_) => {
             decline(offer_id, "segment without two rings");
@@ -285,6 +287,8 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
     seg.header().user[WORD_STATE].store(STATE_ACCEPTED, Ordering::Release);
     let _ = cbell.notify();
     drop(cbell);
+    let report_memfd = seg.share_fd().ok();
+    seg.close_fd();
     let conn = ShmConn::new(Parts {
         side: Side::Server,
         offer_id,
@@ -296,7 +300,7 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         bell: sbell,
         tcp: tcp_dup,
     });
-    background::note_ring(fd, &conn);
+    background::note_ring(fd, &conn, report_memfd);
     Decision::Ring(conn)
 }
 

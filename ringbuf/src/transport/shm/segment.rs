@@ -41,7 +41,8 @@ const _: () = assert!(std::mem::size_of::<SegmentHeader>() <= PAGE);
 /// A mapped segment.
 pub struct Segment {
     map: Arc<Mapping>,
-    fd: OwnedFd,
+    /// None after `close_fd`: the mapping outlives the descriptor.
+    fd: Option<OwnedFd>,
     rings: u32,
     slots: u32,
     slot_size: u32,
@@ -100,7 +101,7 @@ impl Segment {
         };
         let seg = Segment {
             map: Arc::new(map),
-            fd,
+            fd: Some(fd),
             rings,
             slots: cfg.slots,
             slot_size: cfg.slot_size,
@@ -214,7 +215,7 @@ impl Segment {
         let map = Self::map(&fd, len)?;
         Ok(Segment {
             map: Arc::new(map),
-            fd,
+            fd: Some(fd),
             rings,
             slots,
             slot_size,
@@ -267,14 +268,22 @@ impl Segment {
         self.map.len == 0
     }
 
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
+    /// The segment's memfd; None after `close_fd`.
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
     }
 
     /// A new fd for the same segment, to pass to another process.
     pub fn share_fd(&self) -> Result<OwnedFd, RingError> {
-        self.fd
-            .try_clone()
+        let fd = self.fd.as_ref().ok_or(RingError::Closed)?;
+        fd.try_clone()
             .map_err(|e| RingError::Os(e.raw_os_error().unwrap_or(libc::EIO)))
+    }
+
+    /// Closes the memfd once nobody needs to share the segment any more;
+    /// the mapping stays valid (a process with many rings then holds no
+    /// descriptor per segment).
+    pub fn close_fd(&mut self) {
+        self.fd = None;
     }
 }
