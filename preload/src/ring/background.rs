@@ -267,6 +267,12 @@ fn send_report(r: Report) {
                 return;
             }
             conn.reported.store(true, Ordering::Release);
+            // A client offered from a wildcard address; by now the kernel
+            // has picked the real one.
+            let local = match sockaddr::query(fd, false) {
+                Some(a) if conn.local.ip().is_unspecified() && a.port() == conn.local.port() => a,
+                _ => conn.local,
+            };
             let transport = if conn.is_tcp() {
                 Transport::Tcp
             } else {
@@ -275,7 +281,7 @@ fn send_report(r: Report) {
             (
                 Msg::ConnReport {
                     fd,
-                    local: conn.local,
+                    local,
                     peer: conn.peer,
                     transport,
                     reason: String::new(),
