@@ -42,7 +42,7 @@ const COLLECT_EVERY_NS: u64 = 50_000_000;
 enum Report {
     Ring(Arc<ShmConn>, RawFd, Option<OwnedFd>),
     RingClosed(Arc<ShmConn>),
-    Fallback(RawFd, SocketAddr, SocketAddr),
+    Fallback(Arc<ShmConn>),
     Tcp {
         fd: RawFd,
         local: SocketAddr,
@@ -199,8 +199,9 @@ pub fn note_accepted(offer_id: u64) {
 
 /// A pending client fell back to TCP.
 pub fn note_fallback(conn: &ShmConn) {
-    let fd = conn.report_fd.load(Ordering::Relaxed);
-    report(Report::Fallback(fd, conn.local, conn.peer));
+    if let Some(me) = conn.this() {
+        report(Report::Fallback(me));
+    }
 }
 
 /// The connection's last fd in this process is gone.
@@ -253,10 +254,15 @@ fn send_report(r: Report) {
                 return;
             }
             let fd = conn.report_fd.load(Ordering::Relaxed);
+            let local = conn
+                .reported_local
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or(conn.local);
             (
                 Msg::ConnClosed {
                     fd,
-                    local: conn.local,
+                    local,
                     peer: conn.peer,
                 },
                 None,
@@ -273,6 +279,10 @@ fn send_report(r: Report) {
                 Some(a) if conn.local.ip().is_unspecified() && a.port() == conn.local.port() => a,
                 _ => conn.local,
             };
+            *conn
+                .reported_local
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(local);
             let transport = if conn.is_tcp() {
                 Transport::Tcp
             } else {
@@ -290,17 +300,27 @@ fn send_report(r: Report) {
                 memfd,
             )
         }
-        Report::Fallback(fd, local, peer) => (
-            Msg::ConnReport {
-                fd,
-                local,
-                peer,
-                transport: Transport::Tcp,
-                reason: "server declined the ring".into(),
-                ring: None,
-            },
-            None,
-        ),
+        Report::Fallback(conn) => {
+            if !conn.reported.load(Ordering::Acquire) {
+                return;
+            }
+            let local = conn
+                .reported_local
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .unwrap_or(conn.local);
+            (
+                Msg::ConnReport {
+                    fd: conn.report_fd.load(Ordering::Relaxed),
+                    local,
+                    peer: conn.peer,
+                    transport: Transport::Tcp,
+                    reason: "server declined the ring".into(),
+                    ring: None,
+                },
+                None,
+            )
+        }
         Report::Tcp {
             fd,
             local,

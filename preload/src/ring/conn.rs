@@ -115,8 +115,10 @@ pub struct ShmConn {
     pub report_fd: AtomicI32,
     /// The process that made the offer (only it can ask the daemon).
     pub offer_pid: i32,
-    /// The daemon was told about this connection (so it must hear of its end).
+    /// The daemon was told about this connection (so it must hear of its
+    /// end), with this local address.
     pub reported: AtomicBool,
+    pub reported_local: Mutex<Option<SocketAddr>>,
     this: Weak<ShmConn>,
 }
 
@@ -265,6 +267,7 @@ impl ShmConn {
             report_fd: AtomicI32::new(-1),
             offer_pid: process::pid(),
             reported: AtomicBool::new(false),
+            reported_local: Mutex::new(None),
             this: this.clone(),
         })
     }
