@@ -367,6 +367,45 @@ impl ShmConn {
         background::note_fallback(self);
     }
 
+    /// Closing while the server has not decided: the bytes in ring 0 are
+    /// only safe once it took the ring (or, if it turns it down, once they
+    /// were resent over TCP, which `settle` does). Waits a bounded time;
+    /// a server that is merely slow to accept still finds them in the ring.
+    fn await_decision(&self) {
+        let limit = u64::from(crate::config::get().connect_timeout_ms) * 1_000_000;
+        let start = sys::monotonic_ns();
+        while self.settle() == MODE_PENDING && sys::monotonic_ns() - start < limit {
+            self.check_tcp();
+            let mut p = [
+                libc::pollfd {
+                    fd: self.bell.fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.tcp_fd(),
+                    events: libc::POLLIN | libc::POLLRDHUP,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: two valid pollfds; 5 ms timeout; raw syscall.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_ppoll,
+                    p.as_mut_ptr(),
+                    2,
+                    &libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 5_000_000,
+                    } as *const libc::timespec,
+                    std::ptr::null::<libc::sigset_t>(),
+                    8,
+                )
+            };
+            self.bell.drain();
+        }
+    }
+
     /// Looks at the kernel socket after a wake-up: EOF or reset means the
     /// peer process is gone; data while pending means the server is talking
     /// TCP (it turned the ring down without a word).
@@ -553,9 +592,11 @@ impl ShmConn {
         if level {
             w.level += 1;
         }
-        // Pending: the server's decision arrives on our bell like data.
-        let want_rx = interest.intersects(Ready::READ | Ready::RDHUP) || mode == MODE_PENDING;
-        let want_tx = interest.intersects(Ready::WRITE) && mode == MODE_RING;
+        // While pending, the server's decision rings our bell whatever the
+        // flags say. Counts depend on `interest` alone, so that `disarm`
+        // undoes exactly what this did even if the mode changed meanwhile.
+        let want_rx = interest.intersects(Ready::READ | Ready::RDHUP);
+        let want_tx = interest.intersects(Ready::WRITE);
         if want_rx {
             w.rx += 1;
             let _ = lock(&self.rx).prepare_wait();
@@ -576,8 +617,7 @@ impl ShmConn {
             }
             let mode = self.mode.load(Ordering::Acquire);
             if mode != MODE_TCP {
-                let had_rx =
-                    interest.intersects(Ready::READ | Ready::RDHUP) || mode == MODE_PENDING;
+                let had_rx = interest.intersects(Ready::READ | Ready::RDHUP);
                 if had_rx && w.rx > 0 {
                     w.rx -= 1;
                     if w.rx == 0 {
@@ -876,6 +916,9 @@ impl AttachedConn for ShmConn {
     fn release(&self, _fd: RawFd, kind: ReleaseKind) {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
+        }
+        if kind == ReleaseKind::Owner && self.mode.load(Ordering::Acquire) == MODE_PENDING {
+            self.await_decision();
         }
         if kind == ReleaseKind::Owner && self.mode.load(Ordering::Acquire) != MODE_TCP {
             {
