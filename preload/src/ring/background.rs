@@ -38,6 +38,11 @@ const IDLE_TICKS: u32 = 100;
 /// A pending client asks the daemon after this long, then at this period.
 const COLLECT_AFTER_NS: u64 = 20_000_000;
 const COLLECT_EVERY_NS: u64 = 50_000_000;
+/// Reports wait this long before they are sent: a connection opened and
+/// closed within it never costs the daemon anything (short-lived
+/// connections are the common case of a busy server, and status only
+/// lists live ones).
+const REPORT_DELAY_NS: u64 = 5_000_000;
 
 enum Report {
     Ring(Arc<ShmConn>, RawFd, Option<OwnedFd>),
@@ -56,7 +61,8 @@ static FLUSH: PLock<Vec<Arc<ShmConn>>> = PLock::new(Vec::new(), Vec::new);
 static DIRTY: AtomicUsize = AtomicUsize::new(0);
 static PENDING: PLock<Vec<Weak<ShmConn>>> = PLock::new(Vec::new(), Vec::new);
 static COLLECT: PLock<Vec<u64>> = PLock::new(Vec::new(), Vec::new);
-static REPORTS: PLock<VecDeque<Report>> = PLock::new(VecDeque::new(), VecDeque::new);
+/// Reports waiting to be sent, with the time they were queued.
+static REPORTS: PLock<VecDeque<(u64, Report)>> = PLock::new(VecDeque::new(), VecDeque::new);
 
 /// Futex word: bumped by every wake-up request.
 static WAKE: AtomicU32 = AtomicU32::new(0);
@@ -173,10 +179,47 @@ fn flush_some() {
     }
 }
 
+impl Report {
+    /// For a close: whether `open` is the report it closes.
+    fn closes(&self, open: &Report) -> bool {
+        match (self, open) {
+            (Report::RingClosed(c), Report::Ring(o, _, _) | Report::Fallback(o)) => {
+                Arc::ptr_eq(c, o)
+            }
+            (
+                Report::Closed(fd, _, peer),
+                Report::Tcp {
+                    fd: ofd,
+                    peer: opeer,
+                    ..
+                },
+            ) => fd == ofd && peer == opeer,
+            _ => false,
+        }
+    }
+
+    fn is_close(&self) -> bool {
+        matches!(self, Report::RingClosed(_) | Report::Closed(..))
+    }
+}
+
 fn report(r: Report) {
-    REPORTS.lock().push_back(r);
+    {
+        let mut q = REPORTS.lock();
+        if r.is_close() {
+            let before = q.len();
+            q.retain(|(_, open)| !r.closes(open));
+            if q.len() != before {
+                // Opened and closed before the daemon heard of it.
+                return;
+            }
+        }
+        q.push_back((sys::monotonic_ns(), r));
+    }
     ensure_thread();
-    wake();
+    if PARKED.load(Ordering::Acquire) {
+        wake();
+    }
 }
 
 /// A ring was attached to `fd` (client or server side).
@@ -402,14 +445,26 @@ fn run() {
             flush_some();
             idle = 0;
         }
+        let mut now = sys::monotonic_ns();
+        let mut report_wait = None;
         loop {
-            let next = REPORTS.lock().pop_front();
+            let next = {
+                let mut q = REPORTS.lock();
+                match q.front() {
+                    Some((t, _)) if now.saturating_sub(*t) >= REPORT_DELAY_NS => q.pop_front(),
+                    Some((t, _)) => {
+                        report_wait = Some(REPORT_DELAY_NS - now.saturating_sub(*t));
+                        None
+                    }
+                    None => None,
+                }
+            };
             match next {
-                Some(r) => send_report(r),
+                Some((_, r)) => send_report(r),
                 None => break,
             }
+            now = sys::monotonic_ns();
         }
-        let now = sys::monotonic_ns();
         if now >= next_collect {
             collect_accepted();
             if !PENDING.lock().is_empty() {
@@ -417,15 +472,14 @@ fn run() {
             }
             next_collect = now + COLLECT_EVERY_NS;
         }
-        if !REPORTS.lock().is_empty() {
-            continue;
-        }
         let follow_up = !PENDING.lock().is_empty() || !COLLECT.lock().is_empty();
         if idle < IDLE_TICKS {
             // Ticking: batches written meanwhile are flushed at the next
             // tick without anyone waking us.
             idle += 1;
             park(seen, Some(FLUSH_NS), false);
+        } else if let Some(wait) = report_wait {
+            park(seen, Some(wait.max(FLUSH_NS)), false);
         } else {
             park(seen, follow_up.then_some(COLLECT_AFTER_NS), true);
         }

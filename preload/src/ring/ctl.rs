@@ -43,6 +43,9 @@ struct Session {
     listeners: Vec<Listener>,
     /// Listeners must be (re)sent on the current session.
     listeners_stale: bool,
+    /// Replies still to be read for requests sent with `send_only`.
+    owed: u32,
+    scratch: Vec<u8>,
 }
 
 fn fresh() -> Session {
@@ -52,6 +55,8 @@ fn fresh() -> Session {
         retry_at: 0,
         listeners: Vec::new(),
         listeners_stale: false,
+        owed: 0,
+        scratch: Vec::new(),
     }
 }
 
@@ -62,6 +67,8 @@ static SESSION: PLock<Session> = PLock::new(
         retry_at: 0,
         listeners: Vec::new(),
         listeners_stale: false,
+        owed: 0,
+        scratch: Vec::new(),
     },
     fresh,
 );
@@ -89,6 +96,7 @@ impl Session {
             // A forked child: the inherited session belongs to the parent.
             // Dropping our copy of its fd does not close the parent's.
             self.client = None;
+            self.owed = 0;
             self.pid = me;
             self.retry_at = 0;
             self.listeners_stale = true;
@@ -145,19 +153,71 @@ impl Session {
     }
 
     fn raw_call_fds(&mut self, msg: &Msg, fds: &[RawFd]) -> Result<(Msg, Fds), CtlError> {
+        self.settle_owed()?;
         let Some(c) = self.client.as_mut() else {
             return Err(CtlError::Unavailable);
         };
         match c.call(msg, fds) {
             Ok(r) => Ok(r),
-            Err(e) => {
-                log::warn!("ctl session lost: {e}; connections stay on TCP until it is back");
-                self.client = None;
-                self.retry_at = sys::monotonic_ns() + RETRY_NS;
-                Err(CtlError::Broken)
-            }
+            Err(e) => Err(self.lost(&e.to_string())),
         }
     }
+
+    fn lost(&mut self, why: &str) -> CtlError {
+        log::warn!("ctl session lost: {why}; connections stay on TCP until it is back");
+        self.client = None;
+        self.owed = 0;
+        self.retry_at = sys::monotonic_ns() + RETRY_NS;
+        CtlError::Broken
+    }
+
+    /// Reads the replies of requests sent with `send_only` (the daemon
+    /// answers every request, in order).
+    fn settle_owed(&mut self) -> Result<(), CtlError> {
+        while self.owed > 0 {
+            let Some(c) = self.client.as_ref() else {
+                self.owed = 0;
+                return Err(CtlError::Unavailable);
+            };
+            let sock = c.as_raw_fd();
+            if self.scratch.len() < ringsock_proto::MAX_FRAME_TOTAL {
+                self.scratch = vec![0; ringsock_proto::MAX_FRAME_TOTAL];
+            }
+            match ringsock_proto::client::recv_msg(sock, &mut self.scratch) {
+                Ok((Msg::Ok, _)) => self.owed -= 1,
+                Ok((other, _)) => {
+                    log::warn!("ctl: a request sent ahead was refused: {other:?}");
+                    self.owed -= 1;
+                }
+                Err(e) => return Err(self.lost(&e.to_string())),
+            }
+        }
+        Ok(())
+    }
+
+    fn send_only(&mut self, msg: &Msg) -> Result<(), CtlError> {
+        let Some(c) = self.client.as_ref() else {
+            return Err(CtlError::Unavailable);
+        };
+        match ringsock_proto::client::send_msg(c.as_raw_fd(), msg, &[]) {
+            Ok(()) => {
+                self.owed += 1;
+                Ok(())
+            }
+            Err(e) => Err(self.lost(&e.to_string())),
+        }
+    }
+}
+
+/// Sends a request whose reply (`Ok`, or an error that is only logged) is
+/// read before the next call's: saves a round trip where nothing depends
+/// on the answer.
+pub fn send_only(msg: &Msg) -> Result<(), CtlError> {
+    let mut s = SESSION.lock();
+    if s.pid != process::pid() || s.client.is_none() {
+        return Err(CtlError::Unavailable);
+    }
+    s.send_only(msg)
 }
 
 /// One request/reply with the daemon.

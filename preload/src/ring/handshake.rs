@@ -6,12 +6,13 @@
 //! attached at once, in `Pending` mode (conn.rs).
 //!
 //! Server, in accept(): claim the offer with the accepted socket as proof,
-//! map the segment, answer through the daemon, and only once the daemon
-//! confirmed the answer store `STATE_ACCEPTED` in the segment and ring the
-//! client's bell. The daemon makes Answer, Decline and expiry mutually
-//! exclusive, so the two sides can never disagree: a client that learns
-//! `Declined`/`Expired` knows the server's answer failed and that it stays
-//! on TCP too.
+//! map the segment, send the answer through the daemon, store
+//! `STATE_ACCEPTED` in the segment and ring the client's bell. The daemon
+//! makes Answer, Decline and expiry mutually exclusive, and the segment's
+//! state word takes precedence over what the daemon says (conn.rs `settle`),
+//! so the two sides can never disagree: a client falls back only while the
+//! word is still pending *and* the daemon declared the offer declined or
+//! expired, which rules out an answer.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -75,19 +76,7 @@ fn ensure_bound(fd: RawFd, dest: &SocketAddr) -> Option<SocketAddr> {
     if local.port() != 0 {
         return Some(local);
     }
-    let mut family: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: SO_DOMAIN writes one int.
-    unsafe {
-        libc::syscall(
-            libc::SYS_getsockopt,
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_DOMAIN,
-            &mut family as *mut libc::c_int,
-            &mut len as *mut libc::socklen_t,
-        )
-    };
+    let family = crate::fdtable::get(fd).map_or(libc::AF_INET, |st| st.family());
     let any = wildcard(dest, family);
     let (ss, sl) = sockaddr::from_std(&any);
     // SAFETY: ss/sl describe a valid sockaddr of our own.
@@ -269,20 +258,20 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
     let Ok(tcp_dup) = dup_cloexec(fd) else {
         return refuse(&seg, "out of descriptors");
     };
-    match ctl::call(
-        &Msg::Answer {
-            offer_id,
-            payload: Vec::new(),
-        },
-        &[],
-    ) {
-        Ok((Msg::Ok, _)) => {}
-        other => {
-            // Expired, or the client cancelled: it is on TCP, so are we.
-            log::debug!("fd {fd}: answer not taken ({other:?}); plain TCP");
-            sys::close(tcp_dup);
-            return Decision::Tcp(TcpReason::Declined);
-        }
+    // The answer goes out without waiting for its reply: the daemon reads
+    // this session's requests in order, so it handles the Answer right
+    // after the Claim, long before the claim's deadline (the offer timeout,
+    // counted from the claim) could pass; only a lost session can make it
+    // fail, and the claim and the client's offer die with the session. The
+    // reply is read (and checked) before our next request.
+    if ctl::send_only(&Msg::Answer {
+        offer_id,
+        payload: Vec::new(),
+    })
+    .is_err()
+    {
+        sys::close(tcp_dup);
+        return Decision::Tcp(TcpReason::Declined);
     }
     seg.header().user[WORD_STATE].store(STATE_ACCEPTED, Ordering::Release);
     let _ = cbell.notify();

@@ -14,7 +14,7 @@ use crate::error::{Corruption, RingError};
 use crate::layout::CONTROL_BYTES;
 use crate::memory::RingMem;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering as AtomicOrdering};
 use std::sync::Arc;
 
 pub const SEGMENT_MAGIC: u64 = u64::from_le_bytes(*b"RINGSOCK");
@@ -22,6 +22,9 @@ pub const SEGMENT_VERSION: u32 = 1;
 const PAGE: usize = 4096;
 const HUGE_PAGE: usize = 2 << 20;
 const MAX_RINGS: u32 = 8;
+const HUGE_RETRY: u64 = 256;
+static HUGE_FAILED: AtomicBool = AtomicBool::new(false);
+static CREATED: AtomicU64 = AtomicU64::new(0);
 
 /// The first bytes of a segment. `user` words belong to the layer above
 /// (the shim keeps its handshake state there).
@@ -92,9 +95,20 @@ impl Segment {
             return Err(RingError::Config("a segment holds 1..=8 rings"));
         }
         let len = segment_len(rings, cfg.slots, cfg.slot_size);
-        let (fd, map, huge) = match Self::make(len.next_multiple_of(HUGE_PAGE), true) {
-            Ok((fd, map)) => (fd, map, true),
-            Err(_) => {
+        // A failed huge-page attempt costs four system calls: after one,
+        // only every HUGE_RETRY-th segment tries again (pages may be freed).
+        let n = CREATED.fetch_add(1, AtomicOrdering::Relaxed);
+        let try_huge = !HUGE_FAILED.load(AtomicOrdering::Relaxed) || n.is_multiple_of(HUGE_RETRY);
+        let huge_attempt = if try_huge {
+            let r = Self::make(len.next_multiple_of(HUGE_PAGE), true);
+            HUGE_FAILED.store(r.is_err(), AtomicOrdering::Relaxed);
+            r.ok()
+        } else {
+            None
+        };
+        let (fd, map, huge) = match huge_attempt {
+            Some((fd, map)) => (fd, map, true),
+            None => {
                 let (fd, map) = Self::make(len, false)?;
                 (fd, map, false)
             }
