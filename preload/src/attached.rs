@@ -156,6 +156,13 @@ pub trait AttachedConn: Send + Sync {
     /// for a given `interest` (epoll registers it once).
     fn wait_fds(&self, fd: RawFd, interest: Ready) -> WaitFds;
 
+    /// A number that changes whenever new data or new space may have
+    /// arrived (edge-triggered epoll reports a registration again when it
+    /// changes, as the kernel reports every arrival). 0 if not tracked.
+    fn event_seq(&self) -> u64 {
+        0
+    }
+
     /// Bytes that a read would return now (FIONREAD).
     fn available(&self) -> usize;
 

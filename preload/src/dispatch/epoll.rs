@@ -50,6 +50,8 @@ struct Reg {
     data: u64,
     /// EPOLLET: requested events seen at the last report.
     last: u32,
+    /// EPOLLET: the connection's `event_seq` at the last report.
+    last_seq: u64,
     /// EPOLLONESHOT: reported, waiting for EPOLL_CTL_MOD.
     disabled: bool,
 }
@@ -166,6 +168,7 @@ pub unsafe fn ctl_ring(
                 events,
                 data,
                 last: 0,
+                last_seq: 0,
                 disabled: false,
             });
             0
@@ -181,6 +184,7 @@ pub unsafe fn ctl_ring(
             r.events = events;
             r.data = data;
             r.last = 0;
+            r.last_seq = 0;
             r.disabled = false;
             0
         }
@@ -206,6 +210,7 @@ fn ensure_private(epfd: c_int, inner: &mut Inner) -> Result<(), c_int> {
     if p < 0 {
         return Err(sys::errno());
     }
+    let p = crate::ring::fdspace::high(p);
     let mut ev = epoll_event {
         events: libc::EPOLLIN as u32,
         u64: inner.token,
@@ -245,9 +250,12 @@ fn collect(inner: &mut Inner, out: &mut [epoll_event]) -> usize {
         let wanted = interest_of(r.events).0 | ALWAYS;
         let now = conn.readiness().0 & wanted;
         let report = if r.events & libc::EPOLLET as u32 != 0 {
-            let fresh = now & !r.last;
+            // A new arrival is an edge even while the bit stays set.
+            let seq = conn.event_seq();
+            let fresh = now & !r.last != 0 || (seq != r.last_seq && now != 0);
             r.last = now;
-            fresh != 0
+            r.last_seq = seq;
+            fresh
         } else {
             now != 0
         };
@@ -314,21 +322,30 @@ pub unsafe fn wait_mixed(
     loop {
         let mut n = collect(&mut set.lock(), out);
         let may_spin = deadline.is_none_or(|d| d > sys::monotonic_ns());
-        if n == 0 && may_spin && spin(|| snapshot(set).iter().any(|(st, i)| ready_for(st, *i))) {
+        if n == 0
+            && may_spin
+            && spin(|| {
+                snapshot(set)
+                    .iter()
+                    .any(|(st, i, seen)| ready_for(st, *i, *seen))
+            })
+        {
             n = collect(&mut set.lock(), out);
         }
         if n > 0 {
             return n as c_int
                 + kernel_events(epfd, &mut out[n..], private, token, false, None, None).max(0);
         }
-        // Arm every ring; if one is ready after arming, do not sleep.
+        // Arm every ring; if one has something to report after arming, do
+        // not sleep. For EPOLLET that means bits not reported before: a
+        // socket that stays writable must not keep an edge-triggered
+        // waiter from sleeping.
         let snap = snapshot(set);
         let mut ready = false;
-        for (st, interest) in &snap {
+        for (st, interest, seen) in &snap {
             if let Some(c) = st.conn() {
-                ready |= c
-                    .arm(*interest)
-                    .intersects(*interest | Ready::ERR | Ready::HUP);
+                let now = c.arm(*interest) & (*interest | Ready::ERR | Ready::HUP);
+                ready |= seen.news(now, c.event_seq());
             }
         }
         let k = if ready {
@@ -336,7 +353,7 @@ pub unsafe fn wait_mixed(
         } else {
             kernel_events(epfd, out, private, token, true, deadline, sigmask)
         };
-        for (st, interest) in &snap {
+        for (st, interest, _) in &snap {
             if let Some(c) = st.conn() {
                 c.disarm(*interest);
             }
@@ -357,18 +374,47 @@ pub unsafe fn wait_mixed(
     }
 }
 
-fn snapshot(set: &EpollSet) -> Vec<(FdRef, Ready)> {
+/// What an EPOLLET registration reported last: bits and event sequence.
+#[derive(Clone, Copy)]
+struct Seen {
+    edge: bool,
+    bits: u32,
+    seq: u64,
+}
+
+impl Seen {
+    /// Whether readiness `now` (with the connection's sequence `seq`) is
+    /// something to report.
+    fn news(self, now: Ready, seq: u64) -> bool {
+        if !self.edge {
+            return !now.is_empty();
+        }
+        now.0 & !self.bits != 0 || (seq != self.seq && !now.is_empty())
+    }
+}
+
+/// Live registrations: state, interest, and what an EPOLLET one reported.
+fn snapshot(set: &EpollSet) -> Vec<(FdRef, Ready, Seen)> {
     set.lock()
         .regs
         .iter()
         .filter(|r| !r.disabled)
-        .map(|r| (r.st.clone(), interest_of(r.events)))
+        .map(|r| {
+            let seen = Seen {
+                edge: r.events & libc::EPOLLET as u32 != 0,
+                bits: r.last,
+                seq: r.last_seq,
+            };
+            (r.st.clone(), interest_of(r.events), seen)
+        })
         .collect()
 }
 
-fn ready_for(st: &FdRef, interest: Ready) -> bool {
-    st.conn()
-        .is_some_and(|c| c.readiness().intersects(interest | Ready::ERR | Ready::HUP))
+fn ready_for(st: &FdRef, interest: Ready, seen: Seen) -> bool {
+    st.conn().is_some_and(|c| {
+        let now = c.readiness() & (interest | Ready::ERR | Ready::HUP);
+        seen.news(now, c.event_seq())
+    })
 }
 
 /// Kernel events of the program's instance, with our token's event

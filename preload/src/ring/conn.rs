@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use libc::c_int;
-use ringbuf::{EventFd, Notify, Receiver, RingError, Segment, Sender, ShmTransport};
+use ringbuf::{EventFd, Notify, Receiver, RingError, RingMem, Segment, Sender, ShmTransport};
 
 use super::background;
 use crate::attached::{AttachedConn, Errno, Ready, ReleaseKind, WaitFd, WaitFds};
@@ -87,6 +87,10 @@ pub struct ShmConn {
     pub local: SocketAddr,
     pub peer: SocketAddr,
     seg: Segment,
+    /// Control blocks of the ring we read (0 for the server) and the one
+    /// we write, for lock-free looks at what the peer published.
+    rx_mem: RingMem,
+    tx_mem: RingMem,
     tx: Mutex<Sender<ShmTransport>>,
     rx: Mutex<Receiver<ShmTransport>>,
     bell: EventFd,
@@ -242,12 +246,20 @@ impl ShmConn {
             Side::Server => WORD_SERVER_PID,
         };
         p.seg.header().user[word].store(process::pid() as u64, Ordering::Release);
+        let (rx_ring, tx_ring) = match p.side {
+            Side::Client => (1, 0),
+            Side::Server => (0, 1),
+        };
+        let rx_mem = p.seg.ring(rx_ring);
+        let tx_mem = p.seg.ring(tx_ring);
         Arc::new_cyclic(|this| ShmConn {
             side: p.side,
             offer_id: p.offer_id,
             local: p.local,
             peer: p.peer,
             seg: p.seg,
+            rx_mem,
+            tx_mem,
             tx: Mutex::new(p.tx),
             rx: Mutex::new(p.rx),
             bell: p.bell,
@@ -836,6 +848,16 @@ impl AttachedConn for ShmConn {
                 events: libc::POLLIN | libc::POLLRDHUP,
             }),
         ]
+    }
+
+    fn event_seq(&self) -> u64 {
+        // Both pointers only grow: their sum changes with every arrival
+        // of data (the peer's tail) and of space (the peer's head push).
+        let tail = self.rx_mem.ctrl().local_tail.value.load(Ordering::Acquire);
+        let head = self.tx_mem.ctrl().local_head.value.load(Ordering::Acquire);
+        let flags = u64::from(self.mode.load(Ordering::Acquire)) << 60
+            | u64::from(self.peer_gone.load(Ordering::Acquire)) << 62;
+        tail.wrapping_add(head) ^ flags
     }
 
     fn available(&self) -> usize {

@@ -109,7 +109,8 @@ impl Session {
             let cfg = config::get();
             let timeout = Duration::from_millis(u64::from(cfg.connect_timeout_ms));
             let path = Path::new(&cfg.ctl_sock);
-            let connected = Client::connect(path, Some(timeout)).and_then(|mut c| {
+            let connected = Client::connect(path, Some(timeout)).and_then(|c| {
+                let mut c = Client::from_fd(super::fdspace::high_owned(c.into_fd()));
                 c.hello(&exe_name())?;
                 Ok(c)
             });

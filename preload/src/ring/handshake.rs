@@ -23,7 +23,7 @@ use ringbuf::{EventFd, Notify, Receiver, RingConfig, Segment, Sender, ShmTranspo
 use ringsock_proto::{Msg, RefuseReason};
 
 use super::conn::{Parts, PeerBell, ShmConn, Side, STATE_ACCEPTED, STATE_DECLINED, WORD_STATE};
-use super::{background, ctl};
+use super::{background, ctl, fdspace};
 use crate::attached::{Decision, Errno, TcpReason};
 use crate::{config, sockaddr, sys};
 
@@ -58,7 +58,13 @@ fn config_for(slots: u32, slot_size: u32) -> RingConfig {
 }
 
 fn dup_cloexec(fd: RawFd) -> Result<RawFd, Errno> {
-    sys::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0).map_err(Errno)
+    fdspace::dup_high(fd).map_err(Errno)
+}
+
+/// A doorbell of ours, at a high fd number.
+fn new_bell() -> Option<EventFd> {
+    let b = EventFd::new().ok()?;
+    Some(EventFd::from_owned(fdspace::high_owned(b.into_owned())))
 }
 
 fn wildcard(dest: &SocketAddr, family: i32) -> SocketAddr {
@@ -102,8 +108,8 @@ pub fn connect(
     };
     let made = (|| {
         let seg = Segment::create(&ring_config(), 2).ok()?;
-        let cbell = EventFd::new().ok()?;
-        let sbell = EventFd::new().ok()?;
+        let cbell = new_bell()?;
+        let sbell = new_bell()?;
         let memfd = seg.share_fd().ok()?;
         Some((seg, cbell, sbell, memfd))
     })();
@@ -218,8 +224,10 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         decline(offer_id, "wrong descriptor count");
         return Decision::Tcp(TcpReason::Declined);
     }
-    let sbell = EventFd::from_owned(fds.pop().expect("3 fds"));
-    let cbell = Arc::new(EventFd::from_owned(fds.pop().expect("3 fds")));
+    let sbell = EventFd::from_owned(fdspace::high_owned(fds.pop().expect("3 fds")));
+    let cbell = Arc::new(EventFd::from_owned(fdspace::high_owned(
+        fds.pop().expect("3 fds"),
+    )));
     let memfd = fds.pop().expect("3 fds");
     let mut seg = match Segment::attach(memfd) {
         Ok(s) if s.rings() == 2 => s,

@@ -7,11 +7,13 @@
 //! * `ctl` — this process's session with the daemon, listener registration;
 //! * `background` — the flush timer, handshake follow-up and status
 //!   reports, on one lazily started thread;
-//! * `plock` — a lock that survives fork.
+//! * `plock` — a lock that survives fork;
+//! * `fdspace` — the shim's descriptors live at high numbers.
 
 mod background;
 mod conn;
 mod ctl;
+pub mod fdspace;
 mod handshake;
 mod plock;
 
