@@ -22,7 +22,7 @@ use crate::handler::Handler;
 use crate::hostid::host_id;
 use crate::proof::SysEnv;
 use crate::registry::Limits;
-use crate::ring::MemfdStats;
+use crate::ring::SegmentStats;
 use crate::server::Server;
 use crate::sys;
 
@@ -165,7 +165,7 @@ fn serve(cfg: &DaemonConfig, listener: OwnedFd) -> Result<(), StartError> {
         ..Limits::default()
     };
     let max_sessions = (nofile / 4).max(4);
-    let handler = Handler::new(SysEnv::new(Box::new(MemfdStats)), limits, host_id());
+    let handler = Handler::new(SysEnv::new(Box::new(SegmentStats)), limits, host_id());
     let result = Server::new(listener, handler, max_sessions).and_then(|mut server| {
         info!(
             "listening on {} (offer timeout {} ms, pid {})",

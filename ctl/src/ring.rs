@@ -1,9 +1,10 @@
 //! Ring memfds passed with connection reports: mapped read-only so status
 //! can show live counters, plus the hook that turns a ring into counters.
 //!
-//! The ring crate will define the counter layout; until then the provider
-//! reports what the daemon can see for itself. A hostile process must not
-//! be able to crash the daemon through the mapping: the memfd is mapped
+//! `SegmentStats` reads the counters of the shim's segments (layout from
+//! the ring crate); `MemfdStats` is what the daemon can see for itself. A
+//! hostile process must not be able to crash the daemon through the
+//! mapping: the memfd is mapped
 //! only if it is sealed against shrinking (F_SEAL_SHRINK), because reading
 //! a page past the end of a shrunk file raises SIGBUS.
 
@@ -13,8 +14,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ringsock_proto::RingStat;
 
-/// At most this much of a ring is mapped: counters live in its header.
-pub const RING_MAP_MAX: usize = 1 << 20;
+/// At most this much of a segment is mapped (virtual memory only: the
+/// daemon touches the header and control pages, nothing else). Covers the
+/// default 2 MiB segments with room for larger ring knobs; the rings of a
+/// bigger segment that lie beyond it show no counters.
+pub const RING_MAP_MAX: usize = 16 << 20;
 
 /// A read-only shared mapping, unmapped on drop.
 struct Mapping {
@@ -126,8 +130,8 @@ impl RingView<'_> {
     }
 }
 
-/// Turns a ring into status counters. The ring crate will provide one that
-/// knows its layout; the daemon picks the provider at start.
+/// Turns a ring into status counters; the daemon picks the provider at
+/// start (`SegmentStats` for the shim's segments).
 pub trait RingStats {
     fn stats(&self, ring: &RingView<'_>) -> Vec<RingStat>;
 }
@@ -147,6 +151,104 @@ impl RingStats for MemfdStats {
                 value: u64::from(ring.is_mapped()),
             },
         ]
+    }
+}
+
+/// The shim's segments (`ringbuf::Segment`): header, then per ring a
+/// `RingControl` block with the RB2 pointers and counters. Every value read
+/// comes from a process the daemon does not trust: the header is checked
+/// (magic, version, geometry) and every offset bounds-checked by
+/// `load_u64`, so a garbage segment yields fewer counters, never a crash.
+pub struct SegmentStats;
+
+/// Which way each ring of a shim segment carries bytes.
+const DIRECTIONS: [&str; 2] = ["c2s", "s2c"];
+
+mod layout {
+    use ringbuf::layout::{ReceiverCounters, RingControl, SenderCounters};
+    use ringbuf::transport::shm::SegmentHeader;
+    use std::mem::offset_of;
+
+    pub const MAGIC: usize = offset_of!(SegmentHeader, magic);
+    pub const VERSION_RINGS: usize = offset_of!(SegmentHeader, version);
+    pub const SLOTS_SIZE: usize = offset_of!(SegmentHeader, slots);
+    pub const TAIL: usize = offset_of!(RingControl, tail);
+    pub const HEAD: usize = offset_of!(RingControl, head);
+    const TX: usize = offset_of!(RingControl, tx_stats);
+    const RX: usize = offset_of!(RingControl, rx_stats);
+    pub const TX_BYTES: usize = TX + offset_of!(SenderCounters, bytes);
+    pub const TX_RECORDS: usize = TX + offset_of!(SenderCounters, records);
+    pub const TX_SLOTS: usize = TX + offset_of!(SenderCounters, slots);
+    pub const TX_TAIL_WRITES: usize = TX + offset_of!(SenderCounters, tail_writes);
+    pub const TX_SPINS: usize = TX + offset_of!(SenderCounters, spins);
+    pub const RX_SPINS: usize = RX + offset_of!(ReceiverCounters, spins);
+    pub const TX_SLEEPS: usize = TX + offset_of!(SenderCounters, sleeps);
+    pub const RX_SLEEPS: usize = RX + offset_of!(ReceiverCounters, sleeps);
+    pub const TX_WAKEUPS: usize = TX + offset_of!(SenderCounters, wakeups);
+    pub const RX_WAKEUPS: usize = RX + offset_of!(ReceiverCounters, wakeups);
+}
+
+impl SegmentStats {
+    /// (rings, slots, slot_size) if the header describes a segment.
+    fn geometry(ring: &RingView<'_>) -> Option<(u32, u32, u32)> {
+        if ring.load_u64(layout::MAGIC)? != ringbuf::transport::shm::SEGMENT_MAGIC {
+            return None;
+        }
+        // Two u32 fields per word, little-endian layout of a repr(C) struct.
+        let vr = ring.load_u64(layout::VERSION_RINGS)?;
+        let ss = ring.load_u64(layout::SLOTS_SIZE)?;
+        let (version, rings) = (vr as u32, (vr >> 32) as u32);
+        let (slots, slot_size) = (ss as u32, (ss >> 32) as u32);
+        if version != ringbuf::transport::shm::SEGMENT_VERSION
+            || rings == 0
+            || rings > 8
+            || slots == 0
+            || slot_size == 0
+        {
+            return None;
+        }
+        Some((rings, slots, slot_size))
+    }
+}
+
+impl RingStats for SegmentStats {
+    fn stats(&self, ring: &RingView<'_>) -> Vec<RingStat> {
+        let Some((rings, slots, slot_size)) = Self::geometry(ring) else {
+            return MemfdStats.stats(ring);
+        };
+        let mut out = Vec::new();
+        for (i, dir) in DIRECTIONS.iter().enumerate().take(rings as usize) {
+            let Some(base) = ringbuf::transport::shm::control_offset(i as u32, slots, slot_size)
+            else {
+                break;
+            };
+            let at = |off: usize| base.checked_add(off).and_then(|o| ring.load_u64(o));
+            let mut put = |name: &str, v: Option<u64>| {
+                if let Some(value) = v {
+                    out.push(RingStat {
+                        name: format!("{dir}_{name}"),
+                        value,
+                    });
+                }
+            };
+            let sum = |a: Option<u64>, b: Option<u64>| Some(a?.wrapping_add(b?));
+            put("bytes", at(layout::TX_BYTES));
+            put("records", at(layout::TX_RECORDS));
+            put("slots", at(layout::TX_SLOTS));
+            put("batches", at(layout::TX_TAIL_WRITES));
+            // Mirrors of the two pointers, so at most a batch stale.
+            let occ = at(layout::TAIL)
+                .zip(at(layout::HEAD))
+                .map(|(t, h)| t.saturating_sub(h));
+            put("occupancy", occ);
+            put("spins", sum(at(layout::TX_SPINS), at(layout::RX_SPINS)));
+            put("sleeps", sum(at(layout::TX_SLEEPS), at(layout::RX_SLEEPS)));
+            put(
+                "wakeups",
+                sum(at(layout::TX_WAKEUPS), at(layout::RX_WAKEUPS)),
+            );
+        }
+        out
     }
 }
 
@@ -195,6 +297,50 @@ mod tests {
         let s = MemfdStats.stats(&v);
         assert_eq!(s[0].value, 4096);
         assert_eq!(s[1].value, 1);
+    }
+
+    #[test]
+    fn segment_counters_are_read_from_a_live_ring() {
+        use ringbuf::{Receiver, RingConfig, Segment, Sender, ShmTransport};
+        let cfg = RingConfig::default();
+        let seg = Segment::create(&cfg, 2).unwrap();
+        let mut tx = Sender::new(seg.ring(1), ShmTransport::new(seg.ring(1), None), cfg).unwrap();
+        let mut rx = Receiver::new(seg.ring(1), ShmTransport::new(seg.ring(1), None), cfg).unwrap();
+        tx.write(&[7u8; 1000]).unwrap();
+        tx.flush().unwrap();
+        let mut buf = [0u8; 400];
+        assert_eq!(rx.read(&mut buf).unwrap(), 400);
+        let map = RingMap::open(seg.share_fd().unwrap());
+        let stats = SegmentStats.stats(&map.view());
+        let get = |n: &str| stats.iter().find(|s| s.name == n).map(|s| s.value);
+        assert_eq!(get("s2c_bytes"), Some(1000));
+        assert_eq!(get("c2s_bytes"), Some(0));
+        assert!(get("s2c_batches").unwrap() >= 1);
+        assert!(stats.len() <= ringsock_proto::MAX_RING_STATS);
+    }
+
+    #[test]
+    fn garbage_segments_give_fewer_counters_not_a_crash() {
+        // Sealed, right size, but the header is garbage.
+        let fd = memfd(3 << 20, true);
+        let dup = fd.try_clone().unwrap();
+        write_at(&dup, 0, ringbuf::transport::shm::SEGMENT_MAGIC);
+        write_at(
+            &dup,
+            8,
+            u64::from(ringbuf::transport::shm::SEGMENT_VERSION) | 2 << 32,
+        );
+        // A geometry that points far past the mapping.
+        write_at(&dup, 16, u64::from(u32::MAX) | u64::from(u32::MAX) << 32);
+        let map = RingMap::open(fd);
+        let stats = SegmentStats.stats(&map.view());
+        // Ring 0's control block is at a fixed offset and readable; ring 1's
+        // lies beyond the mapping and is skipped.
+        assert!(stats.iter().all(|s| s.name.starts_with("c2s_")));
+        // Wrong magic: only what the daemon knows by itself.
+        let map = RingMap::open(memfd(8192, true));
+        let stats = SegmentStats.stats(&map.view());
+        assert_eq!(stats[0].name, "memfd_size");
     }
 
     #[test]

@@ -36,21 +36,62 @@ pub fn fetch(socket: &Path) -> Result<Vec<StatusEntry>, Error> {
     }
 }
 
+/// Bytes with a binary unit, short.
+fn human(v: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut x = v as f64;
+    let mut u = 0;
+    while x >= 1024.0 && u + 1 < UNITS.len() {
+        x /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{v}B")
+    } else {
+        format!("{x:.1}{}", UNITS[u])
+    }
+}
+
+/// The RING column: the ring id, then per direction the bytes, batches,
+/// occupancy (slots) and sleeps; any other counters as name=value. The
+/// full set is in `--json`.
 fn ring_text(e: &StatusEntry) -> String {
     let mut s = String::new();
     if let Some(id) = e.ring {
         let _ = write!(s, "#{id}");
     }
-    for st in &e.ring_stats {
-        if !s.is_empty() {
-            s.push(' ');
+    let get = |n: &str| {
+        e.ring_stats
+            .iter()
+            .find(|st| st.name == n)
+            .map(|st| st.value)
+    };
+    let mut shown = Vec::new();
+    for dir in ["c2s", "s2c"] {
+        let name = |k: &str| format!("{dir}_{k}");
+        if let Some(bytes) = get(&name("bytes")) {
+            let _ = write!(
+                s,
+                " {dir} {} b={} occ={} sl={}",
+                human(bytes),
+                get(&name("batches")).unwrap_or(0),
+                get(&name("occupancy")).unwrap_or(0),
+                get(&name("sleeps")).unwrap_or(0)
+            );
+            shown.extend(["bytes", "batches", "occupancy", "sleeps"].map(name));
         }
-        let _ = write!(s, "{}={}", st.name, st.value);
     }
+    for st in e.ring_stats.iter().filter(|st| {
+        !shown.contains(&st.name) && !st.name.starts_with("c2s_") && !st.name.starts_with("s2c_")
+    }) {
+        let _ = write!(s, " {}={}", st.name, st.value);
+    }
+    let s = s.trim_start().to_string();
     if s.is_empty() {
-        s.push('-');
+        "-".into()
+    } else {
+        s
     }
-    s
 }
 
 fn exe_name(exe: &str) -> &str {

@@ -38,6 +38,8 @@ const IDLE_TICKS: u32 = 100;
 /// A pending client asks the daemon after this long, then at this period.
 const COLLECT_AFTER_NS: u64 = 20_000_000;
 const COLLECT_EVERY_NS: u64 = 50_000_000;
+/// How often a process with listeners looks for a daemon that went away.
+const DAEMON_RETRY_NS: u64 = 1_000_000_000;
 /// Reports wait this long before they are sent: a connection opened and
 /// closed within it never costs the daemon anything (short-lived
 /// connections are the common case of a busy server, and status only
@@ -64,31 +66,33 @@ static COLLECT: PLock<Vec<u64>> = PLock::new(Vec::new(), Vec::new);
 /// Reports waiting to be sent, with the time they were queued.
 static REPORTS: PLock<VecDeque<(u64, Report)>> = PLock::new(VecDeque::new(), VecDeque::new);
 
-/// Futex word: bumped by every wake-up request.
+/// Bumped by every wake-up request (so a request made just before the
+/// thread parks is not lost).
 static WAKE: AtomicU32 = AtomicU32::new(0);
 /// The thread sleeps without a deadline (or a long one): a new batch must
 /// wake it. While it ticks (`FLUSH_NS`) writers never make a system call.
 static PARKED: AtomicBool = AtomicBool::new(false);
 /// The pid whose thread is running (a forked child has none).
 static THREAD_PID: AtomicI32 = AtomicI32::new(0);
+/// The eventfd the thread sleeps on (with the daemon session), -1 before
+/// the thread exists in this process.
+static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 
 fn wake() {
-    WAKE.fetch_add(1, Ordering::Release);
-    if PARKED.load(Ordering::Acquire) {
-        // SAFETY: futex wake on a static word.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                WAKE.as_ptr(),
-                libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
-                1,
-            )
-        };
+    WAKE.fetch_add(1, Ordering::SeqCst);
+    if PARKED.load(Ordering::SeqCst) {
+        let fd = WAKE_FD.load(Ordering::Acquire);
+        if fd >= 0 {
+            let one = 1u64;
+            // SAFETY: 8-byte write from a local to our eventfd.
+            unsafe { libc::syscall(libc::SYS_write, fd, &one as *const u64, 8) };
+        }
     }
 }
 
-/// Sleeps until `wake` or the timeout. `long` marks a sleep that writers
-/// must interrupt (see PARKED).
+/// Sleeps until `wake`, the timeout, or news on the daemon session (a
+/// reply sent ahead, or the daemon going away). `long` marks a sleep that
+/// writers must interrupt (see PARKED).
 fn park(seen: u32, timeout_ns: Option<u64>, long: bool) {
     let ts = timeout_ns.map(|ns| libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
@@ -97,22 +101,47 @@ fn park(seen: u32, timeout_ns: Option<u64>, long: bool) {
     let tsp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let efd = WAKE_FD.load(Ordering::Acquire);
+    let mut pfds = [
+        libc::pollfd {
+            fd: efd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: ctl::session_fd().unwrap_or(-1),
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        },
+    ];
     if long {
         PARKED.store(true, Ordering::SeqCst);
     }
     if WAKE.load(Ordering::SeqCst) == seen {
-        // SAFETY: futex wait on a static word with a valid or null timeout.
+        // SAFETY: two valid pollfds (a negative fd is ignored by the
+        // kernel) and a valid or null timeout.
         unsafe {
             libc::syscall(
-                libc::SYS_futex,
-                WAKE.as_ptr(),
-                libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
-                seen,
+                libc::SYS_ppoll,
+                pfds.as_mut_ptr(),
+                2,
                 tsp,
+                std::ptr::null::<libc::sigset_t>(),
+                8,
             )
         };
     }
     PARKED.store(false, Ordering::SeqCst);
+    if pfds[0].revents != 0 {
+        let mut v = 0u64;
+        // SAFETY: 8-byte read into a local from our non-blocking eventfd.
+        unsafe { libc::syscall(libc::SYS_read, efd, &mut v as *mut u64, 8) };
+    }
+    if pfds[1].revents != 0 {
+        // Replies sent ahead, or the daemon closed the session: either way
+        // `tend` reads what is there (and reconnects when it is gone).
+        ctl::tend();
+    }
 }
 
 fn ensure_thread() {
@@ -127,6 +156,21 @@ fn ensure_thread() {
     {
         return;
     }
+    // SAFETY: plain eventfd creation.
+    let efd = unsafe {
+        libc::syscall(
+            libc::SYS_eventfd2,
+            0,
+            libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
+        )
+    };
+    if efd >= 0 {
+        let old = WAKE_FD.swap(super::fdspace::high(efd as RawFd), Ordering::AcqRel);
+        if old >= 0 {
+            // The parent's, inherited through fork.
+            sys::close(old);
+        }
+    }
     let spawned = std::thread::Builder::new()
         .name("ringsock".into())
         .stack_size(256 * 1024)
@@ -136,6 +180,12 @@ fn ensure_thread() {
             "cannot start the ringsock thread ({e}); batches flush only when the program blocks"
         );
     }
+}
+
+/// Starts the thread now (a process with listeners must notice a daemon
+/// restart even while it has no connection).
+pub fn start() {
+    ensure_thread();
 }
 
 /// Queues `conn` for a timed flush.
@@ -481,7 +531,17 @@ fn run() {
         } else if let Some(wait) = report_wait {
             park(seen, Some(wait.max(FLUSH_NS)), false);
         } else {
-            park(seen, follow_up.then_some(COLLECT_AFTER_NS), true);
+            // Without a daemon session, a process with listeners looks for
+            // a (restarted) daemon every second to register them again.
+            let timeout = if ctl::wants_session() {
+                Some(DAEMON_RETRY_NS)
+            } else {
+                follow_up.then_some(COLLECT_AFTER_NS)
+            };
+            park(seen, timeout, true);
+            if ctl::wants_session() {
+                ctl::tend();
+            }
         }
     }
 }

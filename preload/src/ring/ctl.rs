@@ -228,6 +228,55 @@ pub fn call(msg: &Msg, fds: &[RawFd]) -> Result<(Msg, Fds), CtlError> {
     s.raw_call_fds(msg, fds)
 }
 
+/// The session's descriptor, for the background thread to watch.
+pub fn session_fd() -> Option<RawFd> {
+    let s = SESSION.lock();
+    if s.pid != process::pid() {
+        return None;
+    }
+    s.client.as_ref().map(|c| c.as_raw_fd())
+}
+
+/// Called when the session has news outside a call: reads replies sent
+/// ahead; a session the daemon closed is dropped and, if this process has
+/// listeners, reopened (the registrations are then made again) as soon as
+/// a daemon answers.
+pub fn tend() {
+    let mut s = SESSION.lock();
+    if s.pid != process::pid() {
+        return;
+    }
+    if let Some(c) = s.client.as_ref() {
+        let fd = c.as_raw_fd();
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN | libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        unsafe { libc::poll(&mut p, 1, 0) };
+        if p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0 {
+            let _ = s.lost("the daemon closed the session");
+        } else if p.revents & libc::POLLIN != 0 {
+            if s.owed > 0 {
+                let _ = s.settle_owed();
+            } else {
+                // The daemon never speaks unasked.
+                let _ = s.lost("unexpected data from the daemon");
+            }
+        }
+    }
+    if s.client.is_none() && !s.listeners.is_empty() {
+        let _ = s.client();
+    }
+}
+
+/// Whether this process would like to hear when a daemon is back.
+pub fn wants_session() -> bool {
+    let s = SESSION.lock();
+    s.pid == process::pid() && s.client.is_none() && !s.listeners.is_empty()
+}
+
 /// Registers listening socket `fd` bound to `addr`, now and after every
 /// reconnect. Quietly does nothing without a daemon (the registration is
 /// made when one appears).

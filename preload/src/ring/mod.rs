@@ -61,6 +61,7 @@ impl Attacher for ShmAttacher {
 
     fn listening(&self, fd: RawFd, addr: SocketAddr) {
         ctl::add_listener(fd, addr);
+        background::start();
     }
 
     fn listener_closed(&self, addr: SocketAddr) {

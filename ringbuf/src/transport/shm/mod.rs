@@ -5,7 +5,7 @@
 mod segment;
 
 #[cfg(not(loom))]
-pub use segment::{Segment, SegmentHeader, SEGMENT_MAGIC, SEGMENT_VERSION};
+pub use segment::{control_offset, Segment, SegmentHeader, SEGMENT_MAGIC, SEGMENT_VERSION};
 
 use super::{PeerWord, Transport, Visibility};
 use crate::error::RingError;

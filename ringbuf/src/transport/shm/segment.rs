@@ -74,6 +74,17 @@ fn ring_stride(slots: u32, slot_size: u32) -> usize {
     CONTROL_BYTES + (slots as usize * slot_size as usize).next_multiple_of(PAGE)
 }
 
+/// Byte offset of ring `i`'s control block in a segment of this geometry
+/// (for readers that map the segment themselves, like `ringsock-ctl`).
+/// None if a hostile geometry makes it overflow.
+pub fn control_offset(i: u32, slots: u32, slot_size: u32) -> Option<usize> {
+    let data = (slots as usize)
+        .checked_mul(slot_size as usize)?
+        .checked_next_multiple_of(PAGE)?;
+    let stride = CONTROL_BYTES.checked_add(data)?;
+    PAGE.checked_add((i as usize).checked_mul(stride)?)
+}
+
 fn segment_len(rings: u32, slots: u32, slot_size: u32) -> usize {
     PAGE + rings as usize * ring_stride(slots, slot_size)
 }
