@@ -58,11 +58,11 @@ impl Client {
     }
 
     /// Sends a request with its descriptors and waits for the reply.
-    /// A reply of a request kind means a confused peer and is an error.
+    /// Anything but a reply kind means a confused peer and is an error.
     pub fn call(&mut self, msg: &Msg, fds: &[RawFd]) -> Result<(Msg, Fds), Error> {
         send_msg(self.sock.as_raw_fd(), msg, fds)?;
         let (reply, rfds) = recv_msg(self.sock.as_raw_fd(), &mut self.buf)?;
-        if reply.is_request() {
+        if !reply.is_reply() {
             return Err(Error::Proto(crate::ProtoError::UnknownKind {
                 kind: reply.kind(),
             }));

@@ -4,6 +4,10 @@
 //! order, so a client never has to match replies to requests. Requests use
 //! kinds `0x0001..`, replies `0x8001..`; a daemon that receives a reply kind
 //! (or a process that receives a request kind) is talking to a confused peer.
+//!
+//! Between hosts, ctl daemons speak the same framing over TCP with their own
+//! kinds (`0x4001..` from the connecting ctl, `0xc001..` from the accepting
+//! one, see [`kind::PEER_BIT`]); those never appear on the local socket.
 
 use std::net::SocketAddr;
 
@@ -308,6 +312,49 @@ pub enum Msg {
         entries: Vec<StatusEntry>,
         next: Option<StatusCursor>,
     },
+
+    // ---- ctl to ctl over TCP: from the connecting (offering) host ----
+    /// An offer for a server on the accepting host. `offer_ref` is the
+    /// origin's offer id; every later message about it carries it. The
+    /// accepting ctl registers it only if `client`'s IP is the source
+    /// address of the TCP connection that carried it.
+    RemoteOffer {
+        offer_ref: u64,
+        client: SocketAddr,
+        server: SocketAddr,
+        payload: Vec<u8>,
+    },
+    /// The offering process withdrew (or its session ended, or it expired).
+    RemoteCancel {
+        offer_ref: u64,
+    },
+
+    // ---- ctl to ctl over TCP: from the accepting (server) host ----
+    /// Registered; unclaimed it expires in `expires_ms`.
+    RemoteOfferOk {
+        offer_ref: u64,
+        expires_ms: u32,
+    },
+    RemoteRefused {
+        offer_ref: u64,
+        reason: RefuseReason,
+    },
+    /// Claimed by the server process; unanswered it expires in `expires_ms`.
+    RemoteClaimed {
+        offer_ref: u64,
+        expires_ms: u32,
+    },
+    RemoteAnswer {
+        offer_ref: u64,
+        payload: Vec<u8>,
+    },
+    RemoteDecline {
+        offer_ref: u64,
+        reason: String,
+    },
+    RemoteExpired {
+        offer_ref: u64,
+    },
 }
 
 /// Wire numbers of message kinds.
@@ -338,8 +385,21 @@ pub mod kind {
     pub const EXPIRED: u16 = 0x800b;
     pub const STATUS_REPLY: u16 = 0x800c;
 
+    pub const REMOTE_OFFER: u16 = 0x4001;
+    pub const REMOTE_CANCEL: u16 = 0x4002;
+
+    pub const REMOTE_OFFER_OK: u16 = 0xc001;
+    pub const REMOTE_REFUSED: u16 = 0xc002;
+    pub const REMOTE_CLAIMED: u16 = 0xc003;
+    pub const REMOTE_ANSWER: u16 = 0xc004;
+    pub const REMOTE_DECLINE: u16 = 0xc005;
+    pub const REMOTE_EXPIRED: u16 = 0xc006;
+
     /// Replies have the high bit set.
     pub const REPLY_BIT: u16 = 0x8000;
+    /// ctl-to-ctl messages (TCP between hosts) have this bit set; with the
+    /// reply bit they travel from the accepting ctl to the connecting one.
+    pub const PEER_BIT: u16 = 0x4000;
 }
 
 impl Msg {
@@ -371,6 +431,14 @@ impl Msg {
             Msg::Declined { .. } => DECLINED,
             Msg::Expired => EXPIRED,
             Msg::StatusReply { .. } => STATUS_REPLY,
+            Msg::RemoteOffer { .. } => REMOTE_OFFER,
+            Msg::RemoteCancel { .. } => REMOTE_CANCEL,
+            Msg::RemoteOfferOk { .. } => REMOTE_OFFER_OK,
+            Msg::RemoteRefused { .. } => REMOTE_REFUSED,
+            Msg::RemoteClaimed { .. } => REMOTE_CLAIMED,
+            Msg::RemoteAnswer { .. } => REMOTE_ANSWER,
+            Msg::RemoteDecline { .. } => REMOTE_DECLINE,
+            Msg::RemoteExpired { .. } => REMOTE_EXPIRED,
         }
     }
 
@@ -381,7 +449,23 @@ impl Msg {
 
     /// True for messages a process sends to the daemon.
     pub fn is_request(&self) -> bool {
-        self.kind() & kind::REPLY_BIT == 0
+        self.kind() & (kind::REPLY_BIT | kind::PEER_BIT) == 0
+    }
+
+    /// True for messages the daemon sends to a process.
+    pub fn is_reply(&self) -> bool {
+        self.kind() & (kind::REPLY_BIT | kind::PEER_BIT) == kind::REPLY_BIT
+    }
+
+    /// True for ctl-to-ctl messages (TCP between hosts).
+    pub fn is_peer(&self) -> bool {
+        self.kind() & kind::PEER_BIT != 0
+    }
+
+    /// True for ctl-to-ctl messages the connecting ctl sends (the accepting
+    /// one sends the others).
+    pub fn is_peer_request(&self) -> bool {
+        self.kind() & (kind::REPLY_BIT | kind::PEER_BIT) == kind::PEER_BIT
     }
 
     /// How many descriptors this kind of message must carry (inclusive).
@@ -491,6 +575,41 @@ impl Msg {
                 }
                 encode_cursor(e, next);
             }
+            Msg::RemoteOffer {
+                offer_ref,
+                client,
+                server,
+                payload,
+            } => {
+                e.u64(*offer_ref);
+                e.addr(client);
+                e.addr(server);
+                e.bytes("payload", payload, MAX_PAYLOAD)?;
+            }
+            Msg::RemoteCancel { offer_ref } | Msg::RemoteExpired { offer_ref } => e.u64(*offer_ref),
+            Msg::RemoteOfferOk {
+                offer_ref,
+                expires_ms,
+            }
+            | Msg::RemoteClaimed {
+                offer_ref,
+                expires_ms,
+            } => {
+                e.u64(*offer_ref);
+                e.u32(*expires_ms);
+            }
+            Msg::RemoteRefused { offer_ref, reason } => {
+                e.u64(*offer_ref);
+                e.u8(reason.code());
+            }
+            Msg::RemoteAnswer { offer_ref, payload } => {
+                e.u64(*offer_ref);
+                e.bytes("payload", payload, MAX_PAYLOAD)?;
+            }
+            Msg::RemoteDecline { offer_ref, reason } => {
+                e.u64(*offer_ref);
+                e.string("reason", reason, MAX_REASON)?;
+            }
         }
         Ok(())
     }
@@ -586,6 +705,38 @@ impl Msg {
                     next: decode_cursor(&mut d)?,
                 }
             }
+            kind::REMOTE_OFFER => Msg::RemoteOffer {
+                offer_ref: d.u64("offer_ref")?,
+                client: d.addr("client")?,
+                server: d.addr("server")?,
+                payload: d.byte_vec("payload", MAX_PAYLOAD)?,
+            },
+            kind::REMOTE_CANCEL => Msg::RemoteCancel {
+                offer_ref: d.u64("offer_ref")?,
+            },
+            kind::REMOTE_OFFER_OK => Msg::RemoteOfferOk {
+                offer_ref: d.u64("offer_ref")?,
+                expires_ms: d.u32("expires_ms")?,
+            },
+            kind::REMOTE_REFUSED => Msg::RemoteRefused {
+                offer_ref: d.u64("offer_ref")?,
+                reason: RefuseReason::from_code(d.u8("reason")?)?,
+            },
+            kind::REMOTE_CLAIMED => Msg::RemoteClaimed {
+                offer_ref: d.u64("offer_ref")?,
+                expires_ms: d.u32("expires_ms")?,
+            },
+            kind::REMOTE_ANSWER => Msg::RemoteAnswer {
+                offer_ref: d.u64("offer_ref")?,
+                payload: d.byte_vec("payload", MAX_PAYLOAD)?,
+            },
+            kind::REMOTE_DECLINE => Msg::RemoteDecline {
+                offer_ref: d.u64("offer_ref")?,
+                reason: d.string("reason", MAX_REASON)?,
+            },
+            kind::REMOTE_EXPIRED => Msg::RemoteExpired {
+                offer_ref: d.u64("offer_ref")?,
+            },
             other => return Err(ProtoError::UnknownKind { kind: other }),
         };
         d.finish(msg.name())?;
@@ -621,6 +772,14 @@ pub fn kind_name(k: u16) -> &'static str {
         DECLINED => "Declined",
         EXPIRED => "Expired",
         STATUS_REPLY => "StatusReply",
+        REMOTE_OFFER => "RemoteOffer",
+        REMOTE_CANCEL => "RemoteCancel",
+        REMOTE_OFFER_OK => "RemoteOfferOk",
+        REMOTE_REFUSED => "RemoteRefused",
+        REMOTE_CLAIMED => "RemoteClaimed",
+        REMOTE_ANSWER => "RemoteAnswer",
+        REMOTE_DECLINE => "RemoteDecline",
+        REMOTE_EXPIRED => "RemoteExpired",
         _ => "unknown",
     }
 }

@@ -153,8 +153,43 @@ fn reply() -> impl Strategy<Value = Msg> {
     ]
 }
 
+fn peer() -> impl Strategy<Value = Msg> {
+    let refuse = prop_oneof![
+        Just(RefuseReason::NoListener),
+        Just(RefuseReason::Duplicate),
+        Just(RefuseReason::TooMany),
+        Just(RefuseReason::Invalid),
+    ];
+    prop_oneof![
+        (any::<u64>(), addr(), addr(), bytes(MAX_PAYLOAD)).prop_map(
+            |(offer_ref, client, server, payload)| Msg::RemoteOffer {
+                offer_ref,
+                client,
+                server,
+                payload
+            }
+        ),
+        any::<u64>().prop_map(|offer_ref| Msg::RemoteCancel { offer_ref }),
+        (any::<u64>(), any::<u32>()).prop_map(|(offer_ref, expires_ms)| Msg::RemoteOfferOk {
+            offer_ref,
+            expires_ms
+        }),
+        (any::<u64>(), refuse)
+            .prop_map(|(offer_ref, reason)| Msg::RemoteRefused { offer_ref, reason }),
+        (any::<u64>(), any::<u32>()).prop_map(|(offer_ref, expires_ms)| Msg::RemoteClaimed {
+            offer_ref,
+            expires_ms
+        }),
+        (any::<u64>(), bytes(MAX_PAYLOAD))
+            .prop_map(|(offer_ref, payload)| Msg::RemoteAnswer { offer_ref, payload }),
+        (any::<u64>(), text(MAX_REASON))
+            .prop_map(|(offer_ref, reason)| Msg::RemoteDecline { offer_ref, reason }),
+        any::<u64>().prop_map(|offer_ref| Msg::RemoteExpired { offer_ref }),
+    ]
+}
+
 fn message() -> impl Strategy<Value = Msg> {
-    prop_oneof![request(), reply()]
+    prop_oneof![request(), reply(), peer()]
 }
 
 proptest! {
@@ -168,8 +203,8 @@ proptest! {
 
     /// Arbitrary bodies behind a valid header reach every body decoder.
     #[test]
-    fn decode_arbitrary_bodies_never_panics(kind_no in 0u16..0x10, reply_bit in any::<bool>(), body in bytes(600)) {
-        let kind_no = kind_no | if reply_bit { 0x8000 } else { 0 };
+    fn decode_arbitrary_bodies_never_panics(kind_no in 0u16..0x10, reply_bit in any::<bool>(), peer_bit in any::<bool>(), body in bytes(600)) {
+        let kind_no = kind_no | if reply_bit { 0x8000 } else { 0 } | if peer_bit { 0x4000 } else { 0 };
         let mut f = Vec::new();
         f.extend_from_slice(&((body.len() + 4) as u32).to_le_bytes());
         f.extend_from_slice(&PROTO_VERSION.to_le_bytes());

@@ -102,6 +102,34 @@ fn examples() -> Vec<Msg> {
             entries: vec![entry(1), entry(2)],
             next: Some(StatusCursor { session: 2, fd: 7 }),
         },
+        Msg::RemoteOffer {
+            offer_ref: 5,
+            client: a("10.0.0.1:50000"),
+            server: a("10.0.0.2:80"),
+            payload: b"qpn".to_vec(),
+        },
+        Msg::RemoteCancel { offer_ref: 5 },
+        Msg::RemoteOfferOk {
+            offer_ref: 5,
+            expires_ms: 10_000,
+        },
+        Msg::RemoteRefused {
+            offer_ref: 6,
+            reason: RefuseReason::Duplicate,
+        },
+        Msg::RemoteClaimed {
+            offer_ref: 5,
+            expires_ms: 9_000,
+        },
+        Msg::RemoteAnswer {
+            offer_ref: 5,
+            payload: vec![7; MAX_PAYLOAD],
+        },
+        Msg::RemoteDecline {
+            offer_ref: 7,
+            reason: "no device".into(),
+        },
+        Msg::RemoteExpired { offer_ref: 8 },
     ]
 }
 
@@ -114,8 +142,8 @@ fn every_kind_round_trips() {
         assert_ne!(kind_name(m.kind()), "unknown");
         kinds.insert(m.kind());
     }
-    // 12 requests + 12 replies: the list above misses none.
-    assert_eq!(kinds.len(), 24);
+    // 12 requests + 12 replies + 8 ctl-to-ctl: the list above misses none.
+    assert_eq!(kinds.len(), 32);
 }
 
 #[test]
@@ -131,10 +159,21 @@ fn every_truncation_is_an_error_never_a_panic() {
 #[test]
 fn request_and_reply_classes() {
     for m in examples() {
-        assert_eq!(m.is_request(), m.kind() & kind::REPLY_BIT == 0);
+        let peer = m.kind() & kind::PEER_BIT != 0;
+        assert_eq!(m.is_peer(), peer);
+        assert_eq!(m.is_request(), !peer && m.kind() & kind::REPLY_BIT == 0);
+        assert_eq!(m.is_reply(), !peer && m.kind() & kind::REPLY_BIT != 0);
+        assert_eq!(m.is_peer_request(), peer && m.kind() & kind::REPLY_BIT == 0);
+        if peer {
+            assert_eq!(m.fd_range(), (0, 0), "{}", m.name());
+        }
     }
     assert!(Msg::Claim.is_request());
     assert!(!Msg::NoOffer.is_request());
+    assert!(Msg::NoOffer.is_reply());
+    assert!(!Msg::RemoteCancel { offer_ref: 1 }.is_request());
+    assert!(Msg::RemoteCancel { offer_ref: 1 }.is_peer_request());
+    assert!(!Msg::RemoteExpired { offer_ref: 1 }.is_reply());
 }
 
 #[test]
