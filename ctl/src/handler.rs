@@ -4,7 +4,7 @@
 //! can drive it with fake descriptors.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
 use log::debug;
@@ -16,7 +16,8 @@ use ringsock_proto::{
 };
 
 use crate::registry::{
-    offer_key, Cred, Limits, ListenerKey, NewOffer, Outcome, RegError, Registry, Report, SessionId,
+    offer_key, Cred, Limits, ListenerKey, NewOffer, OfferId, Outcome, PeerEvent, RegError,
+    Registry, Report, SessionId,
 };
 
 #[cfg(test)]
@@ -54,6 +55,23 @@ pub trait Env {
     fn open_ring(&mut self, fd: Self::Fd) -> Self::Ring;
     /// Counters of a ring for status.
     fn ring_stats(&self, ring: &Self::Ring) -> Vec<RingStat>;
+    /// Whether `ip` is an address of this host (offers for other hosts are
+    /// forwarded to the ctl there). Fakes keep everything local.
+    fn is_local_ip(&mut self, _ip: IpAddr) -> bool {
+        true
+    }
+}
+
+/// An offer for a server on another host: registered here as `offer_id`,
+/// to be sent to the ctl of `server`'s host. Until that ctl answers, the
+/// offering session's reply waits (the reply's `msg` is what it gets if the
+/// other host cannot be asked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forward {
+    pub offer_id: OfferId,
+    pub client: SocketAddr,
+    pub server: SocketAddr,
+    pub payload: Vec<u8>,
 }
 
 /// A reply and the descriptors that travel with it.
@@ -61,13 +79,21 @@ pub trait Env {
 pub struct Reply<F> {
     pub msg: Msg,
     pub fds: Vec<F>,
+    /// Set for an offer to another host: the reply is deferred (see
+    /// [`Forward`]).
+    pub forward: Option<Forward>,
 }
 
 impl<F> Reply<F> {
     fn plain(msg: Msg) -> Self {
+        Reply::with_fds(msg, Vec::new())
+    }
+
+    fn with_fds(msg: Msg, fds: Vec<F>) -> Self {
         Reply {
             msg,
-            fds: Vec::new(),
+            fds,
+            forward: None,
         }
     }
 }
@@ -81,6 +107,8 @@ pub enum Fault {
     NotARequest(&'static str),
     /// A request before Hello.
     NoHello(&'static str),
+    /// A ctl-to-ctl message this end of the connection does not take.
+    OutOfProtocol(&'static str),
 }
 
 impl fmt::Display for Fault {
@@ -89,6 +117,7 @@ impl fmt::Display for Fault {
             Fault::Proto(e) => write!(f, "malformed message: {e}"),
             Fault::NotARequest(k) => write!(f, "sent reply kind {k} to the daemon"),
             Fault::NoHello(k) => write!(f, "sent {k} before Hello"),
+            Fault::OutOfProtocol(k) => write!(f, "sent {k}, which this side does not accept"),
         }
     }
 }
@@ -137,6 +166,20 @@ impl<E: Env> Handler<E> {
 
     pub fn registry(&self) -> &Registry<E::Fd, E::Ring> {
         &self.reg
+    }
+
+    pub fn registry_mut(&mut self) -> &mut Registry<E::Fd, E::Ring> {
+        &mut self.reg
+    }
+
+    /// The offer timeout (what remote offers are told they have).
+    pub fn offer_timeout(&self) -> std::time::Duration {
+        self.reg.limits().offer_timeout
+    }
+
+    /// What other hosts must hear about since the last call.
+    pub fn take_peer_events(&mut self, now: Instant) -> Vec<PeerEvent<E::Fd>> {
+        self.reg.take_events(now)
     }
 
     pub fn open_session(&mut self, id: SessionId, cred: Cred) {
@@ -213,31 +256,38 @@ impl<E: Env> Handler<E> {
                     payload,
                     fds: fds.collect(),
                 };
-                Reply::plain(match proof {
+                match proof {
                     Some(p) => self.offer(id, new, p, now),
-                    None => Msg::OfferRefused {
+                    None => Reply::plain(Msg::OfferRefused {
                         reason: RefuseReason::Invalid,
-                    },
-                })
+                    }),
+                }
             }
             Msg::Claim => match fds.next() {
                 Some(proof) => self.claim(id, proof, now),
                 None => Reply::plain(Msg::NoOffer),
             },
-            Msg::Answer { offer_id, payload } => ok_or(
-                self.reg.answer(id, offer_id, payload, fds.collect(), now),
-                format_args!("offer {offer_id}"),
-            ),
+            Msg::Answer { offer_id, payload } => {
+                if fds.len() > 0 && self.reg.is_from_peer(offer_id) {
+                    return Ok(error(
+                        ErrorCode::BadRequest,
+                        format_args!("offer {offer_id} is from another host: descriptors cannot cross hosts"),
+                    ));
+                }
+                ok_or(
+                    self.reg.answer(id, offer_id, payload, fds.collect(), now),
+                    format_args!("offer {offer_id}"),
+                )
+            }
             Msg::Decline { offer_id, reason } => ok_or(
                 self.reg.decline(id, offer_id, reason, now),
                 format_args!("offer {offer_id}"),
             ),
             Msg::Collect { offer_id } => match self.reg.collect(id, offer_id) {
                 Ok(Outcome::Pending) => Reply::plain(Msg::Pending),
-                Ok(Outcome::Answered { payload, fds }) => Reply {
-                    msg: Msg::Answered { payload },
-                    fds,
-                },
+                Ok(Outcome::Answered { payload, fds }) => {
+                    Reply::with_fds(Msg::Answered { payload }, fds)
+                }
                 Ok(Outcome::Declined { reason }) => Reply::plain(Msg::Declined { reason }),
                 Ok(Outcome::Expired) => Reply::plain(Msg::Expired),
                 Err(e) => reg_error(e, format_args!("offer {offer_id}")),
@@ -302,21 +352,120 @@ impl<E: Env> Handler<E> {
         }
     }
 
-    /// Checks the client-socket proof, then registers the offer.
-    fn offer(&mut self, id: SessionId, new: NewOffer<E::Fd>, proof: E::Fd, now: Instant) -> Msg {
+    /// Checks the client-socket proof, then registers the offer (or, for a
+    /// server on another host, registers it and asks for it to be
+    /// forwarded).
+    fn offer(
+        &mut self,
+        id: SessionId,
+        new: NewOffer<E::Fd>,
+        proof: E::Fd,
+        now: Instant,
+    ) -> Reply<E::Fd> {
+        let refused = |reason| Reply::plain(Msg::OfferRefused { reason });
         let (client, server) = (new.client, new.server);
         let checked = self.env.client(&proof);
         // The daemon must not keep the client's socket alive.
         drop(proof);
         if let Err(why) = check_offer(client, server, checked) {
             debug!("session {id}: offer {client} -> {server} refused: {why}");
-            return Msg::OfferRefused {
-                reason: RefuseReason::Invalid,
+            return refused(RefuseReason::Invalid);
+        }
+        let server_ip = canonical(server).ip();
+        if server_ip.is_loopback() || self.env.is_local_ip(server_ip) {
+            return match self.reg.offer(id, new, now) {
+                Ok(offer_id) => Reply::plain(Msg::OfferOk { offer_id }),
+                Err(reason) => refused(reason),
             };
         }
-        match self.reg.offer(id, new, now) {
-            Ok(offer_id) => Msg::OfferOk { offer_id },
-            Err(reason) => Msg::OfferRefused { reason },
+        // Another host: only the payload can travel, not descriptors.
+        if !new.fds.is_empty() {
+            debug!(
+                "session {id}: offer {client} -> {server} refused: {} descriptors for a remote host",
+                new.fds.len()
+            );
+            return refused(RefuseReason::Invalid);
+        }
+        let NewOffer { payload, .. } = new;
+        let registered = NewOffer {
+            client,
+            server,
+            payload: Vec::new(),
+            fds: Vec::new(),
+        };
+        match self.reg.offer_forwarded(id, registered, now) {
+            Ok(offer_id) => Reply {
+                msg: Msg::OfferRefused {
+                    reason: RefuseReason::NoListener,
+                },
+                fds: Vec::new(),
+                forward: Some(Forward {
+                    offer_id,
+                    client,
+                    server,
+                    payload,
+                }),
+            },
+            Err(reason) => refused(reason),
+        }
+    }
+
+    /// A request from the ctl of another host on a connection it opened to
+    /// us (`source`: its address). Returns the reply to send back, if any;
+    /// a fault closes that connection.
+    pub fn peer_request(
+        &mut self,
+        peer: SessionId,
+        source: IpAddr,
+        msg: Msg,
+        now: Instant,
+    ) -> Result<Option<Msg>, Fault> {
+        match msg {
+            Msg::RemoteOffer {
+                offer_ref,
+                client,
+                server,
+                payload,
+            } => {
+                let refused = |reason| {
+                    Ok(Some(Msg::RemoteRefused { offer_ref, reason }))
+                };
+                // DESIGN: an offer is only for a client address equal to the
+                // source of the ctl connection that carried it.
+                let source = canonical(SocketAddr::new(source, 0)).ip();
+                let (c, s) = (canonical(client), canonical(server));
+                if c.ip() != source {
+                    debug!("peer {peer}: offer {client} -> {server} refused: not from {source}");
+                    return refused(RefuseReason::Invalid);
+                }
+                if c.port() == 0 || s.port() == 0 || c.is_ipv4() != s.is_ipv4() {
+                    return refused(RefuseReason::Invalid);
+                }
+                // Our loopback cannot be reached from another host.
+                if s.ip().is_loopback() || !self.env.is_local_ip(s.ip()) {
+                    return refused(RefuseReason::NoListener);
+                }
+                let new = NewOffer {
+                    client: c,
+                    server: s,
+                    payload,
+                    fds: Vec::new(),
+                };
+                Ok(Some(
+                    match self.reg.offer_from_peer(peer, offer_ref, new, now) {
+                        Ok(_) => Msg::RemoteOfferOk {
+                            offer_ref,
+                            expires_ms: millis(self.offer_timeout()),
+                        },
+                        Err(reason) => Msg::RemoteRefused { offer_ref, reason },
+                    },
+                ))
+            }
+            Msg::RemoteCancel { offer_ref } => {
+                self.reg.cancel_from_peer(peer, offer_ref);
+                Ok(None)
+            }
+            other => Err(Fault::OutOfProtocol(other.name())),
         }
     }
 
@@ -328,14 +477,14 @@ impl<E: Env> Handler<E> {
             Err(why) => return error(ErrorCode::BadProof, why),
         };
         match self.reg.claim(id, local, peer, now) {
-            Some(c) => Reply {
-                msg: Msg::ClaimOk {
+            Some(c) => Reply::with_fds(
+                Msg::ClaimOk {
                     offer_id: c.offer_id,
                     client_pid: c.client_pid,
                     payload: c.payload,
                 },
-                fds: c.fds,
-            },
+                c.fds,
+            ),
             None => Reply::plain(Msg::NoOffer),
         }
     }
@@ -392,6 +541,11 @@ fn check_offer(
         Some(peer) if canonical(peer) != s => Err(format!("socket is connected to {peer}")),
         _ => Ok(()),
     }
+}
+
+/// A duration in whole milliseconds for the wire (saturating).
+pub fn millis(d: std::time::Duration) -> u32 {
+    d.as_millis().min(u128::from(u32::MAX)) as u32
 }
 
 /// Stats from a provider, cut to what a status entry can carry: a

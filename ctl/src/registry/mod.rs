@@ -18,7 +18,9 @@ use ringsock_proto::addr::canonical;
 use ringsock_proto::{RefuseReason, StatusCursor, Transport};
 
 pub use listeners::{ListenerKey, ListenerTable};
-pub use offers::{Claimed, NewOffer, OfferId, OfferState, OfferTable, Outcome, CLAIMER_GONE};
+pub use offers::{
+    Claimed, Link, NewOffer, OfferId, OfferState, OfferTable, Outcome, TableEvent, CLAIMER_GONE,
+};
 
 /// Daemon-local number of a control connection.
 pub type SessionId = u64;
@@ -72,6 +74,8 @@ pub struct Report<R> {
 
 #[derive(Debug)]
 struct Session<R> {
+    /// A ctl-to-ctl TCP connection rather than a local process.
+    peer: bool,
     cred: Cred,
     /// Set by Hello; a session without it may only say Hello.
     hello: Option<Hello>,
@@ -120,6 +124,27 @@ pub fn offer_key(client: SocketAddr, server: SocketAddr) -> (SocketAddr, SocketA
     (c, s)
 }
 
+/// What another host must be told (drained with [`Registry::take_events`]).
+#[derive(Debug)]
+pub enum PeerEvent<F> {
+    /// On the server's host: an offer from `peer`'s host was claimed.
+    Claimed {
+        peer: SessionId,
+        offer_ref: u64,
+        expires: Duration,
+    },
+    /// On the server's host: an offer from `peer`'s host is final; it is
+    /// forgotten here (the offering host keeps the outcome for Collect).
+    Settled {
+        peer: SessionId,
+        offer_ref: u64,
+        outcome: Outcome<F>,
+    },
+    /// On the offering host: a live forwarded offer was cancelled, its
+    /// session ended, or it expired here.
+    Withdrawn { offer: OfferId },
+}
+
 /// A status row as the registry sees it.
 pub struct Row<'a, R> {
     pub session: SessionId,
@@ -161,12 +186,36 @@ impl<F, R> Registry<F, R> {
         self.sessions.insert(
             id,
             Session {
+                peer: false,
                 cred,
                 hello: None,
                 listeners: HashMap::new(),
                 reports: BTreeMap::new(),
             },
         );
+    }
+
+    /// A ctl-to-ctl connection: it owns the offers it carries, never says
+    /// Hello, and shows no reports.
+    pub fn open_peer_session(&mut self, id: SessionId) {
+        self.sessions.insert(
+            id,
+            Session {
+                peer: true,
+                cred: Cred {
+                    pid: 0,
+                    uid: 0,
+                    gid: 0,
+                },
+                hello: None,
+                listeners: HashMap::new(),
+                reports: BTreeMap::new(),
+            },
+        );
+    }
+
+    pub fn is_peer_session(&self, id: SessionId) -> bool {
+        self.sessions.get(&id).is_some_and(|s| s.peer)
     }
 
     /// Records Hello (again, if repeated: the exe may change after exec).
@@ -177,7 +226,9 @@ impl<F, R> Registry<F, R> {
     }
 
     pub fn has_said_hello(&self, id: SessionId) -> bool {
-        self.sessions.get(&id).is_some_and(|s| s.hello.is_some())
+        self.sessions
+            .get(&id)
+            .is_some_and(|s| s.hello.is_some() && !s.peer)
     }
 
     /// The pid to show for a session: SO_PEERCRED's, unless the kernel
@@ -261,11 +312,56 @@ impl<F, R> Registry<F, R> {
         new: NewOffer<F>,
         now: Instant,
     ) -> Result<OfferId, RefuseReason> {
-        if !self.sessions.contains_key(&id) {
+        match self.sessions.get(&id) {
+            Some(s) if !s.peer => self.register(id, new, Link::Local, now),
+            _ => Err(RefuseReason::Invalid),
+        }
+    }
+
+    /// An offer from another host, carried by the ctl-to-ctl session
+    /// `peer` (which checked its client address against the connection's
+    /// source); same checks as a local offer.
+    pub fn offer_from_peer(
+        &mut self,
+        peer: SessionId,
+        offer_ref: u64,
+        new: NewOffer<F>,
+        now: Instant,
+    ) -> Result<OfferId, RefuseReason> {
+        if !self.is_peer_session(peer) {
             return Err(RefuseReason::Invalid);
         }
+        if self.offers.by_ref(peer, offer_ref).is_some() {
+            return Err(RefuseReason::Duplicate);
+        }
+        self.register(peer, new, Link::FromPeer { offer_ref }, now)
+    }
+
+    /// An offer for a server on another host, registered here (duplicates,
+    /// limits, Collect and Cancel work as for local ones) while the ctl
+    /// there is asked; the caller drops it with [`Registry::cancel`]-like
+    /// [`Registry::drop_forwarded`] if that fails.
+    pub fn offer_forwarded(
+        &mut self,
+        id: SessionId,
+        new: NewOffer<F>,
+        now: Instant,
+    ) -> Result<OfferId, RefuseReason> {
+        match self.sessions.get(&id) {
+            Some(s) if !s.peer => self.register(id, new, Link::Forwarded, now),
+            _ => Err(RefuseReason::Invalid),
+        }
+    }
+
+    fn register(
+        &mut self,
+        id: SessionId,
+        new: NewOffer<F>,
+        link: Link,
+        now: Instant,
+    ) -> Result<OfferId, RefuseReason> {
         let (client, server) = offer_key(new.client, new.server);
-        if !self.listeners.matches(server) {
+        if link != Link::Forwarded && !self.listeners.matches(server) {
             return Err(RefuseReason::NoListener);
         }
         if self.offers.has_live_tuple(client, server) {
@@ -282,7 +378,101 @@ impl<F, R> Registry<F, R> {
             server,
             ..new
         };
-        Ok(self.offers.insert(id, pid, new, now))
+        Ok(self.offers.insert(id, pid, new, link, now))
+    }
+
+    /// Whether an offer came from another host (its answer cannot carry
+    /// descriptors).
+    pub fn is_from_peer(&self, offer: OfferId) -> bool {
+        self.offers
+            .get(offer)
+            .is_some_and(|o| matches!(o.link, Link::FromPeer { .. }))
+    }
+
+    /// The `FromPeer` offer `peer` knows as `offer_ref`.
+    pub fn peer_offer(&self, peer: SessionId, offer_ref: u64) -> Option<OfferId> {
+        self.offers.by_ref(peer, offer_ref)
+    }
+
+    /// The offering host withdrew an offer it had sent us.
+    pub fn cancel_from_peer(&mut self, peer: SessionId, offer_ref: u64) -> bool {
+        match self.offers.by_ref(peer, offer_ref) {
+            Some(id) => self.offers.remove(id).is_some(),
+            None => false,
+        }
+    }
+
+    /// A forwarded offer whose remote registration failed: forgotten.
+    pub fn drop_forwarded(&mut self, offer: OfferId) {
+        if self.forwarded_live(offer) {
+            self.offers.remove(offer);
+        }
+    }
+
+    fn forwarded_live(&self, offer: OfferId) -> bool {
+        self.offers
+            .get(offer)
+            .is_some_and(|o| o.link == Link::Forwarded && o.state.is_live_state())
+    }
+
+    /// The remote ctl registered (or its server claimed) a forwarded offer
+    /// and will decide within `remote`: the offer lives here that long plus
+    /// `grace`, so the remote decision always arrives first.
+    pub fn forwarded_extend(&mut self, offer: OfferId, remote: Duration, now: Instant) {
+        if self.forwarded_live(offer) {
+            let grace = self.limits.offer_timeout.min(Duration::from_secs(5));
+            self.offers.extend(offer, now + remote + grace);
+        }
+    }
+
+    /// The remote ctl's final word on a forwarded offer (kept here for the
+    /// offering process's Collect). False if the offer is no longer live.
+    pub fn forwarded_settle(&mut self, offer: OfferId, state: OfferState<F>, now: Instant) -> bool {
+        if !self.forwarded_live(offer) {
+            return false;
+        }
+        self.offers.settle(offer, state, now);
+        true
+    }
+
+    /// Transitions other hosts must hear about, in order.
+    pub fn take_events(&mut self, now: Instant) -> Vec<PeerEvent<F>> {
+        let mut out = Vec::new();
+        for ev in self.offers.take_events() {
+            match ev {
+                TableEvent::Withdrawn(offer) => out.push(PeerEvent::Withdrawn { offer }),
+                TableEvent::Claimed(id) => {
+                    if let Some(o) = self.offers.get(id) {
+                        if let (Link::FromPeer { offer_ref }, OfferState::Claimed { .. }) =
+                            (o.link, &o.state)
+                        {
+                            out.push(PeerEvent::Claimed {
+                                peer: o.owner,
+                                offer_ref,
+                                expires: self.offers.deadline_of(id).saturating_duration_since(now),
+                            });
+                        }
+                    }
+                }
+                TableEvent::Settled(id) => {
+                    let Some((peer, Link::FromPeer { offer_ref })) =
+                        self.offers.get(id).map(|o| (o.owner, o.link))
+                    else {
+                        continue;
+                    };
+                    if let Some(outcome) = self.offers.take_outcome(id) {
+                        if !matches!(outcome, Outcome::Pending) {
+                            out.push(PeerEvent::Settled {
+                                peer,
+                                offer_ref,
+                                outcome,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// Claim by the session holding the accepted socket whose addresses are
@@ -357,8 +547,19 @@ impl<F, R> Registry<F, R> {
         self.offers.take_outcome(offer).ok_or(RegError::NotFound)
     }
 
+    /// Withdraws an offer nobody claimed yet (or forgets a final result).
+    /// A claimed or answered offer cannot be withdrawn (`BadState`): the
+    /// server may already use the ring, so the client must wait for its
+    /// answer. This is what lets a client that gives up waiting fall back
+    /// to TCP without ever disagreeing with the server.
     pub fn cancel(&mut self, id: SessionId, offer: OfferId) -> Result<(), RegError> {
         self.check_owner(id, offer)?;
+        if matches!(
+            self.offers.get(offer).map(|o| &o.state),
+            Some(OfferState::Claimed { .. } | OfferState::Answered { .. })
+        ) {
+            return Err(RegError::BadState);
+        }
         self.offers.remove(offer);
         Ok(())
     }

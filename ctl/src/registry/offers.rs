@@ -11,6 +11,13 @@
 //! answer, and the final states wait for the offerer to collect; when a
 //! final state's deadline passes the record is dropped so a process that
 //! never collects cannot pin memory or descriptors.
+//!
+//! Offers between hosts ([`Link`]): on the offering host a `Forwarded`
+//! offer stands for the one registered at the server's host (it is never
+//! claimed here; the remote ctl reports its fate); on the server's host a
+//! `FromPeer` offer is owned by the session of the ctl-to-ctl connection
+//! that carried it. Transitions the other host must hear about are queued
+//! as [`TableEvent`]s.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -53,11 +60,38 @@ impl<F> OfferState<F> {
         }
     }
 
+    /// Open or Claimed: still waiting for a decision.
+    pub fn is_live_state(&self) -> bool {
+        self.is_live()
+    }
+
     /// Open and Claimed offers own their 4-tuple: a second offer for it is a
     /// duplicate, and only Open ones can be claimed.
     fn is_live(&self) -> bool {
         matches!(self, OfferState::Open { .. } | OfferState::Claimed { .. })
     }
+}
+
+/// Where an offer came from, for offers that span two hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// Offer and claim on this host.
+    Local,
+    /// Made here, registered at the server's host; not claimable here.
+    Forwarded,
+    /// Made on another host; `offer_ref` is its id there.
+    FromPeer { offer_ref: u64 },
+}
+
+/// A transition another host must learn about (drained by the registry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableEvent {
+    /// A `FromPeer` offer was claimed.
+    Claimed(OfferId),
+    /// A `FromPeer` offer reached a final state.
+    Settled(OfferId),
+    /// A live `Forwarded` offer was cancelled, dropped or expired here.
+    Withdrawn(OfferId),
 }
 
 #[derive(Debug)]
@@ -70,6 +104,7 @@ pub struct Offer<F> {
     /// Canonical server address.
     pub server: SocketAddr,
     pub state: OfferState<F>,
+    pub link: Link,
     deadline: Instant,
 }
 
@@ -109,6 +144,9 @@ pub struct OfferTable<F> {
     by_owner: HashMap<SessionId, HashSet<OfferId>>,
     /// Offers in state Claimed, per claiming session.
     by_claimer: HashMap<SessionId, HashSet<OfferId>>,
+    /// `FromPeer` offers by (carrying session, remote id).
+    by_ref: HashMap<(SessionId, u64), OfferId>,
+    events: Vec<TableEvent>,
     held_fds: usize,
     next_id: OfferId,
     timeout: Duration,
@@ -133,6 +171,8 @@ impl<F> OfferTable<F> {
             deadlines: BTreeSet::new(),
             by_owner: HashMap::new(),
             by_claimer: HashMap::new(),
+            by_ref: HashMap::new(),
+            events: Vec::new(),
             held_fds: 0,
             next_id: 1,
             timeout,
@@ -168,6 +208,25 @@ impl<F> OfferTable<F> {
         self.by_tuple.contains_key(&(client, server))
     }
 
+    /// The `FromPeer` offer a ctl-to-ctl session knows as `offer_ref`.
+    pub fn by_ref(&self, session: SessionId, offer_ref: u64) -> Option<OfferId> {
+        self.by_ref.get(&(session, offer_ref)).copied()
+    }
+
+    /// Transitions queued for other hosts since the last call.
+    pub fn take_events(&mut self) -> Vec<TableEvent> {
+        std::mem::take(&mut self.events)
+    }
+
+    pub fn deadline_of(&self, id: OfferId) -> Instant {
+        self.offers.get(&id).map_or_else(Instant::now, |o| o.deadline)
+    }
+
+    /// Moves a deadline (remote offers follow the other host's timers).
+    pub fn extend(&mut self, id: OfferId, deadline: Instant) {
+        self.set_deadline(id, deadline);
+    }
+
     /// Registers an Open offer (canonical addresses). The caller checked
     /// duplicates and limits.
     pub fn insert(
@@ -175,6 +234,7 @@ impl<F> OfferTable<F> {
         owner: SessionId,
         owner_pid: u32,
         new: NewOffer<F>,
+        link: Link,
         now: Instant,
     ) -> OfferId {
         let NewOffer {
@@ -190,6 +250,9 @@ impl<F> OfferTable<F> {
         self.by_tuple.insert((client, server), id);
         self.deadlines.insert((deadline, id));
         self.by_owner.entry(owner).or_default().insert(id);
+        if let Link::FromPeer { offer_ref } = link {
+            self.by_ref.insert((owner, offer_ref), id);
+        }
         self.offers.insert(
             id,
             Offer {
@@ -198,6 +261,7 @@ impl<F> OfferTable<F> {
                 client,
                 server,
                 state: OfferState::Open { payload, fds },
+                link,
                 deadline,
             },
         );
@@ -212,10 +276,9 @@ impl<F> OfferTable<F> {
             .iter()
             .filter_map(|&c| self.by_tuple.get(&(c, local)).copied())
             .find(|id| {
-                matches!(
-                    self.offers.get(id).map(|o| &o.state),
-                    Some(OfferState::Open { .. })
-                )
+                self.offers.get(id).is_some_and(|o| {
+                    matches!(o.state, OfferState::Open { .. }) && o.link != Link::Forwarded
+                })
             })
     }
 
@@ -251,6 +314,9 @@ impl<F> OfferTable<F> {
             return None;
         }
         let client_pid = o.owner_pid;
+        if matches!(o.link, Link::FromPeer { .. }) {
+            self.events.push(TableEvent::Claimed(id));
+        }
         let old = self.transition(id, OfferState::Claimed { by })?;
         self.set_deadline(id, now + self.timeout);
         match old {
@@ -268,6 +334,13 @@ impl<F> OfferTable<F> {
     /// Claimed -> a final state (Answered or Declined), giving the offerer
     /// `timeout` to collect it.
     pub fn settle(&mut self, id: OfferId, outcome: OfferState<F>, now: Instant) {
+        if self
+            .offers
+            .get(&id)
+            .is_some_and(|o| matches!(o.link, Link::FromPeer { .. }))
+        {
+            self.events.push(TableEvent::Settled(id));
+        }
         self.transition(id, outcome);
         self.set_deadline(id, now + self.timeout);
     }
@@ -295,6 +368,13 @@ impl<F> OfferTable<F> {
         let mut o = self.offers.remove(&id)?;
         self.deadlines.remove(&(o.deadline, id));
         remove_from(&mut self.by_owner, o.owner, id);
+        match o.link {
+            Link::FromPeer { offer_ref } => {
+                self.by_ref.remove(&(o.owner, offer_ref));
+            }
+            Link::Forwarded if old.is_live() => self.events.push(TableEvent::Withdrawn(id)),
+            _ => {}
+        }
         o.state = old;
         Some(o)
     }
@@ -308,8 +388,13 @@ impl<F> OfferTable<F> {
                 break;
             }
             n += 1;
-            let live = self.offers.get(&id).is_some_and(|o| o.state.is_live());
-            if live {
+            let live = self.offers.get(&id).filter(|o| o.state.is_live());
+            if let Some(o) = live {
+                match o.link {
+                    Link::FromPeer { .. } => self.events.push(TableEvent::Settled(id)),
+                    Link::Forwarded => self.events.push(TableEvent::Withdrawn(id)),
+                    Link::Local => {}
+                }
                 self.transition(id, OfferState::Expired);
                 self.set_deadline(id, now + self.timeout);
             } else {
@@ -358,6 +443,15 @@ impl<F> OfferTable<F> {
             .by_tuple
             .values()
             .all(|id| self.offers.contains_key(id)));
+        let refs = self
+            .offers
+            .values()
+            .filter(|o| matches!(o.link, Link::FromPeer { .. }))
+            .count();
+        assert_eq!(refs, self.by_ref.len(), "remote ref index");
+        for (&(session, _), id) in &self.by_ref {
+            assert_eq!(self.offers.get(id).map(|o| o.owner), Some(session));
+        }
         let owned: usize = self.by_owner.values().map(HashSet::len).sum();
         assert_eq!(owned, self.offers.len(), "owner index");
         for ids in self.by_claimer.values() {

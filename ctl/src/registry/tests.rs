@@ -320,20 +320,22 @@ fn collect_and_cancel_only_by_the_offerer() {
 }
 
 #[test]
-fn cancel_after_claim_makes_the_answer_fail() {
+fn cancel_after_claim_is_refused_and_the_answer_stands() {
     let mut w = World::new();
     w.reg.add_listener(B, listener("127.0.0.1:80")).unwrap();
     let id = w.offer(A, "127.0.0.1:5000", "127.0.0.1:80").unwrap();
     w.reg
         .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
         .unwrap();
-    w.reg.cancel(A, id).unwrap();
+    assert_eq!(w.reg.cancel(A, id), Err(RegError::BadState));
     w.check();
     let f = w.fds(&[1]);
-    assert_eq!(
-        w.reg.answer(B, id, vec![], f, w.now),
-        Err(RegError::NotFound)
-    );
+    w.reg.answer(B, id, vec![], f, w.now).unwrap();
+    assert_eq!(w.reg.cancel(A, id), Err(RegError::BadState));
+    assert!(matches!(
+        w.reg.collect(A, id).unwrap(),
+        Outcome::Answered { .. }
+    ));
     w.check();
 }
 

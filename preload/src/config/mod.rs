@@ -53,6 +53,10 @@ pub struct Config {
     pub spin_us: u32,
     /// RINGSOCK_CONNECT_TIMEOUT_MS (200): ring handshake budget, 1..=60000.
     pub connect_timeout_ms: u32,
+    /// RINGSOCK_CLAIM_WAIT_MS (1000): how long a client waits for the
+    /// server to take its ring before it withdraws the offer and stays on
+    /// TCP, 1..=60000.
+    pub claim_wait_ms: u32,
 }
 
 impl Default for Config {
@@ -73,6 +77,7 @@ impl Default for Config {
             gamma: 64,
             spin_us: 50,
             connect_timeout_ms: 200,
+            claim_wait_ms: 1000,
         }
     }
 }
@@ -166,6 +171,9 @@ impl Config {
             b.parse("RINGSOCK_CONNECT_TIMEOUT_MS", d.connect_timeout_ms, |s| {
                 parse::number(s, 1..=60_000).map(|v| v as u32)
             });
+        let claim_wait_ms = b.parse("RINGSOCK_CLAIM_WAIT_MS", d.claim_wait_ms, |s| {
+            parse::number(s, 1..=60_000).map(|v| v as u32)
+        });
         let cfg = Config {
             disable,
             log_level,
@@ -182,6 +190,7 @@ impl Config {
             gamma,
             spin_us,
             connect_timeout_ms,
+            claim_wait_ms,
         };
         (cfg, b.diags)
     }

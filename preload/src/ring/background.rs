@@ -441,11 +441,30 @@ fn follow_pending(now: u64) {
     let mut keep = Vec::new();
     for w in list {
         let Some(c) = w.upgrade() else { continue };
-        if !c.is_pending() || c.is_released() {
+        if !c.still_pending() || c.is_released() {
             continue;
         }
-        if now.saturating_sub(c.born_ns.load(Ordering::Relaxed)) < COLLECT_AFTER_NS {
+        let age = now.saturating_sub(c.born_ns.load(Ordering::Relaxed));
+        if age < COLLECT_AFTER_NS {
             keep.push(w);
+            continue;
+        }
+        if age >= u64::from(crate::config::get().claim_wait_ms) * 1_000_000
+            && c.offer_pid == process::pid()
+        {
+            // Nobody took the ring in time (an unshimmed process accepted,
+            // or one that cannot reach the daemon): withdraw the offer. The
+            // daemon refuses while the offer is claimed or answered, so a
+            // server that took the ring is never contradicted.
+            match ctl::call(
+                &Msg::Cancel {
+                    offer_id: c.offer_id,
+                },
+                &[],
+            ) {
+                Ok((Msg::Ok, _)) | Err(_) => c.decline_from_ctl(),
+                Ok(_) => keep.push(w),
+            }
             continue;
         }
         match ctl::call(

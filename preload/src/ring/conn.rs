@@ -300,6 +300,11 @@ impl ShmConn {
         self.mode.load(Ordering::Acquire) == MODE_PENDING
     }
 
+    /// Looks at the server's decision; true while there is none.
+    pub fn still_pending(&self) -> bool {
+        self.settle() == MODE_PENDING
+    }
+
     pub fn is_tcp(&self) -> bool {
         self.mode.load(Ordering::Acquire) == MODE_TCP
     }
