@@ -7,6 +7,7 @@ use std::time::Duration;
 use log::LevelFilter;
 
 use crate::daemon::{self, DaemonConfig};
+use crate::peer::{PeerConfig, DEFAULT_PEER_PORT, DEFAULT_PEER_RETRY_MS, DEFAULT_PEER_TIMEOUT_MS};
 use crate::{logger, run, status};
 
 /// Default socket when neither `--socket` nor `RINGSOCK_CTL_SOCK` is set.
@@ -14,10 +15,13 @@ pub const DEFAULT_SOCKET: &str = "/run/ringsock/ctl.sock";
 pub const DEFAULT_OFFER_TIMEOUT_MS: u64 = 10_000;
 /// An hour: anything longer is a typo, and would pin descriptors for ages.
 pub const MAX_OFFER_TIMEOUT_MS: u64 = 3_600_000;
+/// A connect to another host's ctl is never worth waiting longer for.
+pub const MAX_PEER_TIMEOUT_MS: u64 = 60_000;
 
 pub const USAGE: &str = "\
 usage:
   ringsock-ctl daemon [--socket PATH] [--offer-timeout-ms N] [--log-level L] [--foreground]
+                      [--peer-port N] [--peer-timeout-ms N] [--peer-retry-ms N]
   ringsock-ctl status [--json] [--socket PATH]
   ringsock-ctl run [--lib PATH] [--socket PATH] [--] CMD [ARGS...]
   ringsock-ctl help | --help | --version
@@ -25,6 +29,9 @@ usage:
 environment:
   RINGSOCK_CTL_SOCK           control socket (default /run/ringsock/ctl.sock)
   RINGSOCK_OFFER_TIMEOUT_MS   offer lifetime in ms (default 10000)
+  RINGSOCK_CTL_PORT           TCP port of the ctls of all hosts (default 7471, 0: off)
+  RINGSOCK_PEER_TIMEOUT_MS    bound on a forwarded offer's reply (default 300)
+  RINGSOCK_PEER_RETRY_MS      how long an unreachable host stays on TCP (default 30000)
   RINGSOCK_LOG                log level: off, error, warn, info (default), debug, trace
   RINGSOCK_LIB                path of libringsock.so for `run`
 ";
@@ -35,6 +42,9 @@ pub struct DaemonArgs {
     pub offer_timeout_ms: Option<u64>,
     pub log_level: Option<String>,
     pub foreground: bool,
+    pub peer_port: Option<u16>,
+    pub peer_timeout_ms: Option<u64>,
+    pub peer_retry_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -135,6 +145,25 @@ fn parse_daemon(args: &mut Args) -> Result<DaemonArgs, String> {
                 d.log_level = Some(args.value(&name, inline)?.to_string_lossy().into_owned())
             }
             "--foreground" if inline.is_none() => d.foreground = true,
+            "--peer-port" => {
+                let v = args.value(&name, inline)?.to_string_lossy().into_owned();
+                d.peer_port = Some(
+                    parse_port(&v)
+                        .ok_or_else(|| format!("--peer-port: expected 0..=65535, got {v}"))?,
+                );
+            }
+            "--peer-timeout-ms" => {
+                let v = args.value(&name, inline)?.to_string_lossy().into_owned();
+                d.peer_timeout_ms = Some(parse_peer_timeout(&v).ok_or_else(|| {
+                    format!("--peer-timeout-ms: expected 1..={MAX_PEER_TIMEOUT_MS}, got {v}")
+                })?);
+            }
+            "--peer-retry-ms" => {
+                let v = args.value(&name, inline)?.to_string_lossy().into_owned();
+                d.peer_retry_ms = Some(parse_retry(&v).ok_or_else(|| {
+                    format!("--peer-retry-ms: expected 0..={MAX_OFFER_TIMEOUT_MS}, got {v}")
+                })?);
+            }
             _ => return Err(unknown("daemon", &arg)),
         }
     }
@@ -189,6 +218,64 @@ pub fn parse_timeout(s: &str) -> Option<u64> {
         .parse::<u64>()
         .ok()
         .filter(|v| (1..=MAX_OFFER_TIMEOUT_MS).contains(v))
+}
+
+pub fn parse_port(s: &str) -> Option<u16> {
+    s.trim().parse::<u16>().ok()
+}
+
+pub fn parse_peer_timeout(s: &str) -> Option<u64> {
+    s.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|v| (1..=MAX_PEER_TIMEOUT_MS).contains(v))
+}
+
+pub fn parse_retry(s: &str) -> Option<u64> {
+    s.trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|v| *v <= MAX_OFFER_TIMEOUT_MS)
+}
+
+/// A flag, else a valid environment value (an invalid one is reported and
+/// replaced by the default), else the default.
+fn flag_env<T: Copy + std::fmt::Display>(
+    flag: Option<T>,
+    env: &str,
+    parse: fn(&str) -> Option<T>,
+    default: T,
+) -> T {
+    flag.unwrap_or_else(|| match std::env::var(env) {
+        Ok(v) if !v.is_empty() => parse(&v).unwrap_or_else(|| {
+            eprintln!("ringsock-ctl: invalid {env} {v:?}; using {default}");
+            default
+        }),
+        _ => default,
+    })
+}
+
+fn peer_config(d: &DaemonArgs) -> PeerConfig {
+    PeerConfig {
+        port: flag_env(
+            d.peer_port,
+            "RINGSOCK_CTL_PORT",
+            parse_port,
+            DEFAULT_PEER_PORT,
+        ),
+        timeout: Duration::from_millis(flag_env(
+            d.peer_timeout_ms,
+            "RINGSOCK_PEER_TIMEOUT_MS",
+            parse_peer_timeout,
+            DEFAULT_PEER_TIMEOUT_MS,
+        )),
+        retry: Duration::from_millis(flag_env(
+            d.peer_retry_ms,
+            "RINGSOCK_PEER_RETRY_MS",
+            parse_retry,
+            DEFAULT_PEER_RETRY_MS,
+        )),
+    }
 }
 
 fn socket_path(flag: Option<PathBuf>) -> PathBuf {
@@ -253,6 +340,7 @@ pub fn main(argv: Vec<OsString>) -> i32 {
         Command::Daemon(d) => {
             logger::init(log_level(d.log_level.as_deref()));
             let cfg = DaemonConfig {
+                peer: peer_config(&d),
                 socket: socket_path(d.socket),
                 offer_timeout: offer_timeout(d.offer_timeout_ms),
                 foreground: d.foreground,
@@ -309,8 +397,28 @@ mod tests {
                 offer_timeout_ms: Some(250),
                 log_level: Some("debug".into()),
                 foreground: true,
+                ..DaemonArgs::default()
             }))
         );
+        assert_eq!(
+            p(&[
+                "daemon",
+                "--peer-port=0",
+                "--peer-timeout-ms",
+                "150",
+                "--peer-retry-ms=0"
+            ]),
+            Ok(Command::Daemon(DaemonArgs {
+                peer_port: Some(0),
+                peer_timeout_ms: Some(150),
+                peer_retry_ms: Some(0),
+                ..DaemonArgs::default()
+            }))
+        );
+        assert!(p(&["daemon", "--peer-port", "65536"]).is_err());
+        assert!(p(&["daemon", "--peer-timeout-ms", "0"]).is_err());
+        assert!(p(&["daemon", "--peer-timeout-ms", "60001"]).is_err());
+        assert!(p(&["daemon", "--peer-retry-ms", "-1"]).is_err());
         assert!(p(&["daemon", "--offer-timeout-ms", "0"]).is_err());
         assert!(p(&["daemon", "--offer-timeout-ms", "abc"]).is_err());
         assert!(p(&["daemon", "--socket"]).is_err());

@@ -20,6 +20,7 @@ use ringsock_proto::io as pio;
 
 use crate::handler::Handler;
 use crate::hostid::host_id;
+use crate::peer::PeerConfig;
 use crate::proof::SysEnv;
 use crate::registry::Limits;
 use crate::ring::SegmentStats;
@@ -32,6 +33,8 @@ pub struct DaemonConfig {
     pub socket: PathBuf,
     pub offer_timeout: Duration,
     pub foreground: bool,
+    /// ctl-to-ctl TCP (port 0: off).
+    pub peer: PeerConfig,
 }
 
 /// Why the daemon did not start (exit code 1).
@@ -166,15 +169,38 @@ fn serve(cfg: &DaemonConfig, listener: OwnedFd) -> Result<(), StartError> {
     };
     let max_sessions = (nofile / 4).max(4);
     let handler = Handler::new(SysEnv::new(Box::new(SegmentStats)), limits, host_id());
-    let result = Server::new(listener, handler, max_sessions).and_then(|mut server| {
-        info!(
-            "listening on {} (offer timeout {} ms, pid {})",
-            cfg.socket.display(),
-            cfg.offer_timeout.as_millis(),
-            std::process::id()
-        );
-        server.run()
-    });
+    // The inter-host path is optional: a port that cannot be had costs
+    // incoming offers from other hosts, never the local service.
+    let peer_listener = match cfg.peer.port {
+        0 => None,
+        port => match sys::listen_tcp(port, libc::SOMAXCONN) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                warn!("cannot listen on TCP port {port} for other hosts' ctls: {e}; offers from other hosts will not reach this one");
+                None
+            }
+        },
+    };
+    let peers = match (cfg.peer.port, peer_listener.is_some()) {
+        (0, _) => "inter-host offers off".to_owned(),
+        (p, true) => format!(
+            "peers on TCP port {p}, peer timeout {} ms, retry {} ms",
+            cfg.peer.timeout.as_millis(),
+            cfg.peer.retry.as_millis()
+        ),
+        (p, false) => format!("peers: outgoing only (port {p})"),
+    };
+    let result = Server::new(listener, handler, max_sessions, cfg.peer, peer_listener).and_then(
+        |mut server| {
+            info!(
+                "listening on {} (offer timeout {} ms, {peers}, pid {})",
+                cfg.socket.display(),
+                cfg.offer_timeout.as_millis(),
+                std::process::id()
+            );
+            server.run()
+        },
+    );
     if let Err(e) = fs::remove_file(&cfg.socket) {
         warn!("cannot remove {}: {e}", cfg.socket.display());
     }

@@ -89,6 +89,11 @@ impl<F> Reply<F> {
         Reply::with_fds(msg, Vec::new())
     }
 
+    /// A reply without descriptors (for the event loop's deferred replies).
+    pub fn plain_reply(msg: Msg) -> Self {
+        Reply::plain(msg)
+    }
+
     fn with_fds(msg: Msg, fds: Vec<F>) -> Self {
         Reply {
             msg,
@@ -271,7 +276,9 @@ impl<E: Env> Handler<E> {
                 if fds.len() > 0 && self.reg.is_from_peer(offer_id) {
                     return Ok(error(
                         ErrorCode::BadRequest,
-                        format_args!("offer {offer_id} is from another host: descriptors cannot cross hosts"),
+                        format_args!(
+                            "offer {offer_id} is from another host: descriptors cannot cross hosts"
+                        ),
                     ));
                 }
                 ok_or(
@@ -427,9 +434,7 @@ impl<E: Env> Handler<E> {
                 server,
                 payload,
             } => {
-                let refused = |reason| {
-                    Ok(Some(Msg::RemoteRefused { offer_ref, reason }))
-                };
+                let refused = |reason| Ok(Some(Msg::RemoteRefused { offer_ref, reason }));
                 // DESIGN: an offer is only for a client address equal to the
                 // source of the ctl connection that carried it.
                 let source = canonical(SocketAddr::new(source, 0)).ip();

@@ -17,6 +17,7 @@ pub mod handler;
 pub mod hostid;
 pub mod json;
 pub mod logger;
+pub mod peer;
 pub mod proof;
 pub mod registry;
 pub mod ring;

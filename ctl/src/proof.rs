@@ -101,6 +101,10 @@ impl Env for SysEnv {
     fn ring_stats(&self, ring: &RingMap) -> Vec<RingStat> {
         self.stats.stats(&ring.view())
     }
+
+    fn is_local_ip(&mut self, ip: std::net::IpAddr) -> bool {
+        crate::sys::is_local_ip(ip)
+    }
 }
 
 #[cfg(test)]
@@ -140,6 +144,15 @@ mod tests {
         assert_eq!(cp.local, c.local_addr().unwrap());
         assert_eq!(cp.peer, Some(l.local_addr().unwrap()));
         assert!(env().listener(&owned(&c)).is_err());
+    }
+
+    #[test]
+    fn local_addresses() {
+        let mut e = env();
+        assert!(e.is_local_ip("127.0.0.1".parse().unwrap()));
+        assert!(e.is_local_ip("127.3.4.5".parse().unwrap()));
+        // TEST-NET-3: documentation only, never configured on a host.
+        assert!(!e.is_local_ip("203.0.113.77".parse().unwrap()));
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::ffi::CString;
 use std::fs::File;
 use std::io;
 use std::mem;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -301,4 +302,161 @@ pub fn quiet_stdio() -> io::Result<()> {
         cvt(unsafe { libc::dup2(null.as_raw_fd(), target) })?;
     }
     Ok(())
+}
+
+// ---- ctl-to-ctl TCP ----
+
+fn set_int_opt(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
+    // SAFETY: v is a readable c_int of the stated size.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            &v as *const i32 as *const libc::c_void,
+            mem::size_of::<i32>() as libc::socklen_t,
+        )
+    })?;
+    Ok(())
+}
+
+fn tcp_socket(ipv6: bool) -> io::Result<OwnedFd> {
+    let family = if ipv6 { libc::AF_INET6 } else { libc::AF_INET };
+    // SAFETY: plain socket(2).
+    Ok(owned(cvt(unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    })?))
+}
+
+/// A non-blocking TCP listener on every address of the host, `port`:
+/// dual-stack `[::]` where IPv6 exists, `0.0.0.0` otherwise.
+pub fn listen_tcp(port: u16, backlog: i32) -> io::Result<OwnedFd> {
+    let try_bind = |any: SocketAddr| -> io::Result<OwnedFd> {
+        let fd = tcp_socket(any.is_ipv6())?;
+        set_int_opt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+        if any.is_ipv6() {
+            set_int_opt(fd.as_raw_fd(), libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 0)?;
+        }
+        let (st, len) = ringsock_proto::addr::to_raw(&any);
+        // SAFETY: st is a valid socket address of `len` bytes.
+        cvt(unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                &st as *const _ as *const libc::sockaddr,
+                len,
+            )
+        })?;
+        // SAFETY: plain listen(2) on our socket.
+        cvt(unsafe { libc::listen(fd.as_raw_fd(), backlog) })?;
+        Ok(fd)
+    };
+    match try_bind(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port)) {
+        Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+            try_bind(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port))
+        }
+        r => r,
+    }
+}
+
+/// Starts a non-blocking connect (TCP_NODELAY); completion shows as
+/// writability, the result in [`so_error`].
+pub fn connect_tcp(to: SocketAddr) -> io::Result<OwnedFd> {
+    let fd = tcp_socket(to.is_ipv6())?;
+    set_int_opt(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)?;
+    let (st, len) = ringsock_proto::addr::to_raw(&to);
+    // SAFETY: st is a valid socket address of `len` bytes.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            &st as *const _ as *const libc::sockaddr,
+            len,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if !matches!(e.raw_os_error(), Some(libc::EINPROGRESS | libc::EINTR)) {
+            return Err(e);
+        }
+    }
+    Ok(fd)
+}
+
+/// The pending error of a socket (0: none), e.g. a finished connect's.
+pub fn so_error(fd: RawFd) -> io::Result<i32> {
+    ringsock_proto::io::sockopt_int(fd, libc::SOL_SOCKET, libc::SO_ERROR)
+}
+
+pub fn set_nodelay(fd: RawFd) -> io::Result<()> {
+    set_int_opt(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1)
+}
+
+/// Non-blocking read; Ok(0) is end of stream.
+pub fn read_some(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a writable buffer of its length.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Non-blocking write without SIGPIPE.
+pub fn write_some(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a readable buffer of its length.
+        let n = unsafe {
+            libc::send(
+                fd,
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Whether `ip` is an address of this host (in this network namespace):
+/// binding a socket to it succeeds. EADDRNOTAVAIL means another host; any
+/// other failure counts as local, so a doubt never sends an offer away.
+pub fn is_local_ip(ip: IpAddr) -> bool {
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    let family = if ip.is_ipv6() {
+        libc::AF_INET6
+    } else {
+        libc::AF_INET
+    };
+    // SAFETY: plain socket(2).
+    let Ok(fd) =
+        cvt(unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }).map(owned)
+    else {
+        return true;
+    };
+    let (st, len) = ringsock_proto::addr::to_raw(&SocketAddr::new(ip, 0));
+    // SAFETY: st is a valid socket address of `len` bytes.
+    let r = unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &st as *const _ as *const libc::sockaddr,
+            len,
+        )
+    };
+    r == 0 || io::Error::last_os_error().raw_os_error() != Some(libc::EADDRNOTAVAIL)
 }

@@ -219,7 +219,9 @@ impl<F> OfferTable<F> {
     }
 
     pub fn deadline_of(&self, id: OfferId) -> Instant {
-        self.offers.get(&id).map_or_else(Instant::now, |o| o.deadline)
+        self.offers
+            .get(&id)
+            .map_or_else(Instant::now, |o| o.deadline)
     }
 
     /// Moves a deadline (remote offers follow the other host's timers).
