@@ -39,6 +39,8 @@ pub use transport::{PeerWord, Transport, Visibility};
 pub use notify::EventFd;
 #[cfg(not(loom))]
 pub use transport::shm::Segment;
+#[cfg(all(feature = "verbs", not(loom)))]
+pub use transport::verbs::{Device, Doorbell, QpParams, VerbsConn, VerbsTransport};
 #[cfg(not(loom))]
 pub use wait::SpinBudget;
 

@@ -345,6 +345,9 @@ impl<T: Transport> Receiver<T> {
             {
                 std::hint::spin_loop();
             }
+            // That report also covers a head push made just above: run its
+            // doorbell check, which `poll` will not see any more (verbs).
+            self.head_visible()?;
         }
         fence(Ordering::SeqCst);
         self.refresh_tail()?;

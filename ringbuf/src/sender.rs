@@ -406,6 +406,13 @@ impl<T: Transport> Sender<T> {
                 .map_err(|e| self.fail(e))?
                 > 0
             {
+                // The report covers every earlier word write, so also a
+                // tail still in flight: run its doorbell check now, or the
+                // report is lost to `poll` (verbs; shm never gets here).
+                if self.tail_in_flight {
+                    self.tail_in_flight = false;
+                    self.tail_visible()?;
+                }
                 return Ok(());
             }
             std::hint::spin_loop();

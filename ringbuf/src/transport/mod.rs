@@ -10,6 +10,8 @@
 //! visibility is known only when a signaled work request completes.
 
 pub mod shm;
+#[cfg(all(feature = "verbs", not(loom)))]
+pub mod verbs;
 
 use crate::error::RingError;
 

@@ -1,0 +1,427 @@
+//! The verbs side: QP parameters over a TCP control connection, then the
+//! workloads over a ring each way.
+
+use crate::{
+    fnv, median, median_us, Header, Opts, Rng, FNV_INIT, MODE_BW, MODE_PINGPONG, MODE_STREAM,
+};
+use ringbuf::transport::verbs::{settle, Connected, Device, QpParams, VerbsConn, PARAMS_LEN};
+use ringbuf::{RingConfig, RingError};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A doorbell wait longer than this during a transfer means a lost wakeup:
+/// the wait gives up, the transfer goes on, and the run reports it.
+const LOST_WAKEUP: Duration = Duration::from_secs(5);
+
+fn e2s(e: RingError) -> String {
+    e.to_string()
+}
+
+pub fn info() -> Result<(), String> {
+    let dev = Device::open().map_err(e2s)?;
+    let g = dev.gid();
+    println!(
+        "device={} port={} gid_index={} gid={}",
+        dev.name(),
+        dev.port(),
+        dev.gid_index(),
+        g.chunks(2)
+            .map(|c| format!("{:02x}{:02x}", c[0], c[1]))
+            .collect::<Vec<_>>()
+            .join(":")
+    );
+    Ok(())
+}
+
+/// Counters of one connection end, printed with the results: they show the
+/// bytes went through the rings.
+#[derive(Default, Debug)]
+struct Waits {
+    sleeps: u64,
+    wakeups: u64,
+    lost: u64,
+}
+
+struct End {
+    c: Connected,
+    spin: Duration,
+    waits: Waits,
+}
+
+fn setup(dev: &Arc<Device>, ctl: &mut TcpStream, client: bool) -> Result<Connected, String> {
+    let cfg = RingConfig::default();
+    let conn = VerbsConn::new(dev, cfg, cfg).map_err(e2s)?;
+    let mine = conn.local_params().encode();
+    let mut theirs = [0u8; PARAMS_LEN];
+    if client {
+        ctl.write_all(&mine).map_err(|e| e.to_string())?;
+        ctl.read_exact(&mut theirs).map_err(|e| e.to_string())?;
+    } else {
+        ctl.read_exact(&mut theirs).map_err(|e| e.to_string())?;
+        ctl.write_all(&mine).map_err(|e| e.to_string())?;
+    }
+    let peer = QpParams::decode(&theirs).map_err(e2s)?;
+    let c = conn.connect(&peer).map_err(e2s)?;
+    // Barrier: both queue pairs are in RTS before any WRITE.
+    ctl.write_all(&[1]).map_err(|e| e.to_string())?;
+    let mut b = [0u8; 1];
+    ctl.read_exact(&mut b).map_err(|e| e.to_string())?;
+    Ok(c)
+}
+
+impl End {
+    /// Waits until the sender may write (`want_tx`) or the receiver may
+    /// read (`want_rx`): spins for the budget, then announces it sleeps and
+    /// blocks on the doorbell.
+    fn block(&mut self, want_tx: bool, want_rx: bool) -> Result<(), RingError> {
+        let start = Instant::now();
+        let mut n = 0u32;
+        loop {
+            self.c.tx.poll()?;
+            self.c.rx.poll()?;
+            if (want_tx && self.c.tx.writable()?) || (want_rx && self.c.rx.readable()?) {
+                return Ok(());
+            }
+            n += 1;
+            if n.is_multiple_of(32) && start.elapsed() >= self.spin {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        self.sleep(want_tx, want_rx)
+    }
+
+    fn sleep(&mut self, want_tx: bool, want_rx: bool) -> Result<(), RingError> {
+        let c = &mut self.c;
+        c.tx.flush()?;
+        settle(&mut c.tx, &mut c.rx)?;
+        let mut armed_tx = false;
+        if want_tx {
+            if !c.tx.prepare_wait()? {
+                return Ok(());
+            }
+            armed_tx = true;
+        }
+        let mut armed_rx = false;
+        if want_rx {
+            if !c.rx.prepare_wait()? {
+                if armed_tx {
+                    c.tx.finish_wait(false)?;
+                }
+                return Ok(());
+            }
+            armed_rx = true;
+        }
+        settle(&mut c.tx, &mut c.rx)?;
+        self.waits.sleeps += 1;
+        let woken = c.bell.wait(Some(LOST_WAKEUP))?;
+        if woken {
+            self.waits.wakeups += 1;
+        } else {
+            self.waits.lost += 1;
+        }
+        if armed_tx {
+            c.tx.finish_wait(woken)?;
+        }
+        if armed_rx {
+            c.rx.finish_wait(woken)?;
+        }
+        Ok(())
+    }
+
+    fn send_all(&mut self, buf: &[u8]) -> Result<(), RingError> {
+        self.send_batched(buf)?;
+        self.c.tx.flush()
+    }
+
+    /// Like `send_all` but leaves the last batch to the ring's batching.
+    fn send_batched(&mut self, mut buf: &[u8]) -> Result<(), RingError> {
+        while !buf.is_empty() {
+            match self.c.tx.write(buf) {
+                Ok(n) => buf = &buf[n..],
+                Err(RingError::WouldBlock) => self.block(true, false)?,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn recv_exact(&mut self, mut buf: &mut [u8]) -> Result<(), RingError> {
+        while !buf.is_empty() {
+            match self.c.rx.read(buf) {
+                Ok(0) => return Err(RingError::PeerClosed),
+                Ok(n) => buf = &mut buf[n..],
+                Err(RingError::WouldBlock) => self.block(false, true)?,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Both directions at once: send `total` generated bytes in random
+    /// sizes, then the end mark; receive until the peer's end mark.
+    /// Returns (fnv sent, fnv received, bytes received).
+    fn stream(&mut self, total: u64, seed: u64) -> Result<(u64, u64, u64), RingError> {
+        let mut data = Rng::new(seed);
+        let mut sizes = Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15);
+        let mut pending: Vec<u8> = Vec::new();
+        let mut off = 0usize;
+        let (mut sent, mut tx_fnv, mut rx_fnv, mut got) = (0u64, FNV_INIT, FNV_INIT, 0u64);
+        let (mut closed, mut eof) = (false, false);
+        let mut buf = vec![0u8; 1 << 16];
+        while !(closed && eof) {
+            let mut progress = false;
+            if !closed {
+                if off == pending.len() && sent < total {
+                    let n = sizes.size(1 << 16).min((total - sent) as usize);
+                    pending.resize(n, 0);
+                    data.fill(&mut pending);
+                    tx_fnv = fnv(tx_fnv, &pending);
+                    sent += n as u64;
+                    off = 0;
+                }
+                if off < pending.len() {
+                    match self.c.tx.write(&pending[off..]) {
+                        Ok(n) => {
+                            off += n;
+                            progress = true;
+                        }
+                        Err(RingError::WouldBlock) => {}
+                        Err(e) => return Err(e),
+                    }
+                } else {
+                    match self.c.tx.close() {
+                        Ok(()) => {
+                            closed = true;
+                            progress = true;
+                        }
+                        Err(RingError::WouldBlock) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            if !eof {
+                match self.c.rx.read(&mut buf) {
+                    Ok(0) => {
+                        eof = true;
+                        progress = true;
+                    }
+                    Ok(n) => {
+                        rx_fnv = fnv(rx_fnv, &buf[..n]);
+                        got += n as u64;
+                        progress = true;
+                    }
+                    Err(RingError::WouldBlock) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            if !progress {
+                self.c.tx.flush()?;
+                self.block(!closed, !eof)?;
+            }
+        }
+        settle(&mut self.c.tx, &mut self.c.rx)?;
+        Ok((tx_fnv, rx_fnv, got))
+    }
+}
+
+fn session(dev: &Arc<Device>, mut ctl: TcpStream, spin: Duration) -> Result<(), String> {
+    ctl.set_nodelay(true).map_err(|e| e.to_string())?;
+    let mut hb = [0u8; Header::LEN];
+    ctl.read_exact(&mut hb).map_err(|e| e.to_string())?;
+    let h = Header::decode(&hb)?;
+    let c = setup(dev, &mut ctl, false)?;
+    let mut end = End {
+        c,
+        spin,
+        waits: Waits::default(),
+    };
+    match h.mode {
+        MODE_STREAM => {
+            let (tx_fnv, rx_fnv, got) = end.stream(h.count, h.seed ^ 0xffff).map_err(e2s)?;
+            let mut out = [0u8; 32];
+            out[0..8].copy_from_slice(&tx_fnv.to_le_bytes());
+            out[8..16].copy_from_slice(&rx_fnv.to_le_bytes());
+            out[16..24].copy_from_slice(&got.to_le_bytes());
+            out[24..32].copy_from_slice(&end.waits.lost.to_le_bytes());
+            ctl.write_all(&out).map_err(|e| e.to_string())?;
+        }
+        MODE_PINGPONG => {
+            let mut buf = vec![0u8; h.size as usize];
+            for _ in 0..h.count {
+                end.recv_exact(&mut buf).map_err(e2s)?;
+                end.send_all(&buf).map_err(e2s)?;
+            }
+        }
+        _ => {
+            let mut buf = vec![0u8; 1 << 16];
+            let mut left = h.count;
+            while left > 0 {
+                let n = (left as usize).min(buf.len());
+                end.recv_exact(&mut buf[..n]).map_err(e2s)?;
+                left -= n as u64;
+            }
+            end.send_all(&[1]).map_err(e2s)?;
+        }
+    }
+    settle(&mut end.c.tx, &mut end.c.rx).map_err(e2s)?;
+    // Wait for the client to finish before tearing the QP down.
+    let mut b = [0u8; 1];
+    let _ = ctl.read(&mut b);
+    Ok(())
+}
+
+pub fn serve(o: &Opts) -> Result<(), String> {
+    let dev = Device::open().map_err(e2s)?;
+    let l = TcpListener::bind(&o.addr).map_err(|e| format!("bind {}: {e}", o.addr))?;
+    println!("verbscheck: serving verbs on {} via {}", o.addr, dev.name());
+    for s in l.incoming() {
+        match s {
+            Ok(s) => {
+                if let Err(e) = session(&dev, s, o.spin) {
+                    eprintln!("verbscheck serve: session failed: {e}");
+                }
+            }
+            Err(e) => eprintln!("verbscheck serve: accept: {e}"),
+        }
+    }
+    Ok(())
+}
+
+fn client(dev: &Arc<Device>, o: &Opts, h: Header) -> Result<(End, TcpStream), String> {
+    let mut ctl = TcpStream::connect(&o.addr).map_err(|e| format!("connect {}: {e}", o.addr))?;
+    ctl.set_nodelay(true).map_err(|e| e.to_string())?;
+    ctl.write_all(&h.encode()).map_err(|e| e.to_string())?;
+    let c = setup(dev, &mut ctl, true)?;
+    Ok((
+        End {
+            c,
+            spin: o.spin,
+            waits: Waits::default(),
+        },
+        ctl,
+    ))
+}
+
+fn finish(ctl: &mut TcpStream) {
+    let _ = ctl.write_all(&[0]);
+}
+
+pub fn stream(o: &Opts) -> Result<(), String> {
+    let dev = Device::open().map_err(e2s)?;
+    let total = o.mib << 20;
+    let h = Header {
+        mode: MODE_STREAM,
+        size: 0,
+        count: total,
+        seed: o.seed,
+    };
+    let (mut end, mut ctl) = client(&dev, o, h)?;
+    let t = Instant::now();
+    let (tx_fnv, rx_fnv, got) = end.stream(total, o.seed).map_err(e2s)?;
+    let secs = t.elapsed().as_secs_f64();
+    let mut r = [0u8; 32];
+    ctl.read_exact(&mut r).map_err(|e| e.to_string())?;
+    let w = |i: usize| u64::from_le_bytes(r[i..i + 8].try_into().unwrap_or_default());
+    let (peer_tx, peer_rx, peer_got, peer_lost) = (w(0), w(8), w(16), w(24));
+    finish(&mut ctl);
+    let ok = peer_tx == rx_fnv && peer_rx == tx_fnv && got == total && peer_got == total;
+    let st = end.c.tx.stats();
+    let rs = end.c.rx.stats();
+    println!(
+        "RESULT transport=verbs test=stream device={} huge={} bytes_each_way={} secs={:.3} \
+         mbps_both={:.1} tx_fnv={:016x} peer_rx_fnv={:016x} rx_fnv={:016x} peer_tx_fnv={:016x} \
+         ring_tx_bytes={} ring_tx_records={} ring_tail_writes={} ring_rx_bytes={} \
+         sleeps={} wakeups={} lost_wakeups={} peer_lost_wakeups={} ok={}",
+        dev.name(),
+        end.c.tx.transport_mut().huge_pages() as u8,
+        total,
+        secs,
+        2.0 * total as f64 / secs / 1e6,
+        tx_fnv,
+        peer_rx,
+        rx_fnv,
+        peer_tx,
+        st.tx_bytes,
+        st.tx_records,
+        st.tx_tail_writes,
+        rs.rx_bytes,
+        end.waits.sleeps,
+        end.waits.wakeups,
+        end.waits.lost,
+        peer_lost,
+        ok as u8
+    );
+    if !ok {
+        return Err("checksum mismatch".into());
+    }
+    Ok(())
+}
+
+pub fn pingpong(o: &Opts) -> Result<(), String> {
+    let dev = Device::open().map_err(e2s)?;
+    for &size in &o.sizes {
+        let warm = (o.iters / 10).max(1);
+        let h = Header {
+            mode: MODE_PINGPONG,
+            size,
+            count: o.iters + warm,
+            seed: 0,
+        };
+        let (mut end, mut ctl) = client(&dev, o, h)?;
+        let mut buf = vec![0x5au8; size as usize];
+        let mut rtts = Vec::with_capacity(o.iters as usize);
+        for i in 0..h.count {
+            let t = Instant::now();
+            end.send_all(&buf).map_err(e2s)?;
+            end.recv_exact(&mut buf).map_err(e2s)?;
+            if i >= warm {
+                rtts.push(t.elapsed());
+            }
+        }
+        settle(&mut end.c.tx, &mut end.c.rx).map_err(e2s)?;
+        finish(&mut ctl);
+        let (med, p99) = median_us(rtts);
+        println!(
+            "RESULT transport=verbs test=pingpong size={size} iters={} rtt_med_us={med:.1} \
+             rtt_p99_us={p99:.1} sleeps={} lost_wakeups={}",
+            o.iters, end.waits.sleeps, end.waits.lost
+        );
+    }
+    for &size in &o.sizes {
+        let total = o.bw_mib << 20;
+        let mut rates = Vec::new();
+        for _ in 0..o.reps {
+            let h = Header {
+                mode: MODE_BW,
+                size,
+                count: total,
+                seed: 0,
+            };
+            let (mut end, mut ctl) = client(&dev, o, h)?;
+            let buf = vec![0xa5u8; size as usize];
+            let t = Instant::now();
+            let mut left = total;
+            while left > 0 {
+                let n = (left as usize).min(buf.len());
+                end.send_batched(&buf[..n]).map_err(e2s)?;
+                left -= n as u64;
+            }
+            end.c.tx.flush().map_err(e2s)?;
+            let mut ack = [0u8; 1];
+            end.recv_exact(&mut ack).map_err(e2s)?;
+            rates.push(total as f64 / t.elapsed().as_secs_f64() / 1e6);
+            settle(&mut end.c.tx, &mut end.c.rx).map_err(e2s)?;
+            finish(&mut ctl);
+        }
+        println!(
+            "RESULT transport=verbs test=bw size={size} mib={} reps={} mbps_med={:.1}",
+            o.bw_mib,
+            o.reps,
+            median(rates)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,954 @@
+//! One verbs ring connection end: a registered region holding this end's
+//! two ring copies, one RC queue pair, its completion queues, and the
+//! transports and doorbell built on them.
+
+use super::device::Device;
+use super::params::{QpParams, RingDesc};
+use crate::config::RingConfig;
+use crate::error::RingError;
+use crate::layout::{RingControl, CONTROL_BYTES};
+use crate::memory::RingMem;
+use crate::receiver::Receiver;
+use crate::sender::Sender;
+use crate::transport::{PeerWord, Transport, Visibility};
+use rdma_sys::*;
+use std::mem::offset_of;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+const PAGE: usize = 4096;
+const HUGE: usize = 2 << 20;
+/// Send queue depth (capped by the device).
+const SQ_DEPTH: u32 = 256;
+/// Receive queue depth: doorbell rings that may be pending at once.
+const RQ_DEPTH: u32 = 64;
+/// Staging words for control-word writes when the device cannot inline:
+/// more than the send queue can hold, so a word is never overwritten while
+/// its WRITE is outstanding.
+const STAGING_WORDS: usize = PAGE / 8;
+const _: () = assert!(SQ_DEPTH as usize <= STAGING_WORDS);
+
+/// Anonymous memory for one connection end: huge pages when the system
+/// has free ones, 4 KiB pages otherwise.
+struct Region {
+    base: *mut u8,
+    len: usize,
+    huge: bool,
+}
+
+// SAFETY: plain memory; all access goes through RingMem (atomics and
+// bounds-checked copies) or the device.
+unsafe impl Send for Region {}
+// SAFETY: as above.
+unsafe impl Sync for Region {}
+
+impl Region {
+    fn new(len: usize) -> Result<Region, RingError> {
+        let huge_len = len.div_ceil(HUGE) * HUGE;
+        // SAFETY: anonymous private mapping, no address hint.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                huge_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
+                -1,
+                0,
+            )
+        };
+        if p != libc::MAP_FAILED {
+            return Ok(Region {
+                base: p.cast(),
+                len: huge_len,
+                huge: true,
+            });
+        }
+        let len = len.div_ceil(PAGE) * PAGE;
+        // SAFETY: as above, 4 KiB pages.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(RingError::last_os());
+        }
+        Ok(Region {
+            base: p.cast(),
+            len,
+            huge: false,
+        })
+    }
+
+    fn addr(&self, off: usize) -> u64 {
+        self.base as u64 + off as u64
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `new` with this length; the memory region that
+        // registered it is deregistered before (Shared holds an Arc).
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// Where things are in a region: `[out ctrl | out slots | in ctrl | in
+/// slots | staging]`, every part page-aligned.
+#[derive(Clone, Copy)]
+struct Layout {
+    out_ctrl: usize,
+    out_slots: usize,
+    out_bytes: usize,
+    in_ctrl: usize,
+    in_slots: usize,
+    in_bytes: usize,
+    staging: usize,
+    total: usize,
+}
+
+impl Layout {
+    fn new(out: &RingConfig, inn: &RingConfig) -> Layout {
+        let out_bytes = out.ring_bytes() as usize;
+        let in_bytes = inn.ring_bytes() as usize;
+        let out_slots = CONTROL_BYTES;
+        let in_ctrl = out_slots + out_bytes.div_ceil(PAGE) * PAGE;
+        let in_slots = in_ctrl + CONTROL_BYTES;
+        let staging = in_slots + in_bytes.div_ceil(PAGE) * PAGE;
+        Layout {
+            out_ctrl: 0,
+            out_slots,
+            out_bytes,
+            in_ctrl,
+            in_slots,
+            in_bytes,
+            staging,
+            total: staging + PAGE,
+        }
+    }
+}
+
+/// Which end of a ring a transport serves; both share the connection's
+/// queue pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Sender = 0,
+    Receiver = 1,
+}
+
+/// Send-queue bookkeeping, under the connection's lock. Every work request
+/// gets the next sequence number as its `wr_id`; a completion with id `s`
+/// means every request up to `s` completed (an RC send queue completes in
+/// order, unsignaled requests included).
+#[derive(Default)]
+struct SqState {
+    posted: u64,
+    done: u64,
+    unsignaled: u32,
+    /// Per role: sequence of its latest control-word write and how many
+    /// word writes it has not been told about yet.
+    last_word: [u64; 2],
+    unreported: [u32; 2],
+    failed: Option<RingError>,
+}
+
+/// Peer addresses, fixed at connect.
+#[derive(Clone, Copy, Default)]
+struct Remote {
+    rkey: u32,
+    /// Peer's receiver copy (we send into it).
+    in_ctrl: u64,
+    in_slots: u64,
+    /// Peer's sender copy (we push head / flags into it).
+    out_ctrl: u64,
+}
+
+struct Shared {
+    dev: Arc<Device>,
+    region: Arc<Region>,
+    layout: Layout,
+    out_slot_size: u64,
+    mr: *mut ibv_mr,
+    channel: *mut ibv_comp_channel,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    qp: *mut ibv_qp,
+    sq_depth: u32,
+    rq_depth: u32,
+    inline: bool,
+    psn: u32,
+    remote: Remote,
+    sq: Mutex<SqState>,
+    rq: Mutex<()>,
+}
+
+// SAFETY: the verbs objects are thread-safe in libibverbs; this crate
+// serializes its own use of the send queue (`sq`) and of the receive
+// queue and channel (`rq`) with mutexes.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: each object was created once by the matching call and is
+        // destroyed once, children first; every CQ event was acked.
+        unsafe {
+            if !self.qp.is_null() {
+                ibv_destroy_qp(self.qp);
+            }
+            if !self.send_cq.is_null() {
+                ibv_destroy_cq(self.send_cq);
+            }
+            if !self.recv_cq.is_null() {
+                ibv_destroy_cq(self.recv_cq);
+            }
+            if !self.channel.is_null() {
+                ibv_destroy_comp_channel(self.channel);
+            }
+            if !self.mr.is_null() {
+                ibv_dereg_mr(self.mr);
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave the counters torn in a
+    // way that matters more than the panic itself.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Static messages for completion errors: the connection is dead after any.
+fn wc_error(status: ibv_wc_status::Type) -> RingError {
+    use ibv_wc_status::*;
+    RingError::Config(match status {
+        IBV_WC_REM_ACCESS_ERR => {
+            "verbs: remote access error (the peer's rkey/address do not cover the write)"
+        }
+        IBV_WC_RETRY_EXC_ERR => {
+            "verbs: transport retry count exceeded (peer unreachable or its QP is gone)"
+        }
+        IBV_WC_RNR_RETRY_EXC_ERR => "verbs: receiver-not-ready retries exceeded",
+        IBV_WC_WR_FLUSH_ERR => "verbs: work request flushed (the queue pair is in error)",
+        IBV_WC_LOC_PROT_ERR | IBV_WC_LOC_ACCESS_ERR => {
+            "verbs: local protection error (source not in the registered region)"
+        }
+        IBV_WC_LOC_LEN_ERR => "verbs: local length error",
+        IBV_WC_LOC_QP_OP_ERR => "verbs: local QP operation error",
+        IBV_WC_REM_INV_REQ_ERR => "verbs: remote invalid request",
+        IBV_WC_REM_OP_ERR => "verbs: remote operation error",
+        _ => "verbs: work request failed",
+    })
+}
+
+/// A 24-bit initial packet sequence number, different per connection.
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
+    );
+    (h.finish() as u32) & 0x00ff_ffff
+}
+
+/// A connection end before it is connected: resources allocated, the queue
+/// pair in RESET, local parameters ready to send to the peer.
+pub struct VerbsConn {
+    shared: Shared,
+    out_cfg: RingConfig,
+    in_cfg: RingConfig,
+}
+
+/// A connected end: the sending end of the outgoing ring, the receiving end
+/// of the incoming one, and the doorbell both sleep on.
+pub struct Connected {
+    pub tx: Sender<VerbsTransport>,
+    pub rx: Receiver<VerbsTransport>,
+    pub bell: Doorbell,
+}
+
+impl VerbsConn {
+    /// Allocates and registers this end's two ring copies (`out_cfg`: the
+    /// ring we send on, `in_cfg`: the ring we receive on) and creates the
+    /// queue pair.
+    pub fn new(
+        dev: &Arc<Device>,
+        out_cfg: RingConfig,
+        in_cfg: RingConfig,
+    ) -> Result<VerbsConn, RingError> {
+        out_cfg.validate()?;
+        in_cfg.validate()?;
+        let layout = Layout::new(&out_cfg, &in_cfg);
+        let region = Arc::new(Region::new(layout.total)?);
+        let sq_depth = SQ_DEPTH.min(dev.max_qp_wr).min(dev.max_cqe).max(2);
+        let rq_depth = RQ_DEPTH.min(dev.max_qp_wr).min(dev.max_cqe).max(1);
+        // Built field by field; Drop frees whatever was created if a later
+        // step fails.
+        let mut s = Shared {
+            dev: dev.clone(),
+            region,
+            layout,
+            out_slot_size: out_cfg.slot_size as u64,
+            mr: std::ptr::null_mut(),
+            channel: std::ptr::null_mut(),
+            send_cq: std::ptr::null_mut(),
+            recv_cq: std::ptr::null_mut(),
+            qp: std::ptr::null_mut(),
+            sq_depth,
+            rq_depth,
+            inline: false,
+            psn: random_psn(),
+            remote: Remote::default(),
+            sq: Mutex::new(SqState::default()),
+            rq: Mutex::new(()),
+        };
+        let access = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+            .0 as i32;
+        // SAFETY: pd is open; the region is mapped for its whole length and
+        // outlives the registration (Shared holds the Arc, Drop deregisters).
+        s.mr = unsafe { ibv_reg_mr(dev.pd, s.region.base.cast(), s.region.len, access) };
+        if s.mr.is_null() {
+            return Err(RingError::Config(
+                "verbs: ibv_reg_mr failed (RLIMIT_MEMLOCK too low?)",
+            ));
+        }
+        // SAFETY: context open.
+        s.channel = unsafe { ibv_create_comp_channel(dev.ctx) };
+        if s.channel.is_null() {
+            return Err(RingError::Config("verbs: ibv_create_comp_channel failed"));
+        }
+        // SAFETY: the channel fd belongs to the channel; making it
+        // non-blocking lets `Doorbell::drain` never block.
+        let fd = unsafe { (*s.channel).fd };
+        // SAFETY: fcntl on that fd with integer arguments.
+        let fl = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if fl < 0
+            || unsafe {
+                libc::syscall(
+                    libc::SYS_fcntl,
+                    fd,
+                    libc::F_SETFL,
+                    fl | libc::O_NONBLOCK as i64,
+                )
+            } < 0
+        {
+            return Err(RingError::last_os());
+        }
+        // SAFETY: context open; no channel for the send CQ (it is polled).
+        s.send_cq = unsafe {
+            ibv_create_cq(
+                dev.ctx,
+                sq_depth as i32,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        // SAFETY: context and channel open.
+        s.recv_cq =
+            unsafe { ibv_create_cq(dev.ctx, rq_depth as i32, std::ptr::null_mut(), s.channel, 0) };
+        if s.send_cq.is_null() || s.recv_cq.is_null() {
+            return Err(RingError::Config("verbs: ibv_create_cq failed"));
+        }
+        for inline in [64u32, 0] {
+            // SAFETY: zeroed is a valid init attr; the fields we need are set.
+            let mut ia: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+            ia.send_cq = s.send_cq;
+            ia.recv_cq = s.recv_cq;
+            ia.qp_type = ibv_qp_type::IBV_QPT_RC;
+            ia.sq_sig_all = 0;
+            ia.cap.max_send_wr = sq_depth;
+            ia.cap.max_recv_wr = rq_depth;
+            ia.cap.max_send_sge = 1;
+            ia.cap.max_recv_sge = 1;
+            ia.cap.max_inline_data = inline;
+            // SAFETY: pd open, attr valid; on success the caps are updated.
+            s.qp = unsafe { ibv_create_qp(dev.pd, &mut ia) };
+            if !s.qp.is_null() {
+                s.inline = ia.cap.max_inline_data >= 8;
+                break;
+            }
+        }
+        if s.qp.is_null() {
+            return Err(RingError::Config("verbs: ibv_create_qp failed"));
+        }
+        Ok(VerbsConn {
+            shared: s,
+            out_cfg,
+            in_cfg,
+        })
+    }
+
+    /// What the peer needs to connect to this end.
+    pub fn local_params(&self) -> QpParams {
+        let s = &self.shared;
+        let r = &s.region;
+        let l = &s.layout;
+        QpParams {
+            gid: s.dev.gid,
+            lid: s.dev.lid,
+            // SAFETY: qp is valid for the life of self.
+            qpn: unsafe { (*s.qp).qp_num },
+            psn: s.psn,
+            mtu: s.dev.mtu,
+            // SAFETY: mr is valid for the life of self.
+            rkey: unsafe { (*s.mr).rkey },
+            out_ring: RingDesc {
+                ctrl_addr: r.addr(l.out_ctrl),
+                slots_addr: r.addr(l.out_slots),
+                slots: self.out_cfg.slots,
+                slot_size: self.out_cfg.slot_size,
+            },
+            in_ring: RingDesc {
+                ctrl_addr: r.addr(l.in_ctrl),
+                slots_addr: r.addr(l.in_slots),
+                slots: self.in_cfg.slots,
+                slot_size: self.in_cfg.slot_size,
+            },
+        }
+    }
+
+    /// Whether the rings landed on huge pages.
+    pub fn huge_pages(&self) -> bool {
+        self.shared.region.huge
+    }
+
+    /// Brings the queue pair to RTS towards `peer` (INIT -> RTR -> RTS) and
+    /// builds the two ring ends. The peer must use our geometry for the
+    /// rings we share: its incoming ring is our outgoing one and vice versa.
+    pub fn connect(self, peer: &QpParams) -> Result<Connected, RingError> {
+        if !peer.in_ring.matches(&self.out_cfg) || !peer.out_ring.matches(&self.in_cfg) {
+            return Err(RingError::Config(
+                "verbs: the peer's ring geometry does not match ours",
+            ));
+        }
+        let VerbsConn {
+            mut shared,
+            out_cfg,
+            in_cfg,
+        } = self;
+        shared.remote = Remote {
+            rkey: peer.rkey,
+            in_ctrl: peer.in_ring.ctrl_addr,
+            in_slots: peer.in_ring.slots_addr,
+            out_ctrl: peer.out_ring.ctrl_addr,
+        };
+        shared.to_init()?;
+        {
+            let _g = lock(&shared.rq);
+            shared.post_recvs(shared.rq_depth)?;
+            // SAFETY: recv_cq valid; arm for solicited events.
+            if unsafe { ibv_req_notify_cq(shared.recv_cq, 1) } != 0 {
+                return Err(RingError::Config("verbs: ibv_req_notify_cq failed"));
+            }
+        }
+        shared.to_rtr(peer)?;
+        shared.to_rts()?;
+        let shared = Arc::new(shared);
+        let l = shared.layout;
+        let base = shared.region.base;
+        let owner = || Box::new(shared.region.clone());
+        // SAFETY: both ranges lie inside the region (Layout), control
+        // blocks are page-aligned and zeroed (fresh anonymous mapping), and
+        // the region lives as long as the RingMem's owner Arc.
+        let (out_mem, in_mem) = unsafe {
+            (
+                RingMem::from_raw(
+                    base.add(l.out_ctrl),
+                    base.add(l.out_slots),
+                    l.out_bytes,
+                    owner(),
+                ),
+                RingMem::from_raw(
+                    base.add(l.in_ctrl),
+                    base.add(l.in_slots),
+                    l.in_bytes,
+                    owner(),
+                ),
+            )
+        };
+        let tx = Sender::new(
+            out_mem,
+            VerbsTransport {
+                shared: shared.clone(),
+                role: Role::Sender,
+            },
+            out_cfg,
+        )?;
+        let rx = Receiver::new(
+            in_mem,
+            VerbsTransport {
+                shared: shared.clone(),
+                role: Role::Receiver,
+            },
+            in_cfg,
+        )?;
+        Ok(Connected {
+            tx,
+            rx,
+            bell: Doorbell { shared },
+        })
+    }
+}
+
+impl Shared {
+    fn modify(
+        &self,
+        attr: &mut ibv_qp_attr,
+        mask: ibv_qp_attr_mask,
+        what: &'static str,
+    ) -> Result<(), RingError> {
+        // SAFETY: qp valid, attr initialized for the fields in mask.
+        if unsafe { ibv_modify_qp(self.qp, attr, mask.0 as i32) } != 0 {
+            return Err(RingError::Config(what));
+        }
+        Ok(())
+    }
+
+    fn to_init(&self) -> Result<(), RingError> {
+        // SAFETY: zeroed is a valid ibv_qp_attr.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_INIT;
+        a.pkey_index = 0;
+        a.port_num = self.dev.port;
+        a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+            .0;
+        use ibv_qp_attr_mask as M;
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS,
+            "verbs: ibv_modify_qp to INIT failed",
+        )
+    }
+
+    fn to_rtr(&self, peer: &QpParams) -> Result<(), RingError> {
+        // SAFETY: zeroed is a valid ibv_qp_attr.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTR;
+        a.path_mtu = self.dev.mtu.min(peer.mtu) as ibv_mtu::Type;
+        a.dest_qp_num = peer.qpn;
+        a.rq_psn = peer.psn;
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = 12;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid.raw = peer.gid;
+        a.ah_attr.grh.sgid_index = self.dev.gid_index;
+        a.ah_attr.grh.hop_limit = 64;
+        a.ah_attr.dlid = peer.lid;
+        a.ah_attr.sl = 0;
+        a.ah_attr.port_num = self.dev.port;
+        use ibv_qp_attr_mask as M;
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE
+                | M::IBV_QP_AV
+                | M::IBV_QP_PATH_MTU
+                | M::IBV_QP_DEST_QPN
+                | M::IBV_QP_RQ_PSN
+                | M::IBV_QP_MAX_DEST_RD_ATOMIC
+                | M::IBV_QP_MIN_RNR_TIMER,
+            "verbs: ibv_modify_qp to RTR failed (check the peer's GID, QPN and our GID index)",
+        )
+    }
+
+    fn to_rts(&self) -> Result<(), RingError> {
+        // SAFETY: zeroed is a valid ibv_qp_attr.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_RTS;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.sq_psn = self.psn;
+        a.max_rd_atomic = 1;
+        use ibv_qp_attr_mask as M;
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE
+                | M::IBV_QP_TIMEOUT
+                | M::IBV_QP_RETRY_CNT
+                | M::IBV_QP_RNR_RETRY
+                | M::IBV_QP_SQ_PSN
+                | M::IBV_QP_MAX_QP_RD_ATOMIC,
+            "verbs: ibv_modify_qp to RTS failed",
+        )
+    }
+
+    /// Posts `n` zero-length receives (doorbell rings consume them).
+    /// Caller holds `rq`.
+    fn post_recvs(&self, n: u32) -> Result<(), RingError> {
+        for _ in 0..n {
+            let mut wr = ibv_recv_wr {
+                wr_id: 0,
+                next: std::ptr::null_mut(),
+                sg_list: std::ptr::null_mut(),
+                num_sge: 0,
+            };
+            let mut bad = std::ptr::null_mut();
+            // SAFETY: qp valid; a receive without buffers is allowed (the
+            // only sends we expect are zero-length WRITE_WITH_IMM).
+            if unsafe { ibv_post_recv(self.qp, &mut wr, &mut bad) } != 0 {
+                return Err(RingError::Config("verbs: ibv_post_recv failed"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reaps send completions. Caller holds `sq`.
+    fn reap(&self, st: &mut SqState) -> Result<(), RingError> {
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        // SAFETY: ibv_wc is plain data; zeroed is valid.
+        let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
+        loop {
+            // SAFETY: send_cq valid, wc has room for 16 entries.
+            let n = unsafe { ibv_poll_cq(self.send_cq, wc.len() as i32, wc.as_mut_ptr()) };
+            if n < 0 {
+                let e = RingError::Config("verbs: ibv_poll_cq failed");
+                st.failed = Some(e.clone());
+                return Err(e);
+            }
+            for w in &wc[..n as usize] {
+                if w.status != ibv_wc_status::IBV_WC_SUCCESS {
+                    let e = wc_error(w.status);
+                    st.failed = Some(e.clone());
+                    return Err(e);
+                }
+                st.done = st.done.max(w.wr_id);
+            }
+            if (n as usize) < wc.len() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Posts one WRITE (`imm`: WRITE_WITH_IMM, solicited, no payload).
+    /// `local`: source (address, length) inside the region, or an inline
+    /// word. Caller holds `sq`. Returns the request's sequence number.
+    fn post(
+        &self,
+        st: &mut SqState,
+        src: Src,
+        remote: u64,
+        signaled: bool,
+    ) -> Result<u64, RingError> {
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        // Room in the send queue: at least one of the outstanding requests
+        // is signaled (see `force` below), so reaping makes progress.
+        while st.posted - st.done >= self.sq_depth as u64 {
+            self.reap(st)?;
+            std::hint::spin_loop();
+        }
+        let seq = st.posted + 1;
+        let force = st.unsignaled + 1 >= (self.sq_depth / 2).max(1);
+        let signaled = signaled || force;
+        // SAFETY: mr valid while self lives.
+        let lkey = unsafe { (*self.mr).lkey };
+        let mut flags = if signaled {
+            ibv_send_flags::IBV_SEND_SIGNALED.0
+        } else {
+            0
+        };
+        let mut opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+        let mut imm = 0u32;
+        let mut sge = ibv_sge {
+            addr: 0,
+            length: 0,
+            lkey,
+        };
+        let mut num_sge = 1;
+        match src {
+            Src::Region { off, len } => {
+                sge.addr = self.region.addr(off);
+                sge.length = len;
+            }
+            Src::Word(v) => {
+                if self.inline {
+                    // Inline: the library copies the bytes at post time.
+                    sge.addr = &v as *const u64 as u64;
+                    flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+                } else {
+                    let off = self.layout.staging + (seq as usize % STAGING_WORDS) * 8;
+                    // SAFETY: the staging page is in the region; this word
+                    // is not the source of any outstanding request (the
+                    // queue holds fewer than STAGING_WORDS).
+                    unsafe { std::ptr::write_volatile(self.region.base.add(off).cast::<u64>(), v) };
+                    sge.addr = self.region.addr(off);
+                }
+                sge.length = 8;
+            }
+            Src::Imm(v) => {
+                opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
+                imm = v.to_be();
+                num_sge = 0;
+            }
+        }
+        // SAFETY: ibv_send_wr is plain data (pointers may be null); every
+        // field the opcode uses is set below.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = seq;
+        wr.sg_list = &mut sge;
+        wr.num_sge = num_sge;
+        wr.opcode = opcode;
+        wr.send_flags = flags;
+        wr.imm_data_invalidated_rkey_union.imm_data = imm;
+        wr.wr.rdma.remote_addr = remote;
+        wr.wr.rdma.rkey = self.remote.rkey;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: qp valid; wr and sge live across the call; an inline
+        // source is copied during it; a region source stays valid until the
+        // request completes (the protocol does not rewrite transmitted
+        // slots before the receiver consumed them).
+        if unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) } != 0 {
+            let e =
+                RingError::Config("verbs: ibv_post_send failed (send queue full or QP in error)");
+            st.failed = Some(e.clone());
+            return Err(e);
+        }
+        st.posted = seq;
+        st.unsignaled = if signaled { 0 } else { st.unsignaled + 1 };
+        Ok(seq)
+    }
+}
+
+enum Src {
+    Region { off: usize, len: u32 },
+    Word(u64),
+    Imm(u32),
+}
+
+/// One end of one ring over the connection's queue pair.
+///
+/// `poll_completions` reports word writes only once the *latest* word
+/// write of this end has completed (and with it, by RC ordering, every
+/// earlier request). So a non-zero return always means "the last control
+/// word you wrote is in the peer's memory", which is what
+/// `Sender::poll`/`await_completion` and `Receiver::poll`/`prepare_wait`
+/// rely on.
+pub struct VerbsTransport {
+    shared: Arc<Shared>,
+    role: Role,
+}
+
+impl VerbsTransport {
+    /// Whether a control-word write of this end has not been reported by
+    /// `poll_completions` yet. Before a process blocks it must poll its
+    /// ends until this is false (see the module documentation).
+    pub fn words_pending(&self) -> bool {
+        lock(&self.shared.sq).unreported[self.role as usize] > 0
+    }
+
+    /// Whether the rings use huge pages.
+    pub fn huge_pages(&self) -> bool {
+        self.shared.region.huge
+    }
+
+    fn word_addr(&self, word: PeerWord) -> u64 {
+        let r = &self.shared.remote;
+        match word {
+            PeerWord::LocalTail => r.in_ctrl + offset_of!(RingControl, local_tail) as u64,
+            PeerWord::TxWaiting => r.in_ctrl + offset_of!(RingControl, tx_waiting) as u64,
+            PeerWord::LocalHead => r.out_ctrl + offset_of!(RingControl, local_head) as u64,
+            PeerWord::RxWaiting => r.out_ctrl + offset_of!(RingControl, rx_waiting) as u64,
+            PeerWord::RxClosed => r.out_ctrl + offset_of!(RingControl, rx_closed) as u64,
+        }
+    }
+}
+
+impl Transport for VerbsTransport {
+    fn write_slots(&mut self, first: u32, count: u32) -> Result<(), RingError> {
+        let s = &*self.shared;
+        let l = &s.layout;
+        let ss = s.out_slot_size;
+        let off = first as u64 * ss;
+        let len = count as u64 * ss;
+        if self.role != Role::Sender || off + len > l.out_bytes as u64 || len > u32::MAX as u64 {
+            return Err(RingError::Config("verbs: slot range outside the ring"));
+        }
+        let mut st = lock(&s.sq);
+        s.post(
+            &mut st,
+            Src::Region {
+                off: l.out_slots + off as usize,
+                len: len as u32,
+            },
+            s.remote.in_slots + off,
+            false,
+        )?;
+        Ok(())
+    }
+
+    fn write_word(
+        &mut self,
+        word: PeerWord,
+        value: u64,
+        _signaled: bool,
+    ) -> Result<Visibility, RingError> {
+        // Every word write is signaled: its completion is what makes it
+        // "visible" for the wakeup protocol, and words are rare (one per
+        // alpha slots) next to slot writes, which are signaled only every
+        // sq_depth/2 requests to recycle the send queue.
+        let addr = self.word_addr(word);
+        let s = &*self.shared;
+        let mut st = lock(&s.sq);
+        let seq = s.post(&mut st, Src::Word(value), addr, true)?;
+        let r = self.role as usize;
+        st.last_word[r] = seq;
+        st.unreported[r] += 1;
+        Ok(Visibility::AtCompletion)
+    }
+
+    fn poll_completions(&mut self) -> Result<u32, RingError> {
+        let s = &*self.shared;
+        let mut st = lock(&s.sq);
+        let r = self.role as usize;
+        if st.unreported[r] == 0 {
+            // Still reap, so the queue recycles and errors surface.
+            s.reap(&mut st)?;
+            return Ok(0);
+        }
+        s.reap(&mut st)?;
+        if st.done >= st.last_word[r] {
+            Ok(std::mem::take(&mut st.unreported[r]))
+        } else {
+            Ok(0)
+        }
+    }
+
+    fn kick_peer(&mut self) -> Result<(), RingError> {
+        let s = &*self.shared;
+        let mut st = lock(&s.sq);
+        s.post(
+            &mut st,
+            Src::Imm(self.role as u32 + 1),
+            s.remote.in_ctrl,
+            false,
+        )?;
+        Ok(())
+    }
+}
+
+/// The doorbell of a connection end: the completion channel of the
+/// receive CQ. The peer rings it with a zero-length, solicited RDMA
+/// WRITE_WITH_IMM; the CQ is armed for solicited events only. `fd()`
+/// becomes readable when a ring arrives and can join an epoll set; `drain`
+/// consumes the events, reposts the receives and rearms; `wait` blocks.
+///
+/// One thread at a time waits on a given doorbell (like an eventfd that is
+/// drained: a second waiter could consume the first one's ring).
+pub struct Doorbell {
+    shared: Arc<Shared>,
+}
+
+impl Doorbell {
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        // SAFETY: the channel lives as long as shared.
+        unsafe { (*self.shared.channel).fd }
+    }
+
+    /// Consumes pending rings; returns whether there were any. Leaves the
+    /// CQ armed, so a ring arriving after this returns makes `fd()`
+    /// readable.
+    pub fn drain(&self) -> Result<bool, RingError> {
+        let s = &*self.shared;
+        let _g = lock(&s.rq);
+        let mut events = 0u32;
+        loop {
+            let mut cq = std::ptr::null_mut();
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: channel valid and non-blocking: fails with EAGAIN
+            // when no event is pending.
+            if unsafe { ibv_get_cq_event(s.channel, &mut cq, &mut ctx) } != 0 {
+                break;
+            }
+            events += 1;
+        }
+        if events > 0 {
+            // SAFETY: acks exactly the events just received on recv_cq.
+            unsafe { ibv_ack_cq_events(s.recv_cq, events) };
+        }
+        let mut got = self.poll_recv()?;
+        // SAFETY: recv_cq valid; solicited events only.
+        if unsafe { ibv_req_notify_cq(s.recv_cq, 1) } != 0 {
+            return Err(RingError::Config("verbs: ibv_req_notify_cq failed"));
+        }
+        // A ring that completed between the poll and the arm raised no
+        // event: look once more.
+        got += self.poll_recv()?;
+        Ok(got > 0)
+    }
+
+    /// Reaps receive completions and reposts as many receives. Caller
+    /// holds `rq`.
+    fn poll_recv(&self) -> Result<u32, RingError> {
+        let s = &*self.shared;
+        // SAFETY: plain data.
+        let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
+        let mut total = 0;
+        loop {
+            // SAFETY: recv_cq valid, room for 16.
+            let n = unsafe { ibv_poll_cq(s.recv_cq, wc.len() as i32, wc.as_mut_ptr()) };
+            if n < 0 {
+                return Err(RingError::Config("verbs: ibv_poll_cq (receive) failed"));
+            }
+            for w in &wc[..n as usize] {
+                if w.status != ibv_wc_status::IBV_WC_SUCCESS {
+                    return Err(wc_error(w.status));
+                }
+            }
+            s.post_recvs(n as u32)?;
+            total += n as u32;
+            if (n as usize) < wc.len() {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Blocks until rung or `timeout` passes (`None`: forever). Returns
+    /// whether it was rung.
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<bool, RingError> {
+        if self.drain()? {
+            return Ok(true);
+        }
+        let mut pfd = libc::pollfd {
+            fd: self.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ts = timeout.map(|d| libc::timespec {
+            tv_sec: d.as_secs().min(i32::MAX as u64) as _,
+            tv_nsec: d.subsec_nanos() as _,
+        });
+        // SAFETY: one valid pollfd; ts (if any) lives across the call.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_ppoll,
+                &mut pfd as *mut libc::pollfd,
+                1,
+                ts.as_ref()
+                    .map_or(std::ptr::null(), |t| t as *const libc::timespec),
+                std::ptr::null::<libc::sigset_t>(),
+                8,
+            )
+        };
+        if r < 0 && RingError::last_os() != RingError::Os(libc::EINTR) {
+            return Err(RingError::last_os());
+        }
+        self.drain()
+    }
+}
