@@ -745,9 +745,10 @@ impl Server {
                 expires_ms,
             } if ours(self, offer_ref) => {
                 let remote = Duration::from_millis(u64::from(expires_ms));
+                debug!("peer {id}: offer {offer_ref} claimed on the server's host");
                 self.handler
                     .registry_mut()
-                    .forwarded_extend(offer_ref, remote, now);
+                    .forwarded_claimed(offer_ref, id, remote, now);
             }
             Msg::RemoteAnswer { offer_ref, payload } if ours(self, offer_ref) => {
                 self.settle_forwarded(

@@ -425,6 +425,25 @@ impl<F, R> Registry<F, R> {
         }
     }
 
+    /// The server host's process claimed a forwarded offer: Claimed here
+    /// too (so Cancel answers BadState, as for a local claim), owned by the
+    /// connection `by` that carries it, deciding within `remote`.
+    pub fn forwarded_claimed(
+        &mut self,
+        offer: OfferId,
+        by: SessionId,
+        remote: Duration,
+        now: Instant,
+    ) {
+        let open = self.offers.get(offer).is_some_and(|o| {
+            o.link == Link::Forwarded && matches!(o.state, OfferState::Open { .. })
+        });
+        if open {
+            self.offers.claim(offer, by, now);
+            self.forwarded_extend(offer, remote, now);
+        }
+    }
+
     /// The remote ctl's final word on a forwarded offer (kept here for the
     /// offering process's Collect). False if the offer is no longer live.
     pub fn forwarded_settle(&mut self, offer: OfferId, state: OfferState<F>, now: Instant) -> bool {

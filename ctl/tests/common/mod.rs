@@ -58,10 +58,24 @@ impl Daemon {
     }
 
     pub fn start_with(extra: &[&str]) -> Daemon {
+        Self::start_in(None, extra)
+    }
+
+    /// A daemon inside network namespace `netns` (`ip netns exec`, which
+    /// execs the daemon: the child is the daemon itself).
+    pub fn start_in(netns: Option<&str>, extra: &[&str]) -> Daemon {
         let dir = TempDir::new();
         let socket = dir.path("run/ctl.sock");
         let log = dir.path("daemon.log");
-        let child = Command::new(BIN)
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, BIN]);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let child = cmd
             .arg("daemon")
             .arg("--foreground")
             .arg("--socket")
