@@ -6,17 +6,24 @@
 //! * `Cmd` spawns a program with LD_PRELOAD set, bounded in time;
 //! * `Server` is a background program that is killed (TERM, then KILL) and
 //!   reaped when dropped, with its output kept in a temp dir;
+//! * `Ctl` runs a private `ringsock-ctl daemon` (stopped on drop) that
+//!   `Cmd::shimmed(..).ctl(&ctl)` programs use, and reads its `status
+//!   --json` (`Conn`, `Link`, `assert_all_shm`); programs without `.ctl`
+//!   get a control socket path where no daemon answers (pure TCP);
 //! * `free_port`, `wait_port`, `TempDir`, `sha256` and the `require!`
 //!   macro, which skips a test (with a printed reason) only when a program
 //!   is not installed.
 
+pub mod ctl;
+pub mod json;
 pub mod proc;
 pub mod sha256;
 pub mod shim;
 pub mod tmp;
 
-pub use proc::{free_port, run, wait_port, Cmd, Server};
-pub use shim::{shim, which};
+pub use ctl::{assert_all_shm, links, show, Conn, Ctl, Link, Watched};
+pub use proc::{free_port, no_daemon_sock, run, wait_port, Cmd, Server};
+pub use shim::{ctl_bin, shim, which};
 pub use tmp::TempDir;
 
 /// Skips the calling test, with a reason on stdout, if any of the programs

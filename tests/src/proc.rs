@@ -8,8 +8,14 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::ctl::Ctl;
 use crate::shim::shim;
 use crate::tmp::TempDir;
+
+/// A control socket path no daemon listens on.
+pub fn no_daemon_sock() -> PathBuf {
+    std::env::temp_dir().join("ringsock-test-no-daemon-here/ctl.sock")
+}
 
 /// A command that runs under `LD_PRELOAD=libringsock.so` (or without it,
 /// for comparison runs).
@@ -20,11 +26,22 @@ pub struct Cmd {
 
 impl Cmd {
     /// `program` with the shim preloaded (default knobs: log level warn, so
-    /// a healthy pass-through run prints nothing of ours).
+    /// a healthy run prints nothing of ours). Its RINGSOCK_CTL_SOCK names a
+    /// path where no daemon ever answers (so a daemon running on the host
+    /// cannot change the result): every connection stays TCP unless
+    /// `.ctl(&ctl)` points it at a test's own daemon.
     pub fn shimmed(program: &str) -> Cmd {
         let mut c = Cmd::plain(program);
-        c.cmd.env("LD_PRELOAD", shim()).env("RINGSOCK_LOG", "warn");
+        c.cmd
+            .env("LD_PRELOAD", shim())
+            .env("RINGSOCK_LOG", "warn")
+            .env("RINGSOCK_CTL_SOCK", no_daemon_sock());
         c
+    }
+
+    /// Makes the program use `ctl`'s daemon (RINGSOCK_CTL_SOCK).
+    pub fn ctl(self, ctl: &Ctl) -> Cmd {
+        self.env("RINGSOCK_CTL_SOCK", ctl.sock())
     }
 
     /// `program` without the shim.
@@ -91,6 +108,7 @@ impl Cmd {
             .unwrap_or_else(|e| panic!("spawning {}: {e}", self.label));
         Server {
             child: Some(child),
+            status: None,
             label: self.label,
             out,
             err,
@@ -154,6 +172,8 @@ fn wait_until(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
 /// A background program, stopped and reaped on drop.
 pub struct Server {
     child: Option<Child>,
+    /// Its exit status, once reaped.
+    status: Option<ExitStatus>,
     label: String,
     out: PathBuf,
     err: PathBuf,
@@ -171,10 +191,26 @@ impl Server {
         (read(&self.out), read(&self.err))
     }
 
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Its exit status if it has exited (reaping it), without waiting.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(s)) = c.try_wait() {
+                    self.status = Some(s);
+                    self.child = None;
+                }
+            }
+        }
+        self.status
+    }
+
     /// Panics, with its output, if it has exited.
     pub fn assert_running(&mut self) {
-        let Some(c) = self.child.as_mut() else { return };
-        if let Ok(Some(status)) = c.try_wait() {
+        if let Some(status) = self.exited() {
             let (o, e) = self.output();
             panic!(
                 "{} exited early ({status}):\nstdout:\n{o}\nstderr:\n{e}",
@@ -183,24 +219,59 @@ impl Server {
         }
     }
 
+    /// Waits until its stdout has a line starting with `prefix` and returns
+    /// that line (the first such); panics with its output if it exits or
+    /// `timeout` passes first.
+    pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> String {
+        let end = Instant::now() + timeout;
+        loop {
+            let (o, e) = self.output();
+            if let Some(l) = o.lines().find(|l| l.starts_with(prefix)) {
+                return l.to_string();
+            }
+            if self.exited().is_some() || Instant::now() >= end {
+                let (o, e2) = self.output();
+                panic!(
+                    "{} printed no `{prefix}` line ({:?}):\nstdout:\n{o}\nstderr:\n{e}{e2}",
+                    self.label, self.status
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Stops it (SIGTERM, then SIGKILL after 3 s) and returns its status
     /// and output.
     pub fn stop(&mut self) -> (Option<ExitStatus>, String, String) {
-        let status = self.child.take().and_then(|mut c| {
+        if let Some(mut c) = self.child.take() {
             // SAFETY: signalling our own child by pid.
             unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
-            wait_until(&mut c, Duration::from_secs(3))
-        });
+            self.status = wait_until(&mut c, Duration::from_secs(3));
+        }
         let (o, e) = self.output();
-        (status, o, e)
+        (self.status, o, e)
     }
 
-    /// Waits for it to exit by itself within `timeout`.
+    /// Waits for it to exit by itself within `timeout` (killing it if it
+    /// does not); its status, None if it had to be killed.
     pub fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let c = self.child.as_mut()?;
-        let s = wait_until(c, timeout);
-        self.child = None;
-        s
+        if let Some(mut c) = self.child.take() {
+            self.status = wait_until(&mut c, timeout);
+        }
+        self.status
+    }
+
+    /// Waits for it to exit within `timeout` and asserts success; returns
+    /// its output.
+    pub fn wait_ok(&mut self, timeout: Duration) -> (String, String) {
+        let status = self.wait(timeout);
+        let (o, e) = self.output();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{} failed or timed out after {timeout:?} ({status:?}):\nstdout:\n{o}\nstderr:\n{e}",
+            self.label
+        );
+        (o, e)
     }
 }
 

@@ -1,4 +1,4 @@
-//! Locating (and building) `libringsock.so`.
+//! Locating (and building) `libringsock.so` and the `ringsock-ctl` binary.
 //!
 //! The test binary lives in `<target>/<profile>/deps/`; the shim is built
 //! as `<target>/<profile>/libringsock.so`. Deriving the path from the test
@@ -12,14 +12,21 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 static SHIM: OnceLock<PathBuf> = OnceLock::new();
+static CTL: OnceLock<PathBuf> = OnceLock::new();
 
 /// Absolute path of a freshly built `libringsock.so`. Panics with the
 /// build's output if it cannot be built.
 pub fn shim() -> &'static Path {
-    SHIM.get_or_init(build)
+    SHIM.get_or_init(|| build("ringsock-preload", "libringsock.so"))
 }
 
-fn build() -> PathBuf {
+/// Absolute path of a freshly built `ringsock-ctl` (same target dir and
+/// profile as the shim).
+pub fn ctl_bin() -> &'static Path {
+    CTL.get_or_init(|| build("ringsock-ctl", "ringsock-ctl"))
+}
+
+fn build(package: &str, artifact: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let deps = exe.parent().expect("deps dir");
     let profile_dir = deps.parent().expect("profile dir");
@@ -28,14 +35,14 @@ fn build() -> PathBuf {
         .file_name()
         .and_then(|s| s.to_str())
         .unwrap_or("debug");
-    let so = profile_dir.join("libringsock.so");
+    let so = profile_dir.join(artifact);
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("workspace root");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace)
-        .args(["build", "--quiet", "-p", "ringsock-preload", "--target-dir"])
+        .args(["build", "--quiet", "-p", package, "--target-dir"])
         .arg(target);
     if profile == "release" {
         cmd.arg("--release");
@@ -43,7 +50,7 @@ fn build() -> PathBuf {
     let out = cmd.output().expect("running cargo build");
     assert!(
         out.status.success(),
-        "building libringsock.so failed:\n{}",
+        "building {artifact} failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(so.exists(), "{} missing after the build", so.display());

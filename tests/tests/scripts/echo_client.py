@@ -5,13 +5,45 @@ Usage: echo_client.py THREADED_PORT ASYNCIO_PORT SIZE
 Sends SIZE pseudo-random bytes both ways through the threaded (sendall/recv)
 and asyncio servers, and a few lines through makefile; prints the sha256 of
 what was sent and of what came back.
+
+With RS_HOLD_DIR set, each connection pauses once while it is open (halfway
+through its data): the client prints `HOLD <name> <local port>` and waits
+until the file RS_HOLD_DIR/<name> exists, so the test can look at the
+connection (ringsock-ctl status) while it is alive.
 """
 import asyncio
 import hashlib
+import os
 import random
 import socket
 import sys
 import threading
+import time
+
+HOLD_DIR = os.environ.get("RS_HOLD_DIR")
+HOLD_TIMEOUT = 30
+
+
+def hold(name, sock):
+    if not HOLD_DIR:
+        return
+    print("HOLD", name, sock.getsockname()[1], flush=True)
+    end = time.monotonic() + HOLD_TIMEOUT
+    while not os.path.exists(os.path.join(HOLD_DIR, name)):
+        if time.monotonic() > end:
+            raise SystemExit("hold %s: never released" % name)
+        time.sleep(0.005)
+
+
+async def ahold(name, writer):
+    if not HOLD_DIR:
+        return
+    print("HOLD", name, writer.get_extra_info("sockname")[1], flush=True)
+    end = time.monotonic() + HOLD_TIMEOUT
+    while not os.path.exists(os.path.join(HOLD_DIR, name)):
+        if time.monotonic() > end:
+            raise SystemExit("hold %s: never released" % name)
+        await asyncio.sleep(0.005)
 
 
 def payload(size):
@@ -25,6 +57,8 @@ def echo_threaded(port, data):
     def sender():
         view = memoryview(data)
         for i in range(0, len(view), 100_000):
+            if i >= len(view) // 2 and i - 100_000 < len(view) // 2:
+                hold("threaded", s)
             s.sendall(view[i:i + 100_000])
         s.shutdown(socket.SHUT_WR)
 
@@ -52,6 +86,7 @@ def lines(port):
         f.write(word + b"\n")
         f.flush()
         answers.append(f.readline().rstrip(b"\n"))
+    hold("lines", s)
     f.write(b"BYE\n")
     f.flush()
     assert f.readline() == b"BYE\n"
@@ -65,6 +100,8 @@ async def echo_asyncio(port, data):
 
     async def send():
         for i in range(0, len(data), 100_000):
+            if i >= len(data) // 2 and i - 100_000 < len(data) // 2:
+                await ahold("asyncio", writer)
             writer.write(data[i:i + 100_000])
             await writer.drain()
         writer.write_eof()
