@@ -1,0 +1,77 @@
+//! Fallback to kernel TCP: a shimmed program whose peer is not shimmed (in
+//! either direction) keeps working, with status showing `tcp` and a reason
+//! for its end; without any daemon every connection is plain TCP and the
+//! shim stays silent. Same python echo pair and checksums as python_echo.
+
+mod common;
+
+use common::{python_echo, Held, Side};
+use ringsock_integration::{assert_shim_silent, require, Ctl};
+
+const SIZE: usize = 1 << 20;
+
+fn assert_tcp_end(h: &Held, end: &Option<ringsock_integration::Conn>, which: &str) {
+    let c = end.as_ref().unwrap_or_else(|| {
+        panic!(
+            "{}: the shimmed {which} end was never reported:\n{}",
+            h.name,
+            ringsock_integration::show(&h.sample)
+        )
+    });
+    assert_eq!(c.transport, "tcp", "{}: {c}", h.name);
+    assert!(
+        !c.reason.is_empty(),
+        "{}: tcp without a reason: {c}",
+        h.name
+    );
+    assert!(c.ring.is_none(), "{}: tcp with a ring: {c}", h.name);
+}
+
+#[test]
+fn shimmed_client_unshimmed_server_is_tcp() {
+    require!("python3");
+    let ctl = Ctl::start();
+    let (held, cerr, _) = python_echo(Some(&ctl), Side::Plain, Side::Shim, SIZE);
+    for h in &held {
+        assert_tcp_end(h, &h.client, "client");
+        assert!(h.server.is_none(), "plain server reported: {:?}", h.server);
+        println!("{}: {}", h.name, h.client.as_ref().unwrap());
+    }
+    assert_shim_silent("client", &cerr);
+}
+
+#[test]
+fn unshimmed_client_shimmed_server_is_tcp() {
+    require!("python3");
+    let ctl = Ctl::start();
+    let (held, _, serr) = python_echo(Some(&ctl), Side::Shim, Side::Plain, SIZE);
+    for h in &held {
+        assert_tcp_end(h, &h.server, "server");
+        assert!(h.client.is_none(), "plain client reported: {:?}", h.client);
+        println!("{}: {}", h.name, h.server.as_ref().unwrap());
+    }
+    assert_shim_silent("server", &serr);
+}
+
+#[test]
+fn no_daemon_everything_is_tcp() {
+    require!("python3");
+    // Cmd::shimmed without .ctl(): RINGSOCK_CTL_SOCK names a path where no
+    // daemon answers.
+    let (held, cerr, serr) = python_echo(None, Side::Shim, Side::Shim, SIZE);
+    assert!(held.is_empty());
+    assert_shim_silent("client", &cerr);
+    assert_shim_silent("server", &serr);
+}
+
+#[test]
+fn daemon_elsewhere_sees_nothing_of_programs_without_it() {
+    require!("python3");
+    // A daemon runs, but the programs were not pointed at it: they stay
+    // TCP and report nothing to it.
+    let ctl = Ctl::start();
+    let (held, _, _) = python_echo(None, Side::Shim, Side::Shim, SIZE);
+    assert!(held.is_empty());
+    let s = ctl.status();
+    assert!(s.is_empty(), "{}", ringsock_integration::show(&s));
+}
