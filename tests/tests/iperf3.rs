@@ -1,8 +1,10 @@
-//! iperf3 client and server under the shim, 1 s in each direction.
+//! iperf3 client and server under the shim with a daemon, 1 s in each
+//! direction: bytes moved, and the control and data connections are on
+//! shared-memory rings.
 
 use std::time::Duration;
 
-use ringsock_integration::{assert_shim_silent, free_port, require, wait_port, Cmd};
+use ringsock_integration::{assert_all_shm, assert_shim_silent, free_port, require, Ctl};
 
 /// Extracts end.sum_sent.bytes and end.sum_received.bytes, and fails on an
 /// "error" key, using python's json module.
@@ -14,31 +16,42 @@ print(int(d["end"]["sum_sent"]["bytes"]), int(d["end"]["sum_received"]["bytes"])
 "#;
 
 fn run_direction(reverse: bool) {
-    let port = free_port().to_string();
-    let mut server = Cmd::shimmed("iperf3")
-        .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port])
+    let ctl = Ctl::start();
+    let port_n = free_port();
+    let port = port_n.to_string();
+    // No wait_port probe: it would count as the one-off (-1) server's
+    // client. The server says when it listens.
+    let mut server = ctl
+        .shimmed("iperf3")
+        .args(["-s", "-1", "--forceflush", "-B", "127.0.0.1", "-p", &port])
         .spawn();
-    wait_port(&mut server, port.parse().unwrap(), Duration::from_secs(10));
-    // wait_port's probe connection counts as iperf3's single client on some
-    // versions; give the one-off server a fresh start if it already exited.
-    if server.wait(Duration::from_millis(300)).is_some() {
-        server = Cmd::shimmed("iperf3")
-            .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port])
-            .spawn();
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    let mut client = Cmd::shimmed("iperf3").args(["-c", "127.0.0.1", "-p", &port, "-t", "1", "-J"]);
+    server.wait_line("Server listening", Duration::from_secs(10));
+    let mut client = ctl
+        .shimmed("iperf3")
+        .args(["-c", "127.0.0.1", "-p", &port, "-t", "1", "-J"]);
     if reverse {
         client = client.arg("-R");
     }
-    let out = client.run(Duration::from_secs(20));
-    let json = String::from_utf8_lossy(&out.stdout).into_owned();
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(
-        out.status.success(),
-        "iperf3 -c (reverse={reverse}) failed:\n{json}\n{err}"
-    );
+    let mut client = client.spawn();
+    let w = ctl.watch(&mut client, Duration::from_secs(20));
+    w.assert_ok(&format!("iperf3 -c (reverse={reverse})"));
+    let (json, err) = (w.stdout.clone(), w.stderr.clone());
     assert_shim_silent("iperf3 client", &err);
+    // The control connection and the data stream.
+    let links = assert_all_shm("iperf3", &w.conns, port_n, 2);
+    let most = links
+        .iter()
+        .map(|l| l.client.stat("c2s_bytes") + l.client.stat("s2c_bytes"))
+        .max()
+        .unwrap_or(0);
+    assert!(most > 1 << 20, "the data stream's ring moved only {most} B");
+    for l in &links {
+        println!(
+            "reverse={reverse}: {l} c2s {} B s2c {} B",
+            l.client.stat("c2s_bytes"),
+            l.client.stat("s2c_bytes")
+        );
+    }
     let parsed = std::process::Command::new("python3")
         .args(["-c", PARSE])
         .stdin(std::process::Stdio::piped())

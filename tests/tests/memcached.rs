@@ -1,12 +1,16 @@
 //! memcached under the shim, loaded by memcslap and checked by a python
-//! client speaking the text protocol (both under the shim).
+//! client speaking the text protocol (both under the shim), with a daemon:
+//! right answers, and the connections are on shared-memory rings while they
+//! run (the python client keeps its connection open for half a second).
 
 use std::time::Duration;
 
-use ringsock_integration::{assert_shim_silent, free_port, require, wait_port, Cmd};
+use ringsock_integration::{
+    assert_all_shm, assert_shim_silent, free_port, require, wait_port, Ctl,
+};
 
 const CLIENT: &str = r#"
-import socket, sys
+import socket, sys, time
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
 f = s.makefile("rwb")
 value = bytes(range(256)) * 400
@@ -19,14 +23,20 @@ assert f.read(len(value)) == value
 assert f.readline() == b"\r\n" and f.readline() == b"END\r\n"
 f.write(b"incr nope 1\r\n"); f.flush()
 assert f.readline() == b"NOT_FOUND\r\n"
+time.sleep(0.5)
+f.write(b"get ringsock\r\n"); f.flush()
+assert f.readline().split()[:2] == [b"VALUE", b"ringsock"]
+assert f.read(len(value) + 2) == value + b"\r\n" and f.readline() == b"END\r\n"
 print("memcached ok")
 "#;
 
 #[test]
 fn memcached_under_load_and_readback() {
     require!("memcached");
+    let ctl = Ctl::start();
     let port = free_port();
-    let mut server = Cmd::shimmed("memcached")
+    let mut server = ctl
+        .shimmed("memcached")
         .args([
             "-l",
             "127.0.0.1",
@@ -44,11 +54,22 @@ fn memcached_under_load_and_readback() {
 
     if ringsock_integration::which("memcslap").is_some() {
         for test in ["set", "get"] {
-            let (out, err) = Cmd::shimmed("memcslap")
+            let mut slap = ctl
+                .shimmed("memcslap")
                 .arg(format!("--servers=127.0.0.1:{port}"))
                 .args(["--concurrency=4", "--execute-number=2000", "--test", test])
-                .run_ok(Duration::from_secs(30));
-            assert_shim_silent("memcslap", &err);
+                .spawn();
+            let w = ctl.watch(&mut slap, Duration::from_secs(30));
+            w.assert_ok(&format!("memcslap {test}"));
+            let (out, err) = (&w.stdout, &w.stderr);
+            assert_shim_silent("memcslap", err);
+            // memcslap may finish between two samples: whatever was seen
+            // must be shm.
+            let links = assert_all_shm(&format!("memcslap {test}"), &w.conns, port, 0);
+            println!(
+                "memcslap {test}: {} connection(s) seen over shm",
+                links.len()
+            );
             let text = format!("{out}{err}");
             assert!(
                 !text.to_lowercase().contains("fail"),
@@ -64,11 +85,16 @@ fn memcached_under_load_and_readback() {
         println!("memcslap not installed: running the python client only");
     }
     if ringsock_integration::which("python3").is_some() {
-        let (out, err) = Cmd::shimmed("python3")
+        let mut client = ctl
+            .shimmed("python3")
             .args(["-c", CLIENT, &port.to_string()])
-            .run_ok(Duration::from_secs(15));
-        assert_shim_silent("python client", &err);
-        assert!(out.contains("memcached ok"), "{out}");
+            .spawn();
+        let w = ctl.watch(&mut client, Duration::from_secs(15));
+        w.assert_ok("python client");
+        assert_shim_silent("python client", &w.stderr);
+        assert!(w.stdout.contains("memcached ok"), "{}", w.stdout);
+        let links = assert_all_shm("python client", &w.conns, port, 1);
+        println!("python client: {}", links[0]);
     }
     let (_, _, serr) = server.stop();
     assert_shim_silent("memcached", &serr);

@@ -1,16 +1,22 @@
 //! nginx (master + 2 workers, which accept on the master's inherited
 //! listening socket) under the shim, serving 0 B, 1 MiB and 10 MiB files to
-//! curl under the shim.
+//! curl under the shim, with a daemon: right bytes, and every transfer seen
+//! while alive (the 10 MiB one is slowed down with curl's --limit-rate) is
+//! on a shared-memory ring between curl and a worker (nginx uses sendfile,
+//! which the shim carries over the ring).
 
 use std::time::Duration;
 
 use ringsock_integration::{
-    assert_shim_silent, free_port, payload, require, sha256, wait_port, Cmd, TempDir,
+    assert_all_shm, assert_shim_silent, free_port, payload, require, sha256, wait_port, Ctl,
+    TempDir,
 };
 
 #[test]
 fn nginx_serves_files_to_curl() {
     require!("nginx", "curl");
+    let ctl = Ctl::start();
+    let out_dir = TempDir::new("nginx-out");
     let prefix = TempDir::new("nginx");
     let root = prefix.path().join("html");
     let files: Vec<(String, Vec<u8>)> = [(0usize, 11u64), (1 << 20, 12), (10 << 20, 13)]
@@ -41,7 +47,8 @@ fn nginx_serves_files_to_curl() {
         root.display()
     );
     let conf_path = prefix.write("nginx.conf", conf.as_bytes());
-    let mut server = Cmd::shimmed("nginx")
+    let mut server = ctl
+        .shimmed("nginx")
         .arg("-p")
         .arg(prefix.path())
         .arg("-c")
@@ -51,23 +58,38 @@ fn nginx_serves_files_to_curl() {
     wait_port(&mut server, port, Duration::from_secs(10));
 
     // Several rounds, so that both workers get to serve.
+    let mut workers = std::collections::BTreeSet::new();
     for round in 0..3 {
         for ((name, data), sum) in files.iter().zip(&sums) {
-            let out = Cmd::shimmed("curl")
-                .args(["-sS", "--fail", "--max-time", "10"])
+            let dest = out_dir.path().join(format!("{round}-{name}"));
+            let mut curl = ctl
+                .shimmed("curl")
+                .args([
+                    "-sS",
+                    "--fail",
+                    "--max-time",
+                    "20",
+                    "--limit-rate",
+                    "20M",
+                    "-o",
+                ])
+                .arg(&dest)
                 .arg(format!("http://127.0.0.1:{port}/{name}"))
-                .run(Duration::from_secs(15));
-            let err = String::from_utf8_lossy(&out.stderr);
-            assert!(
-                out.status.success(),
-                "round {round} curl {name}: {}\n{err}",
-                out.status
-            );
-            assert_shim_silent("curl", &err);
-            assert_eq!(out.stdout.len(), data.len(), "{name}: length");
-            assert_eq!(&sha256::hex(&out.stdout), sum, "{name}: checksum");
+                .spawn();
+            let w = ctl.watch(&mut curl, Duration::from_secs(25));
+            w.assert_ok(&format!("round {round} curl {name}"));
+            assert_shim_silent("curl", &w.stderr);
+            let got = std::fs::read(&dest).expect("curl output");
+            assert_eq!(got.len(), data.len(), "{name}: length");
+            assert_eq!(&sha256::hex(&got), sum, "{name}: checksum");
+            let min = usize::from(data.len() >= 10 << 20);
+            for l in assert_all_shm(&format!("round {round} {name}"), &w.conns, port, min) {
+                println!("round {round} {name}: {l}");
+                workers.insert(l.server.pid);
+            }
         }
     }
+    println!("workers seen serving over shm: {workers:?}");
     let (_, _, serr) = server.stop();
     assert_shim_silent("nginx", &serr);
     let log = std::fs::read_to_string(prefix.path().join("error.log")).unwrap_or_default();

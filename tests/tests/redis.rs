@@ -1,16 +1,22 @@
 //! redis-server under the shim, driven by redis-benchmark and redis-cli
-//! (also under the shim).
+//! (also under the shim), with a daemon: replies are right and the
+//! connections (the benchmark's 20 clients, a long redis-cli session) are
+//! on shared-memory rings while they run.
 
 use std::time::Duration;
 
-use ringsock_integration::{assert_shim_silent, free_port, require, wait_port, Cmd, TempDir};
+use ringsock_integration::{
+    assert_all_shm, assert_shim_silent, free_port, require, wait_port, Ctl, TempDir,
+};
 
 #[test]
 fn redis_benchmark_and_cli_readback() {
     require!("redis-server", "redis-benchmark", "redis-cli");
+    let ctl = Ctl::start();
     let dir = TempDir::new("redis");
     let port = free_port().to_string();
-    let mut server = Cmd::shimmed("redis-server")
+    let mut server = ctl
+        .shimmed("redis-server")
         .args([
             "--port",
             &port,
@@ -26,7 +32,9 @@ fn redis_benchmark_and_cli_readback() {
         .spawn();
     wait_port(&mut server, port.parse().unwrap(), Duration::from_secs(10));
 
-    let (out, err) = Cmd::shimmed("redis-benchmark")
+    let port_n: u16 = port.parse().unwrap();
+    let mut bench = ctl
+        .shimmed("redis-benchmark")
         .args([
             "-h",
             "127.0.0.1",
@@ -39,8 +47,18 @@ fn redis_benchmark_and_cli_readback() {
             "-c",
             "20",
         ])
-        .run_ok(Duration::from_secs(60));
-    assert_shim_silent("redis-benchmark", &err);
+        .spawn();
+    let w = ctl.watch(&mut bench, Duration::from_secs(60));
+    w.assert_ok("redis-benchmark");
+    let (out, err) = (&w.stdout, &w.stderr);
+    assert_shim_silent("redis-benchmark", err);
+    let links = assert_all_shm("redis-benchmark", &w.conns, port_n, 1);
+    println!(
+        "redis-benchmark: {} connection(s) seen over shm in {} samples, e.g. {}",
+        links.len(),
+        w.samples,
+        links[0]
+    );
     for test in ["SET", "GET"] {
         let section = out
             .split(&format!("====== {test} ======"))
@@ -55,8 +73,29 @@ fn redis_benchmark_and_cli_readback() {
     }
     assert!(!out.to_lowercase().contains("error"), "{out}");
 
+    // One connection, kept for a second: -r 20 -i 0.05 repeats INCR on it.
+    let mut incr = ctl
+        .shimmed("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port])
+        .args(["-r", "20", "-i", "0.05", "INCR", "ringsock:counter"])
+        .spawn();
+    let w = ctl.watch(&mut incr, Duration::from_secs(20));
+    w.assert_ok("redis-cli -r 20");
+    assert_shim_silent("redis-cli", &w.stderr);
+    let counts: Vec<&str> = w.stdout.lines().collect();
+    let want: Vec<String> = (1..=20).map(|i| i.to_string()).collect();
+    assert_eq!(counts, want, "INCR replies");
+    let links = assert_all_shm("redis-cli -r 20", &w.conns, port_n, 1);
+    assert_eq!(links.len(), 1, "one connection expected");
+    assert!(
+        links[0].client.stat("c2s_bytes") > 0 && links[0].client.stat("s2c_bytes") > 0,
+        "ring counters: {:?}",
+        links[0].client.stats
+    );
+
     let cli = |args: &[&str]| {
-        let (o, e) = Cmd::shimmed("redis-cli")
+        let (o, e) = ctl
+            .shimmed("redis-cli")
             .args(["-h", "127.0.0.1", "-p", &port])
             .args(args)
             .run_ok(Duration::from_secs(10));
