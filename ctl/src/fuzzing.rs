@@ -116,6 +116,11 @@ impl Env for FakeEnv {
         fd
     }
 
+    /// 192.0.2.0/24 (TEST-NET-1) stands for other hosts.
+    fn is_local_ip(&mut self, ip: std::net::IpAddr) -> bool {
+        !matches!(ip, std::net::IpAddr::V4(v4) if v4.octets()[..3] == [192, 0, 2])
+    }
+
     fn ring_stats(&self, ring: &FakeFd) -> Vec<RingStat> {
         let size = match ring.sock {
             FakeSock::Memfd { size } => size,

@@ -429,3 +429,137 @@ proptest! {
         run_script(&data);
     }
 }
+
+// ---- offers between hosts (192.0.2.0/24 is "another host" for FakeEnv) ----
+
+#[test]
+fn offers_for_other_hosts_are_forwarded_without_descriptors() {
+    let mut t = T::new();
+    let proof = FakeSock::Client {
+        local: a("0.0.0.0:5000"),
+        peer: None,
+    };
+    let r = t.req(
+        C,
+        Msg::Offer {
+            client: a("0.0.0.0:5000"),
+            server: a("192.0.2.7:80"),
+            payload: b"qp".to_vec(),
+        },
+        vec![proof],
+    );
+    let fwd = r.forward.expect("forwarded");
+    assert_eq!(
+        (fwd.client, fwd.server, &fwd.payload[..]),
+        (a("0.0.0.0:5000"), a("192.0.2.7:80"), &b"qp"[..])
+    );
+    // The reply to use when the other host cannot be asked.
+    assert_eq!(
+        r.msg,
+        Msg::OfferRefused {
+            reason: RefuseReason::NoListener
+        }
+    );
+    assert!(matches!(
+        t.h.registry().offer_state(fwd.offer_id),
+        Some(crate::registry::OfferState::Open { .. })
+    ));
+    // Descriptors besides the proof cannot cross hosts.
+    let r = t.req(
+        C,
+        Msg::Offer {
+            client: a("0.0.0.0:5001"),
+            server: a("192.0.2.7:80"),
+            payload: vec![],
+        },
+        vec![
+            FakeSock::Client {
+                local: a("0.0.0.0:5001"),
+                peer: None,
+            },
+            FakeSock::Memfd { size: 4096 },
+        ],
+    );
+    assert!(r.forward.is_none());
+    assert_eq!(
+        r.msg,
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+    assert_eq!(t.env.live(), t.h.registry().held_fds());
+}
+
+#[test]
+fn remote_offers_are_checked_against_the_connection_source() {
+    let mut t = T::new();
+    const P: SessionId = 9;
+    t.h.registry_mut().open_peer_session(P);
+    t.listen("10.0.0.1:80");
+    let src: IpAddr = "10.0.0.9".parse().unwrap();
+    let ro = |t: &mut T, r: u64, client: &str, server: &str| {
+        t.h.peer_request(
+            P,
+            src,
+            Msg::RemoteOffer {
+                offer_ref: r,
+                client: a(client),
+                server: a(server),
+                payload: vec![],
+            },
+            t.now,
+        )
+        .unwrap()
+        .unwrap()
+    };
+    let refused = |r, reason| Msg::RemoteRefused {
+        offer_ref: r,
+        reason,
+    };
+    assert_eq!(
+        ro(&mut t, 1, "10.0.0.8:5000", "10.0.0.1:80"),
+        refused(1, RefuseReason::Invalid)
+    );
+    assert_eq!(
+        ro(&mut t, 2, "10.0.0.9:0", "10.0.0.1:80"),
+        refused(2, RefuseReason::Invalid)
+    );
+    assert_eq!(
+        ro(&mut t, 3, "10.0.0.9:5000", "127.0.0.1:80"),
+        refused(3, RefuseReason::NoListener)
+    );
+    assert_eq!(
+        ro(&mut t, 4, "10.0.0.9:5000", "192.0.2.1:80"),
+        refused(4, RefuseReason::NoListener)
+    );
+    // v4-mapped source and client compare equal to plain IPv4.
+    assert!(matches!(
+        ro(&mut t, 5, "[::ffff:10.0.0.9]:5000", "10.0.0.1:80"),
+        Msg::RemoteOfferOk {
+            offer_ref: 5,
+            expires_ms: 10_000
+        }
+    ));
+    // Only the owner of the accepted socket claims it.
+    let r = t.req(
+        S,
+        Msg::Claim,
+        vec![FakeSock::Accepted {
+            local: a("10.0.0.1:80"),
+            peer: a("10.0.0.9:5000"),
+        }],
+    );
+    assert!(matches!(r.msg, Msg::ClaimOk { client_pid: 0, .. }));
+    // Replies-only kinds on the accepting side close the connection.
+    assert!(t
+        .h
+        .peer_request(P, src, Msg::RemoteExpired { offer_ref: 5 }, t.now)
+        .is_err());
+    assert_eq!(
+        t.h.peer_request(P, src, Msg::RemoteCancel { offer_ref: 77 }, t.now),
+        Ok(None)
+    );
+    // And ctl-to-ctl kinds are faults on the local socket.
+    let bytes = frame::encode(&Msg::RemoteCancel { offer_ref: 1 }).unwrap();
+    assert!(t.h.handle_frame(C, &bytes, vec![], t.now).is_err());
+}

@@ -589,3 +589,190 @@ fn pid_falls_back_to_hello_when_peercred_has_none() {
     assert!(reg.has_said_hello(9));
     assert_eq!(reg.pid_of(9), 4242);
 }
+
+// ---- offers between hosts ----
+
+const P: SessionId = 50; // ctl-to-ctl connection from another host
+
+fn remote(client: &str, server: &str) -> NewOffer<TFd> {
+    NewOffer {
+        client: a(client),
+        server: a(server),
+        payload: b"qp".to_vec(),
+        fds: Vec::new(),
+    }
+}
+
+#[test]
+fn offers_from_another_host_report_claim_and_outcome() {
+    let mut w = World::new();
+    w.reg.open_peer_session(P);
+    assert!(w.reg.is_peer_session(P) && !w.reg.has_said_hello(P));
+    w.reg.add_listener(B, listener("10.0.0.2:80")).unwrap();
+    // Same listener rule as local offers.
+    assert_eq!(
+        w.reg
+            .offer_from_peer(P, 7, remote("10.0.0.1:5000", "10.0.0.2:81"), w.now),
+        Err(RefuseReason::NoListener)
+    );
+    let id = w
+        .reg
+        .offer_from_peer(P, 7, remote("10.0.0.1:5000", "10.0.0.2:80"), w.now)
+        .unwrap();
+    assert_eq!(
+        w.reg
+            .offer_from_peer(P, 7, remote("10.0.0.1:5001", "10.0.0.2:80"), w.now),
+        Err(RefuseReason::Duplicate)
+    );
+    assert!(w.reg.is_from_peer(id));
+    assert_eq!(w.reg.peer_offer(P, 7), Some(id));
+    // Local sessions cannot use the peer entry point, nor peers the local.
+    assert_eq!(
+        w.reg
+            .offer_from_peer(A, 8, remote("10.0.0.1:5002", "10.0.0.2:80"), w.now),
+        Err(RefuseReason::Invalid)
+    );
+    assert!(w.reg.take_events(w.now).is_empty());
+    w.check();
+
+    let c = w
+        .reg
+        .claim(B, a("10.0.0.2:80"), a("10.0.0.1:5000"), w.now)
+        .unwrap();
+    assert_eq!((c.client_pid, &c.payload[..]), (0, &b"qp"[..]));
+    let ev = w.reg.take_events(w.now);
+    assert!(
+        matches!(ev[..], [PeerEvent::Claimed { peer: P, offer_ref: 7, expires }] if expires == w.reg.limits().offer_timeout),
+        "{ev:?}"
+    );
+    w.reg
+        .answer(B, id, b"ok".to_vec(), Vec::new(), w.now)
+        .unwrap();
+    let ev = w.reg.take_events(w.now);
+    assert!(
+        matches!(&ev[..], [PeerEvent::Settled { peer: P, offer_ref: 7, outcome: Outcome::Answered { payload, .. } }] if payload == b"ok"),
+        "{ev:?}"
+    );
+    // Delivered to the other host: nothing left here.
+    assert_eq!(w.reg.offer_count(), 0);
+    assert_eq!(w.reg.peer_offer(P, 7), None);
+    w.check();
+
+    // Expiry and a lost claimer are reported too; a cancel is not.
+    w.reg
+        .offer_from_peer(P, 8, remote("10.0.0.1:5003", "10.0.0.2:80"), w.now)
+        .unwrap();
+    w.advance(20_000);
+    assert!(matches!(
+        w.reg.take_events(w.now)[..],
+        [PeerEvent::Settled {
+            offer_ref: 8,
+            outcome: Outcome::Expired,
+            ..
+        }]
+    ));
+    w.reg
+        .offer_from_peer(P, 9, remote("10.0.0.1:5004", "10.0.0.2:80"), w.now)
+        .unwrap();
+    w.reg
+        .claim(B, a("10.0.0.2:80"), a("10.0.0.1:5004"), w.now)
+        .unwrap();
+    w.reg.close_session(B, w.now);
+    // Drained late, the claim is stale news: only the outcome goes out.
+    assert!(matches!(
+        w.reg.take_events(w.now)[..],
+        [PeerEvent::Settled {
+            offer_ref: 9,
+            outcome: Outcome::Declined { .. },
+            ..
+        }]
+    ));
+    w.reg.add_listener(C, listener("10.0.0.2:80")).unwrap();
+    w.reg
+        .offer_from_peer(P, 10, remote("10.0.0.1:5005", "10.0.0.2:80"), w.now)
+        .unwrap();
+    assert!(w.reg.cancel_from_peer(P, 10));
+    assert!(!w.reg.cancel_from_peer(P, 10));
+    assert!(w.reg.take_events(w.now).is_empty());
+    // The connection closing drops what it carried, silently.
+    w.reg
+        .offer_from_peer(P, 11, remote("10.0.0.1:5006", "10.0.0.2:80"), w.now)
+        .unwrap();
+    w.reg.close_session(P, w.now);
+    assert_eq!(w.reg.offer_count(), 0);
+    assert!(w.reg.take_events(w.now).is_empty());
+    w.check();
+}
+
+#[test]
+fn forwarded_offers_follow_the_remote_host() {
+    let mut w = World::new();
+    // No listener needed here: the server is elsewhere.
+    let id = w
+        .reg
+        .offer_forwarded(A, remote("0.0.0.0:5000", "10.0.0.2:80"), w.now)
+        .unwrap();
+    assert_eq!(
+        w.reg
+            .offer_forwarded(A, remote("0.0.0.0:5000", "10.0.0.2:80"), w.now),
+        Err(RefuseReason::Duplicate)
+    );
+    // Never claimable on this host.
+    assert!(w
+        .reg
+        .claim(B, a("10.0.0.2:80"), a("10.0.0.1:5000"), w.now)
+        .is_none());
+    // The remote deadline (plus grace) replaces ours.
+    w.reg.forwarded_extend(id, Duration::from_secs(60), w.now);
+    w.advance(30_000);
+    assert!(matches!(w.reg.collect(A, id), Ok(Outcome::Pending)));
+    w.reg
+        .forwarded_claimed(id, P, Duration::from_secs(10), w.now);
+    assert_eq!(w.reg.cancel(A, id), Err(RegError::BadState));
+    assert!(w.reg.forwarded_settle(
+        id,
+        OfferState::Declined {
+            reason: "nope".into()
+        },
+        w.now
+    ));
+    assert!(!w.reg.forwarded_settle(id, OfferState::Expired, w.now));
+    assert!(w.reg.take_events(w.now).is_empty());
+    assert!(matches!(w.reg.collect(A, id), Ok(Outcome::Declined { .. })));
+    w.check();
+
+    // Withdrawn: by Cancel, by the session ending, by expiring here.
+    let c1 = w
+        .reg
+        .offer_forwarded(A, remote("0.0.0.0:5001", "10.0.0.2:80"), w.now)
+        .unwrap();
+    w.reg.cancel(A, c1).unwrap();
+    let c2 = w
+        .reg
+        .offer_forwarded(C, remote("0.0.0.0:5002", "10.0.0.2:80"), w.now)
+        .unwrap();
+    w.reg.close_session(C, w.now);
+    let c3 = w
+        .reg
+        .offer_forwarded(A, remote("0.0.0.0:5003", "10.0.0.2:80"), w.now)
+        .unwrap();
+    w.advance(10_001);
+    let ev = w.reg.take_events(w.now);
+    let withdrawn: Vec<_> = ev
+        .iter()
+        .map(|e| match e {
+            PeerEvent::Withdrawn { offer } => *offer,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(withdrawn, [c1, c2, c3]);
+    assert!(matches!(w.reg.collect(A, c3), Ok(Outcome::Expired)));
+    // A failed forward is dropped without a trace.
+    let d = w
+        .reg
+        .offer_forwarded(A, remote("0.0.0.0:5004", "10.0.0.2:80"), w.now)
+        .unwrap();
+    w.reg.drop_forwarded(d);
+    assert!(w.reg.collect(A, d).is_err());
+    w.check();
+}
