@@ -344,6 +344,39 @@ mod tests {
     }
 
     #[test]
+    fn truncated_segments_give_what_fits() {
+        // A valid header for two default rings, but the file ends 64 bytes
+        // into ring 0's control block: only what lies inside is read (the
+        // page holding the end of the file is mapped, nothing past it).
+        let cfg = ringbuf::RingConfig::default();
+        let fd = memfd(4096 + 64, true);
+        let dup = fd.try_clone().unwrap();
+        write_at(&dup, 0, ringbuf::transport::shm::SEGMENT_MAGIC);
+        write_at(
+            &dup,
+            8,
+            u64::from(ringbuf::transport::shm::SEGMENT_VERSION) | 2 << 32,
+        );
+        write_at(
+            &dup,
+            16,
+            u64::from(cfg.slots) | u64::from(cfg.slot_size) << 32,
+        );
+        write_at(&dup, 4096, 5); // ring 0's tail
+        let map = RingMap::open(fd);
+        assert!(map.view().is_mapped());
+        assert_eq!(map.view().load_u64(4096), Some(5));
+        assert_eq!(map.view().load_u64(4096 + 64), None);
+        let stats = SegmentStats.stats(&map.view());
+        assert!(
+            stats.iter().all(|s| s.name.starts_with("c2s_")),
+            "{stats:?}"
+        );
+        // Every counter lies past the end of the file: none is invented.
+        assert!(stats.is_empty(), "{stats:?}");
+    }
+
+    #[test]
     fn unsealed_memfd_is_not_mapped() {
         let r = RingMap::open(memfd(4096, false));
         assert!(!r.view().is_mapped());
