@@ -135,6 +135,7 @@ impl Env for FakeEnv {
 
 /// Addresses the script picks from: few, so that offers, listeners and
 /// claims collide often, with wildcard, v6 and v4-mapped forms.
+/// 192.0.2.1 is another host (offers for it are forwarded).
 pub const ADDRS: [&str; 16] = [
     "127.0.0.1:80",
     "127.0.0.1:5000",
@@ -150,7 +151,7 @@ pub const ADDRS: [&str; 16] = [
     "127.0.0.1:0",
     "[fe80::1%2]:80",
     "[::ffff:127.0.0.1]:80",
-    "127.0.0.2:80",
+    "192.0.2.1:80",
     "10.0.0.1:5003",
 ];
 
@@ -228,6 +229,8 @@ struct Memory {
     listeners: Vec<SocketAddr>,
     /// Offers some session claimed, and which session.
     claimed: Vec<(u64, SessionId)>,
+    /// Offers forwarded to another host (the driver plays that host).
+    forwarded: Vec<u64>,
 }
 
 impl Memory {
@@ -318,6 +321,7 @@ pub fn run_script(data: &[u8]) -> ScriptStats {
     let mut open = [false; SESSIONS as usize];
     let mut mem = Memory::default();
     let mut now = Instant::now();
+    let mut peer_open = false;
     let mut s = Script { data };
     while !s.done() {
         let op = s.u8();
@@ -356,6 +360,17 @@ pub fn run_script(data: &[u8]) -> ScriptStats {
                 now += Duration::from_millis(u64::from(s.u8()));
                 h.tick(now);
             }
+            4 => {
+                if !peer_open {
+                    h.registry_mut().open_peer_session(PEER);
+                    peer_open = true;
+                }
+                if !peer_step(&mut h, &mut s, &mut mem, &mut stats, now) {
+                    stats.faults += 1;
+                    h.close_session(PEER, now);
+                    peer_open = false;
+                }
+            }
             _ => {
                 if !open[slot] {
                     // Talking on a closed session reopens it (after Hello).
@@ -392,6 +407,18 @@ pub fn run_script(data: &[u8]) -> ScriptStats {
                     // The reply (and its relayed fds) goes out and is gone.
                     Ok(reply) => {
                         assert!(frame::encode(&reply.msg).is_ok(), "unencodable reply");
+                        if let Some(fwd) = &reply.forward {
+                            *stats.replies.entry("(forwarded)").or_insert(0) += 1;
+                            // The other host registers it, or cannot be asked.
+                            if s.u8() & 1 == 0 {
+                                let ms = Duration::from_millis(u64::from(s.u8()) * 4);
+                                h.registry_mut().forwarded_extend(fwd.offer_id, ms, now);
+                                mem.ids.push((fwd.offer_id, id));
+                                mem.forwarded.push(fwd.offer_id);
+                            } else {
+                                h.registry_mut().drop_forwarded(fwd.offer_id);
+                            }
+                        }
                         *stats.replies.entry(reply.msg.name()).or_insert(0) += 1;
                         match (&msg, &reply.msg) {
                             (
@@ -415,6 +442,8 @@ pub fn run_script(data: &[u8]) -> ScriptStats {
                 }
             }
         }
+        // What the server would send to other hosts; delivered and gone.
+        drop(h.take_peer_events(now));
         h.registry().check_invariants();
         assert_eq!(
             env.live(),
@@ -423,6 +452,100 @@ pub fn run_script(data: &[u8]) -> ScriptStats {
         );
     }
     stats
+}
+
+/// Session id of the one ctl-to-ctl connection the driver plays.
+const PEER: SessionId = 100;
+
+/// One ctl-to-ctl event: a message from the other host (as the accepting
+/// side sees it), or the other host's news about an offer forwarded there.
+/// False if the message was a fault (the connection is then closed).
+fn peer_step(
+    h: &mut Handler<FakeEnv>,
+    s: &mut Script<'_>,
+    mem: &mut Memory,
+    stats: &mut ScriptStats,
+    now: Instant,
+) -> bool {
+    let pick = |s: &mut Script<'_>, v: &[u64]| v.get(usize::from(s.u8()) % v.len().max(1)).copied();
+    match s.u8() % 8 {
+        0..=2 => {
+            let offer_ref = u64::from(s.u8() % 8);
+            let client = addr(s.u8());
+            let mut server = mem.server(s);
+            // Our loopback is never a remote offer's target: use the one
+            // non-loopback local address the listeners may cover.
+            if server.ip().is_loopback() && s.u8() & 1 == 0 {
+                server.set_ip([10, 0, 0, 1].into());
+            }
+            // Usually from the client's own address, as the rule wants.
+            let source = if s.u8() & 3 != 0 {
+                client.ip()
+            } else {
+                addr(s.u8()).ip()
+            };
+            let msg = Msg::RemoteOffer {
+                offer_ref,
+                client,
+                server,
+                payload: s.bytes(64),
+            };
+            match h.peer_request(PEER, source, msg, now) {
+                Ok(Some(reply)) => {
+                    *stats.replies.entry(reply.name()).or_insert(0) += 1;
+                    if matches!(reply, Msg::RemoteOfferOk { .. }) {
+                        mem.tuples.push((client, server));
+                    }
+                    true
+                }
+                Ok(None) => true,
+                Err(_) => false,
+            }
+        }
+        3 => {
+            let msg = if s.u8() & 7 == 0 {
+                // Out of protocol for the accepting side.
+                Msg::RemoteExpired {
+                    offer_ref: u64::from(s.u8()),
+                }
+            } else {
+                Msg::RemoteCancel {
+                    offer_ref: u64::from(s.u8() % 8),
+                }
+            };
+            h.peer_request(PEER, addr(0).ip(), msg, now).is_ok()
+        }
+        4 => {
+            if let Some(id) = pick(s, &mem.forwarded) {
+                let ms = Duration::from_millis(u64::from(s.u8()) * 4);
+                h.registry_mut().forwarded_claimed(id, PEER + 1, ms, now);
+            }
+            true
+        }
+        5 | 6 => {
+            if let Some(id) = pick(s, &mem.forwarded) {
+                let state = match s.u8() % 3 {
+                    0 => crate::registry::OfferState::Answered {
+                        payload: s.bytes(16),
+                        fds: Vec::new(),
+                    },
+                    1 => crate::registry::OfferState::Declined {
+                        reason: s.text(MAX_REASON),
+                    },
+                    _ => crate::registry::OfferState::Expired,
+                };
+                h.registry_mut().forwarded_settle(id, state, now);
+            }
+            true
+        }
+        _ => {
+            if let Some(id) = pick(s, &mem.forwarded) {
+                let ms = Duration::from_millis(u64::from(s.u8()) * 4);
+                h.registry_mut().forwarded_extend(id, ms, now);
+            }
+            true
+        }
+    }
 }
 
 /// Descriptors for a well-formed request: usually a legal count, with the

@@ -413,6 +413,9 @@ fn random_scripts_reach_every_outcome() {
         "Expired",
         "Pending",
         "StatusReply",
+        "RemoteOfferOk",
+        "RemoteRefused",
+        "(forwarded)",
     ] {
         assert!(
             total.get(kind).copied().unwrap_or(0) > 0,
