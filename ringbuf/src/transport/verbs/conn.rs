@@ -671,6 +671,12 @@ impl Shared {
             lkey,
         };
         let mut num_sge = 1;
+        // The inline source must outlive the post call: keep it here, not
+        // in a match binding.
+        let word: u64 = match src {
+            Src::Word(v) => v,
+            _ => 0,
+        };
         match src {
             Src::Region { off, len } => {
                 sge.addr = self.region.addr(off);
@@ -679,7 +685,7 @@ impl Shared {
             Src::Word(v) => {
                 if self.inline {
                     // Inline: the library copies the bytes at post time.
-                    sge.addr = &v as *const u64 as u64;
+                    sge.addr = &word as *const u64 as u64;
                     flags |= ibv_send_flags::IBV_SEND_INLINE.0;
                 } else {
                     let off = self.layout.staging + (seq as usize % STAGING_WORDS) * 8;
