@@ -8,13 +8,15 @@
 //! * `background` — the flush timer, handshake follow-up and status
 //!   reports, on one lazily started thread;
 //! * `plock` — a lock that survives fork;
-//! * `fdspace` — the shim's descriptors live at high numbers.
+//! * `fdspace` — the shim's descriptors live at high numbers;
+//! * `local` — which destinations are on this host (only those get rings).
 
 mod background;
 mod conn;
 mod ctl;
 pub mod fdspace;
 mod handshake;
+mod local;
 mod plock;
 
 use std::net::SocketAddr;
@@ -38,6 +40,15 @@ impl Attacher for ShmAttacher {
         _nonblocking: bool,
         connect: &mut dyn FnMut() -> Result<(), Errno>,
     ) -> (Result<(), Errno>, Decision) {
+        if !local::is_local(dest.ip()) {
+            // No ring transport reaches another host yet: TCP, no daemon
+            // round trip.
+            let res = connect();
+            if matches!(res, Ok(()) | Err(Errno(libc::EINPROGRESS))) {
+                background::note_tcp(fd, Some(dest), TcpReason::NoTransport);
+            }
+            return (res, Decision::Tcp(TcpReason::NoTransport));
+        }
         let (res, d) = handshake::connect(fd, dest, connect);
         if let Decision::Tcp(r) = &d {
             if res.is_ok() || res == Err(Errno(libc::EINPROGRESS)) {
@@ -48,7 +59,11 @@ impl Attacher for ShmAttacher {
     }
 
     fn accept(&self, _listener: RawFd, fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
-        let d = handshake::accept(fd, local, peer);
+        let d = if local::is_local(peer.ip()) {
+            handshake::accept(fd, local, peer)
+        } else {
+            Decision::Tcp(TcpReason::NoTransport)
+        };
         if let Decision::Tcp(r) = &d {
             background::note_tcp(fd, Some(peer), *r);
         }
