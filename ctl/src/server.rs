@@ -102,6 +102,14 @@ pub struct Server {
     carried: HashMap<SessionId, HashSet<OfferId>>,
 }
 
+/// What an offering process gets when the server host's ctl cannot be
+/// asked: the same as "no shimmed listener", so it stays on TCP quietly.
+fn unreachable() -> Msg {
+    Msg::OfferRefused {
+        reason: RefuseReason::NoListener,
+    }
+}
+
 fn spare_fd() -> Option<File> {
     File::open("/dev/null").ok()
 }
@@ -546,10 +554,7 @@ impl Server {
             });
             self.close_peer(peer, &what, true, now);
             if self.pending.contains_key(&offer) {
-                let fallback = Msg::OfferRefused {
-                    reason: RefuseReason::NoListener,
-                };
-                self.resolve(offer, fallback, false, now);
+                self.resolve(offer, unreachable(), false, now);
             }
         }
     }
@@ -670,7 +675,7 @@ impl Server {
                 self.on_peer_msg(id, msg, now);
             }
             if closed {
-                let mid = !self.carried.get(&id).is_none_or(HashSet::is_empty);
+                let mid = self.carries_offers(id);
                 return self.close_peer(id, "closed by the other ctl", mid, now);
             }
         }
@@ -800,7 +805,7 @@ impl Server {
         };
         if let Err(f) = conn.flush() {
             let why = format!("{f}");
-            let mid = !self.carried.get(&id).is_none_or(HashSet::is_empty);
+            let mid = self.carries_offers(id);
             return self.close_peer(id, &why, mid, now);
         }
         let want_write = conn.connecting || conn.has_output();
@@ -854,10 +859,7 @@ impl Server {
         drop(conn);
         for offer in self.carried.remove(&id).unwrap_or_default() {
             if self.pending.get(&offer).is_some_and(|p| p.peer == id) {
-                let fallback = Msg::OfferRefused {
-                    reason: RefuseReason::NoListener,
-                };
-                self.resolve(offer, fallback, false, now);
+                self.resolve(offer, unreachable(), false, now);
             } else if self.forwarded.get(&offer) == Some(&id) {
                 self.forwarded.remove(&offer);
                 self.handler.registry_mut().forwarded_settle(
@@ -923,12 +925,7 @@ impl Server {
         let peer = if let Some(p) = self.pending.remove(&offer) {
             self.pending_deadlines.remove(&(p.deadline, offer));
             if self.conns.get(&p.session).is_some_and(|c| c.parked) {
-                self.unpark(
-                    p.session,
-                    Msg::OfferRefused {
-                        reason: RefuseReason::NoListener,
-                    },
-                );
+                self.unpark(p.session, unreachable());
             }
             Some(p.peer)
         } else {
@@ -943,8 +940,9 @@ impl Server {
         self.peer_send(peer, &Msg::RemoteCancel { offer_ref: offer });
     }
 
-    /// Open ctl-to-ctl connections (status/debug).
-    pub fn peer_count(&self) -> usize {
-        self.peers.len()
+    /// Whether offers of ours travel on this connection (it breaking then
+    /// counts as the host failing).
+    fn carries_offers(&self, id: SessionId) -> bool {
+        self.carried.get(&id).is_some_and(|s| !s.is_empty())
     }
 }
