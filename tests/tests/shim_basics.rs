@@ -59,7 +59,7 @@ fn bad_knobs_give_one_line_each_and_the_program_runs() {
             "RINGSOCK_INCLUDE_NETS=\"10.0.0.0/40\"",
             "using default (none)",
         ),
-        ("RINGSOCK_ALPHA=\"💥\"", "using default 8"),
+        ("RINGSOCK_ALPHA=\"💥\"", "using default 16"),
     ] {
         assert!(
             lines
