@@ -64,6 +64,8 @@ struct Conn {
     writing: bool,
     /// Waiting for another host's ctl to answer its offer: not read from.
     parked: bool,
+    /// The epoll interest currently registered.
+    interest: u32,
 }
 
 /// A forwarded offer whose reply the offering session is waiting for.
@@ -255,6 +257,7 @@ impl Server {
                 out_bytes: 0,
                 writing: false,
                 parked: false,
+                interest: EV_READ,
             },
         );
     }
@@ -409,7 +412,7 @@ impl Server {
     /// reading unless parked (then only hang-ups, which epoll always
     /// reports). False if the session had to be closed.
     fn update_interest(&mut self, id: SessionId) -> bool {
-        let Some(conn) = self.conns.get(&id) else {
+        let Some(conn) = self.conns.get_mut(&id) else {
             return false;
         };
         let interest = if conn.writing {
@@ -419,6 +422,10 @@ impl Server {
         } else {
             EV_READ
         };
+        if interest == conn.interest {
+            return true;
+        }
+        conn.interest = interest;
         if let Err(e) = self.epoll.modify(conn.sock.as_raw_fd(), interest, id) {
             error!("epoll modify: {e}");
             self.close_session(id);
@@ -434,10 +441,9 @@ impl Server {
             return;
         };
         conn.parked = false;
-        if self.queue(id, Reply::plain_reply(msg)) {
-            // Level-triggered: anything it sent meanwhile is read next.
-            self.update_interest(id);
-        }
+        // Queueing sets the interest back (level-triggered: anything it
+        // sent meanwhile is read next).
+        self.queue(id, Reply::plain_reply(msg));
     }
 
     // ---- forwarding offers to other hosts ----
