@@ -30,31 +30,29 @@ use crate::{config, sockaddr, sys};
 /// Offer payload: what the segment is and which ring goes which way.
 pub const PAYLOAD: &[u8] = b"ringsock-shm/1 c2s=0 s2c=1";
 
-/// The shim's ring parameters (geometry from the knobs; batching too).
+/// The shim's ring parameters: geometry and batching from the knobs, the
+/// batching intervals clamped to what the geometry allows (a 64-slot ring
+/// cannot publish every 16 slots and push the head every 64).
 pub fn ring_config() -> RingConfig {
     let c = config::get();
-    RingConfig {
-        slots: c.ring_slots,
-        slot_size: c.slot_size,
-        alpha: c.alpha,
-        beta: c.beta,
-        gamma: c.gamma,
-        ..RingConfig::default()
-    }
+    config_for(c.ring_slots, c.slot_size)
 }
 
-/// Our batching knobs on a geometry chosen by the peer (never trusted: the
-/// result is validated by the ring constructors).
+/// Our batching knobs on a geometry (ours, or one chosen by the peer and
+/// never trusted: the result is validated by the ring constructors).
 fn config_for(slots: u32, slot_size: u32) -> RingConfig {
-    let mut c = ring_config();
-    c.slots = slots;
-    c.slot_size = slot_size;
+    let c = config::get();
     let half = (slots / 2).max(1);
-    c.alpha = c.alpha.min(half);
-    c.beta = c.beta.min(c.alpha);
-    c.gamma = c.gamma.min(half);
-    c.max_record_slots = c.max_record_slots.min(slots);
-    c
+    let alpha = c.alpha.min(half);
+    RingConfig {
+        slots,
+        slot_size,
+        alpha,
+        beta: c.beta.min(alpha),
+        gamma: c.gamma.min(half),
+        max_record_slots: RingConfig::default().max_record_slots.min(half),
+        ..RingConfig::default()
+    }
 }
 
 fn dup_cloexec(fd: RawFd) -> Result<RawFd, Errno> {
