@@ -20,6 +20,9 @@
 //! shapes --connect 9000 --conns 64 --msg 64 --secs 2
 //! shapes --listen 9001 --connect 9002,9003 --conns 4 --msg 64 --secs 2
 //! ```
+//!
+//! `--wait-for PATH`: connect only once PATH exists (all-to-all: the
+//! harness creates it when every peer listens).
 
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -34,12 +37,13 @@ struct Opts {
     secs: f64,
     warmup: f64,
     lat: bool,
+    wait_for: Option<std::path::PathBuf>,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: shapes [--listen PORT] [--connect P1,P2,..] [--conns K] [--msg BYTES] \
-         [--secs T] [--warmup T] [--lat]"
+         [--secs T] [--warmup T] [--lat] [--wait-for PATH]"
     );
     std::process::exit(2)
 }
@@ -53,6 +57,7 @@ fn parse() -> Opts {
         secs: 2.0,
         warmup: -1.0,
         lat: false,
+        wait_for: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -71,6 +76,7 @@ fn parse() -> Opts {
             "--secs" => o.secs = val().parse().unwrap_or_else(|_| usage()),
             "--warmup" => o.warmup = val().parse().unwrap_or_else(|_| usage()),
             "--lat" => o.lat = true,
+            "--wait-for" => o.wait_for = Some(val().into()),
             _ => usage(),
         }
     }
@@ -387,6 +393,17 @@ fn main() {
             return;
         }
         std::thread::spawn(move || serve(l));
+    }
+    if let Some(path) = &o.wait_for {
+        // The harness creates `path` once every peer listens.
+        let end = Instant::now() + Duration::from_secs(30);
+        while !path.exists() {
+            if Instant::now() > end {
+                eprintln!("shapes: {} never appeared", path.display());
+                std::process::exit(1);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
     let line = client(&o);
     let mut so = io::stdout().lock();

@@ -1,0 +1,203 @@
+"""scripts/bench output: the Markdown report (BENCHMARKS.md style), CSVs."""
+
+import csv
+import os
+import platform
+import subprocess
+
+from common import ROOT
+
+HEADER_FIXED = ["workload", "metric"]
+
+
+def fmt(v):
+    if v is None:
+        return "-"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:.0f}"
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 10:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def machine():
+    """Lines describing the machine: cores, CPU model, kernel, memory."""
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = "?"
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+            mem = f"{kb / (1 << 20):.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    return {
+        "cores (nproc)": str(os.cpu_count()),
+        "CPU": model,
+        "kernel": platform.release(),
+        "memory": mem,
+    }
+
+
+def git_rev():
+    try:
+        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return rev + (" (working tree with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def header(systems):
+    h = HEADER_FIXED + [s.label for s in systems]
+    for s in systems[1:]:
+        h.append(f"{s.name}/{systems[0].name}")
+    h.append("via ring")
+    return h
+
+
+def rows_for(res, systems):
+    """res: one case's result dict (see scripts/bench). Yields table rows."""
+    base = systems[0].name
+    for key, unit, better in res["case"].metrics:
+        row = [res["case"].workload, unit]
+        if res.get("error"):
+            row += ["FAILED"] * (len(systems) * 2 - 1) + ["-"]
+            yield row
+            continue
+        for s in systems:
+            st = res["stats"][s.name][key]
+            row.append(f"{fmt(st['median'])} ({fmt(st['min'])}–{fmt(st['max'])})")
+        for s in systems[1:]:
+            row.append(f"{res['ratio'][s.name][key]:.2f}")
+        if "ringsock" in res["via"]:
+            v, counts = res["via"]["ringsock"]
+            row.append(f"{v} ({counts})" if counts else v)
+        else:
+            row.append("n/a")
+        yield row
+
+
+def table(head, rows):
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+SUITE_TITLES = {
+    "msgsize": "Message-size sweep: one-way throughput (iperf3 -l) and ping-pong round trip",
+    "conns": "Connection-count sweep: one shapes client process with N connections to one server",
+    "procs": "Process-count sweep: N independent client/server process pairs",
+    "shapes": "Communication shapes (shapes, 64 B echo, closed loop, ops/s summed over clients)",
+    "redis": "redis-benchmark (SET and GET, 50 clients)",
+    "nginx": "wrk against nginx (1 worker, 1 wrk thread)",
+    "memcached": "memcslap against memcached (2 threads)",
+    "iperf3": "iperf3 streams (default 128 KiB writes)",
+}
+
+
+def markdown(meta, systems, results, ablation, plots):
+    m = []
+    m.append(f"# ringsock benchmarks ({meta['mode']})\n")
+    m.append("## Conditions\n")
+    m.append("| | |\n|---|---|")
+    for k, v in machine().items():
+        m.append(f"| {k} | {v} |")
+    m.append(f"| git | {git_rev()} |")
+    m.append(f"| date (UTC) | {meta['date']} |")
+    m.append(f"| load average at start / end | {meta['load0']} / {meta['load1']} |")
+    m.append(f"| command | `{meta['command']}` |")
+    m.append(f"| runs | {meta['reps']} per system and workload, {meta['secs']} s each, "
+             f"alternating {' / '.join(s.name for s in systems)} |")
+    m.append(f"| wall time | {meta['elapsed']:.0f} s |")
+    m.append("")
+    m.append(meta["ring_note"] + "\n")
+    m.append("Cells: median (min–max) over the runs. Ratio columns: the system over "
+             f"{systems[0].label}, oriented so that > 1 means better (throughput: "
+             "system / kernel; latency: kernel / system), medians of the same session. "
+             "Ratios here are measured against kernel TCP loopback on the same machine in the same "
+             "session, interleaved run by run. `via ring`: what `ringsock-ctl status --json` showed "
+             "once mid-run in every shimmed run (connection ends on the shared-memory ring / on "
+             "kernel TCP; the run with the fewest ring ends is shown). Everything on 127.0.0.1; "
+             "each shimmed run has its own `ringsock-ctl` daemon.\n")
+    head = header(systems)
+    for suite in meta["suites"]:
+        if suite == "ablation":
+            continue
+        rs = [r for r in results if r["case"].suite == suite]
+        if not rs:
+            continue
+        m.append(f"## {suite}: {SUITE_TITLES.get(suite, suite)}\n")
+        rows = [row for r in rs for row in rows_for(r, systems)]
+        m.append(table(head, rows))
+        m.append("")
+        notes = []
+        for r in rs:
+            if r.get("error"):
+                notes.append(f"- FAILED `{r['case'].workload}`: {first_line(r['error'])}")
+            elif r.get("reasons"):
+                why = "; ".join(f"{k} ({n})" for k, n in sorted(r["reasons"].items()))
+                notes.append(f"- `{r['case'].workload}` under ringsock: connection ends on kernel "
+                             f"TCP, with the reason status gave: {why}")
+        if notes:
+            m += notes + [""]
+    if ablation is not None:
+        m.append("## ablation: RB2 optimizations on the ring itself (`ringbench --suites ablation`)\n")
+        m.append("Two processes pinned to two cores, the ring library directly (no sockets, no "
+                 "shim); kernel TCP loopback in the same run as reference.\n")
+        m.append(ablation.strip() + "\n")
+    if plots:
+        m.append("## Plots\n")
+        for p in plots:
+            m.append(f"![{p}]({p})")
+        m.append("")
+    return "\n".join(m)
+
+
+def first_line(text):
+    text = str(text).strip()
+    return text.splitlines()[0] if text else "?"
+
+
+def write_csvs(out_dir, systems, results):
+    base = systems[0].name
+    with open(os.path.join(out_dir, "results.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["suite", "workload", "x", "metric", "unit", "better", "system", "median", "min",
+                    "max", "n", f"ratio_vs_{base}", "via_ring", "ring_conns"])
+        for r in results:
+            c = r["case"]
+            for key, unit, better in c.metrics:
+                for s in systems:
+                    if r.get("error"):
+                        w.writerow([c.suite, c.workload, c.x, key, unit, better, s.name, "", "", "",
+                                    0, "", "", "FAILED"])
+                        continue
+                    st = r["stats"][s.name][key]
+                    ratio = "" if s.name == base else f"{r['ratio'][s.name][key]:.4f}"
+                    via, counts = r["via"].get(s.name, ("n/a", ""))
+                    w.writerow([c.suite, c.workload, c.x, key, unit, better, s.name,
+                                f"{st['median']:.4f}", f"{st['min']:.4f}", f"{st['max']:.4f}",
+                                st["n"], ratio, via, counts])
+    with open(os.path.join(out_dir, "raw.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["suite", "workload", "metric", "system", "rep", "value", "shm", "tcp"])
+        for r in results:
+            c = r["case"]
+            for (sysname, rep), vals in sorted(r["raw"].items()):
+                sample = r["samples"].get((sysname, rep)) or {}
+                for key, v in vals.items():
+                    w.writerow([c.suite, c.workload, key, sysname, rep, f"{v:.4f}",
+                                sample.get("shm", ""), sample.get("tcp", "")])

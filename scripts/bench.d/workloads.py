@@ -1,0 +1,430 @@
+"""scripts/bench workloads.
+
+A `Case` is one row group of the results: it runs one workload once on one
+system and returns {metric: value}. Cases are built per suite by
+`build_cases(cfg)`; every program they start goes through `ctx.procs`, so
+scripts/bench can kill it whatever happens.
+"""
+
+import json
+import os
+import re
+import shutil
+import time
+
+from common import SHAPES, BenchError, free_port, free_ports, wait_port
+
+SOCKPERF_MAX = 65507  # sockperf refuses larger messages
+
+
+def size_label(n):
+    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k and n % k == 0:
+            return f"{n // k} {unit}"
+    return f"{n} B"
+
+
+class Case:
+    """suite, workload (row label), metrics [(key, unit, better)], tools
+    (programs it needs on PATH), fn(ctx, system, run_dir) -> {key: value},
+    x: the message size where the suite is a message-size sweep (plots)."""
+
+    def __init__(self, suite, workload, metrics, tools, fn, x=None):
+        self.suite, self.workload, self.metrics = suite, workload, metrics
+        self.tools, self.fn, self.x = tools, fn, x
+
+
+class Ctx:
+    def __init__(self, procs, secs, quick):
+        self.procs, self.secs, self.quick = procs, secs, quick
+
+
+# ---- running clients ------------------------------------------------------
+
+
+def run_clients(ctx, system, run_dir, argvs, sample_at, timeout, first_line=False, env=None,
+                before=None):
+    """Starts every client in argvs (stdout to files), samples the system's
+    connections once `sample_at` s in (if a client still runs), and waits
+    for all to exit (or, with first_line, for each to print a line).
+    Returns (outputs, sample)."""
+    env = env or system.env
+    outs, procs = [], []
+    for i, argv in enumerate(argvs):
+        path = os.path.join(run_dir, f"client{i}.out")
+        outs.append(path)
+        with open(path, "wb") as f:
+            procs.append(ctx.procs.start(argv, env, log=os.path.join(run_dir, f"client{i}.err"),
+                                         stdout=f))
+    if before:
+        before()
+    t0 = time.time()
+    sample, sampled = None, False
+    deadline = t0 + timeout
+
+    def done(i):
+        if first_line:
+            with open(outs[i], "rb") as f:
+                if b"\n" in f.read():
+                    return True
+        return procs[i].poll() is not None
+
+    while True:
+        now = time.time()
+        if not sampled and now - t0 >= sample_at:
+            if not all(done(i) for i in range(len(procs))):
+                sample = system.sample()
+            sampled = True
+        if all(done(i) for i in range(len(procs))):
+            break
+        if now > deadline:
+            raise BenchError(f"{os.path.basename(argvs[0][0])} did not finish in {timeout:.0f} s")
+        time.sleep(0.02)
+    texts = []
+    for i, p in enumerate(procs):
+        with open(outs[i], "rb") as f:
+            text = f.read().decode(errors="replace")
+        if not first_line and p.returncode != 0:
+            raise BenchError(f"{argvs[i][0]} exited {p.returncode}:\n{text[-800:]}"
+                             + tail(os.path.join(run_dir, f"client{i}.err")))
+        if first_line and p.poll() is not None and p.returncode != 0:
+            raise BenchError(f"{argvs[i][0]} exited {p.returncode}"
+                             + tail(os.path.join(run_dir, f"client{i}.err")))
+        texts.append(text)
+    return texts, sample
+
+
+def tail(path, n=800):
+    try:
+        with open(path, "rb") as f:
+            return "\n" + f.read()[-n:].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def server(ctx, system, run_dir, argv, port, name="server", **kw):
+    p = ctx.procs.start(argv, system.env, log=os.path.join(run_dir, f"{name}.log"), **kw)
+    wait_port(port, p)
+    return p
+
+
+def grab(pattern, text, what):
+    m = re.search(pattern, text)
+    if not m:
+        raise BenchError(f"could not find {what} in the output:\n{text[-800:]}")
+    return float(m.group(1))
+
+
+# ---- iperf3 -----------------------------------------------------------------
+
+
+def iperf3(ctx, system, run_dir, extra):
+    port = free_port()
+    server(ctx, system, run_dir, ["iperf3", "-s", "-B", "127.0.0.1", "-p", str(port)], port)
+    secs = max(1, round(ctx.secs))
+    (out,), sample = run_clients(
+        ctx, system, run_dir,
+        [["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(secs), "-J"] + extra],
+        sample_at=0.3 + secs / 2, timeout=secs + 30)
+    try:
+        d = json.loads(out)
+    except ValueError as e:
+        raise BenchError(f"iperf3 printed no JSON: {out[-500:]}") from e
+    if "error" in d:
+        raise BenchError(f"iperf3: {d['error']}")
+    return d["end"]["sum_received"]["bits_per_second"], sample
+
+
+def iperf3_size(size):
+    def fn(ctx, system, run_dir):
+        bps, sample = iperf3(ctx, system, run_dir, ["-l", str(size)])
+        return {"tput": bps / 8 / 1e6}, sample
+    return fn
+
+
+def iperf3_streams(n):
+    def fn(ctx, system, run_dir):
+        bps, sample = iperf3(ctx, system, run_dir, ["-P", str(n)])
+        return {"tput": bps / 1e9}, sample
+    return fn
+
+
+# ---- ping-pong latency --------------------------------------------------------
+
+
+def sockperf_pingpong(size):
+    def fn(ctx, system, run_dir):
+        port = free_port()
+        server(ctx, system, run_dir,
+               ["sockperf", "server", "--tcp", "-i", "127.0.0.1", "-p", str(port)], port)
+        secs = max(1, round(ctx.secs))
+        (out,), sample = run_clients(
+            ctx, system, run_dir,
+            [["sockperf", "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", str(port),
+              "-t", str(secs), "-m", str(size), "--full-rtt"]],
+            sample_at=0.3 + secs / 2, timeout=secs + 30)
+        pct = lambda p: grab(rf"percentile {p} =\s+([\d.]+)", out, f"sockperf percentile {p}")
+        return {"p50": pct("50.000"), "p99": pct("99.000"), "p999": pct("99.900")}, sample
+    return fn
+
+
+def shapes_pingpong(size):
+    def fn(ctx, system, run_dir):
+        port = free_port()
+        server(ctx, system, run_dir, [SHAPES, "--listen", str(port)], port)
+        (out,), sample = run_clients(
+            ctx, system, run_dir,
+            [[SHAPES, "--connect", str(port), "--conns", "1", "--msg", str(size),
+              "--secs", str(ctx.secs), "--lat"]],
+            sample_at=ctx.secs / 2 + 0.3, timeout=ctx.secs + 30)
+        d = shapes_json(out)
+        return {"p50": d["p50_us"], "p99": d["p99_us"], "p999": d["p999_us"]}, sample
+    return fn
+
+
+def shapes_json(text):
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    try:
+        return json.loads(line)
+    except ValueError as e:
+        raise BenchError(f"shapes printed no result: {text[-300:]!r}") from e
+
+
+# ---- shapes: connections, processes, communication shapes ------------------
+
+
+def shapes_run(ctx, system, run_dir, servers, clients, first_line=False, before=None):
+    """servers: list of (port, argv); clients: list of argv. Returns the
+    summed ops/s of the clients and the sample."""
+    for i, (port, argv) in enumerate(servers):
+        p = ctx.procs.start(argv, system.env, log=os.path.join(run_dir, f"server{i}.log"))
+        wait_port(port, p)
+    outs, sample = run_clients(ctx, system, run_dir, clients,
+                               sample_at=min(0.5, ctx.secs / 5) + ctx.secs / 2 + 0.2,
+                               timeout=ctx.secs + 60, first_line=first_line, before=before)
+    return sum(shapes_json(o)["ops_per_s"] for o in outs), sample
+
+
+def common_args(ctx, conns, msg=64):
+    return ["--conns", str(conns), "--msg", str(msg), "--secs", str(ctx.secs)]
+
+
+def conns_sweep(n):
+    def fn(ctx, system, run_dir):
+        port = free_port()
+        ops, sample = shapes_run(ctx, system, run_dir, [(port, [SHAPES, "--listen", str(port)])],
+                                 [[SHAPES, "--connect", str(port)] + common_args(ctx, n)])
+        return {"ops": ops}, sample
+    return fn
+
+
+def procs_sweep(n):
+    """n independent client/server process pairs, one connection each."""
+    def fn(ctx, system, run_dir):
+        ports = free_ports(n)
+        ops, sample = shapes_run(ctx, system, run_dir,
+                                 [(p, [SHAPES, "--listen", str(p)]) for p in ports],
+                                 [[SHAPES, "--connect", str(p)] + common_args(ctx, 1) for p in ports])
+        return {"ops": ops}, sample
+    return fn
+
+
+def fan_in(nclients, k):
+    def fn(ctx, system, run_dir):
+        port = free_port()
+        ops, sample = shapes_run(ctx, system, run_dir, [(port, [SHAPES, "--listen", str(port)])],
+                                 [[SHAPES, "--connect", str(port)] + common_args(ctx, k)
+                                  for _ in range(nclients)])
+        return {"ops": ops}, sample
+    return fn
+
+
+def fan_out(nservers, k):
+    def fn(ctx, system, run_dir):
+        ports = free_ports(nservers)
+        ops, sample = shapes_run(ctx, system, run_dir,
+                                 [(p, [SHAPES, "--listen", str(p)]) for p in ports],
+                                 [[SHAPES, "--connect", ",".join(map(str, ports))] + common_args(ctx, k)])
+        return {"ops": ops}, sample
+    return fn
+
+
+def all_to_all(npeers, k):
+    """Every peer listens and connects to every other; nobody connects
+    before every peer listens (--wait-for), so no connect meets a port
+    without a listener (the shim would remember that as "no shimmed
+    listener" and keep later connections on TCP)."""
+    def fn(ctx, system, run_dir):
+        ports = free_ports(npeers)
+        go = os.path.join(run_dir, "go")
+        peers = [[SHAPES, "--listen", str(p), "--wait-for", go,
+                  "--connect", ",".join(str(q) for q in ports if q != p)] + common_args(ctx, k)
+                 for p in ports]
+        ops, sample = shapes_run(ctx, system, run_dir, [], peers, first_line=True,
+                                 before=lambda: ready(ports, go))
+        return {"ops": ops}, sample
+    return fn
+
+
+def ready(ports, go):
+    for p in ports:
+        wait_port(p)
+    with open(go, "w"):
+        pass
+
+
+# ---- redis, nginx, memcached ---------------------------------------------------
+
+
+def redis(pipeline):
+    def fn(ctx, system, run_dir):
+        port = free_port()
+        server(ctx, system, run_dir,
+               ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                "--appendonly", "no", "--daemonize", "no"], port)
+        # redis-benchmark counts requests, not seconds: sized for about
+        # ctx.secs per test on kernel TCP here.
+        n = int((40000 if pipeline == 1 else 300000) * ctx.secs)
+        (out,), sample = run_clients(
+            ctx, system, run_dir,
+            [["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-t", "set,get", "-n", str(n),
+              "-c", "50", "-P", str(pipeline), "-q"]],
+            sample_at=min(0.4, ctx.secs / 3), timeout=300)
+        out = out.replace("\r", "\n")
+        return {"set": grab(r"SET: ([\d.]+) requests per second", out, "SET rate"),
+                "get": grab(r"GET: ([\d.]+) requests per second", out, "GET rate")}, sample
+    return fn
+
+
+NGINX_CONF = """worker_processes {workers};
+daemon off;
+master_process on;
+error_log {d}/error.log warn;
+pid {d}/nginx.pid;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  sendfile off;
+  client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;
+  uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;
+  server {{ listen 127.0.0.1:{port}; root {d}/www; }}
+}}
+"""
+
+
+def nginx(fname, conns):
+    def fn(ctx, system, run_dir):
+        port = free_port()
+        d = os.path.join(run_dir, "nginx")
+        os.makedirs(os.path.join(d, "www"))
+        os.makedirs(os.path.join(d, "tmp"))
+        with open(os.path.join(d, "www", "small"), "wb") as f:
+            f.write(b"x" * 128)
+        with open(os.path.join(d, "www", "big"), "wb") as f:
+            f.write(os.urandom(1 << 20))
+        for root, dirs, files in os.walk(d):
+            for x in dirs:
+                os.chmod(os.path.join(root, x), 0o755)
+            for x in files:
+                os.chmod(os.path.join(root, x), 0o644)
+        os.chmod(d, 0o755)
+        conf = os.path.join(d, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(NGINX_CONF.format(workers=1, d=d, port=port))
+        server(ctx, system, run_dir, ["nginx", "-c", conf, "-p", d + "/"], port, name="nginx")
+        secs = max(1, round(ctx.secs))
+        (out,), sample = run_clients(
+            ctx, system, run_dir,
+            [["wrk", "-t1", f"-c{conns}", f"-d{secs}s", f"http://127.0.0.1:{port}/{fname}"]],
+            sample_at=secs / 2 + 0.2, timeout=secs + 30)
+        if "Socket errors" in out or "Non-2xx" in out:
+            raise BenchError("wrk reported errors:\n" + out)
+        return {"rps": grab(r"Requests/sec:\s+([\d.]+)", out, "Requests/sec")}, sample
+    return fn
+
+
+def memcached(ctx, system, run_dir):
+    port = free_port()
+    argv = ["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-t", "2"]
+    if os.geteuid() == 0:
+        argv += ["-u", "nobody"]
+    server(ctx, system, run_dir, argv, port)
+    n = int(8000 * ctx.secs)
+    res, sample = {}, None
+    for test in ("set", "get"):
+        (out,), s = run_clients(
+            ctx, system, run_dir,
+            [["memcslap", f"--servers=127.0.0.1:{port}", "--concurrency=4",
+              f"--execute-number={n}", f"--test={test}", "--tcp-nodelay"]],
+            sample_at=min(0.4, ctx.secs / 3), timeout=300)
+        if "Fatal error" in out or "FAILURE" in out:
+            raise BenchError(f"memcslap {test} reported errors:\n{out[-800:]}")
+        m = re.search(r"Time to \w+\s+(\d+) keys by\s+\d+ threads:\s+([\d.]+) seconds", out)
+        if not m:
+            raise BenchError(f"memcslap {test}: no timing line:\n{out[-800:]}")
+        res[test] = int(m.group(1)) / max(float(m.group(2)), 1e-6)
+        sample = sample or s
+    return res, sample
+
+
+# ---- the suites -------------------------------------------------------------------
+
+
+SUITES = ["msgsize", "conns", "procs", "shapes", "redis", "nginx", "memcached", "iperf3", "ablation"]
+
+
+def build_cases(quick, nproc):
+    """{suite: [Case]} for every suite, quick or full."""
+    sizes = [64, 65536, 1 << 20] if quick else \
+        [64, 256, 1024, 4096, 16384, 65536, 262144, 1 << 20]
+    conns = [1, 256] if quick else [1, 4, 16, 64, 256, 1024]
+    procs = sorted({1, nproc}) if quick else sorted({1, nproc} | {p for p in (2, 4, 8, 16, 32) if p < nproc})
+    per = [1, 4] if quick else [1, 4, 16]
+    lat = [("p50", "RTT p50 µs", "lower"), ("p99", "RTT p99 µs", "lower"),
+           ("p999", "RTT p99.9 µs", "lower")]
+    ops = [("ops", "ops/s", "higher")]
+    s = {k: [] for k in SUITES}
+    for n in sizes:
+        s["msgsize"].append(Case("msgsize", f"iperf3 -l {size_label(n)} one-way", [("tput", "MB/s", "higher")],
+                                 ["iperf3"], iperf3_size(n), x=n))
+    for n in sizes:
+        if n <= SOCKPERF_MAX:
+            s["msgsize"].append(Case("msgsize", f"ping-pong {size_label(n)} RTT (sockperf)", lat,
+                                     ["sockperf"], sockperf_pingpong(n), x=n))
+        else:
+            s["msgsize"].append(Case("msgsize", f"ping-pong {size_label(n)} RTT (shapes)", lat,
+                                     [], shapes_pingpong(n), x=n))
+    for n in conns:
+        s["conns"].append(Case("conns", f"{n} conns, 1 client -> 1 server, 64 B echo", ops, [],
+                               conns_sweep(n), x=n))
+    for n in procs:
+        s["procs"].append(Case("procs", f"{n} client/server pairs, 64 B echo", ops, [],
+                               procs_sweep(n), x=n))
+    for k in per:
+        s["shapes"].append(Case("shapes", f"many-to-one: 4 clients x {k} conns -> 1 server", ops, [],
+                                fan_in(4, k), x=k))
+    for k in per:
+        s["shapes"].append(Case("shapes", f"one-to-many: 1 client -> 4 servers x {k} conns", ops, [],
+                                fan_out(4, k), x=k))
+    for k in per:
+        s["shapes"].append(Case("shapes", f"all-to-all: 4 peers, {k} conns to each other", ops, [],
+                                all_to_all(4, k), x=k))
+    rps = [("set", "SET req/s", "higher"), ("get", "GET req/s", "higher")]
+    for p in (1, 16):
+        s["redis"].append(Case("redis", f"redis-benchmark -c 50 -P {p}", rps,
+                               ["redis-server", "redis-benchmark"], redis(p)))
+    s["nginx"].append(Case("nginx", "wrk -c 16 / nginx, 128 B file", [("rps", "req/s", "higher")],
+                           ["nginx", "wrk"], nginx("small", 16)))
+    s["nginx"].append(Case("nginx", "wrk -c 4 / nginx, 1 MiB file", [("rps", "req/s", "higher")],
+                           ["nginx", "wrk"], nginx("big", 4)))
+    s["memcached"].append(Case("memcached", "memcslap -c 4 / memcached",
+                               [("set", "SET ops/s", "higher"), ("get", "GET ops/s", "higher")],
+                               ["memcached", "memcslap"], memcached))
+    for p in (1, 4):
+        s["iperf3"].append(Case("iperf3", f"iperf3 -P {p}", [("tput", "Gbit/s", "higher")],
+                                ["iperf3"], iperf3_streams(p)))
+    return s
+
+
+def which(tool):
+    return shutil.which(tool)
