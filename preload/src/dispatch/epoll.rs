@@ -5,30 +5,74 @@
 //! (fd table kind `Epoll`) holding the ring registrations with the
 //! program's events and `epoll_data`, and one private epoll fd, itself
 //! registered in the program's instance under a random 64-bit token, into
-//! which every registered connection's wait fds go (edge-triggered: the
-//! rings are re-checked on every wake anyway). An unmodified epoll loop then
-//! wakes by itself when a doorbell rings.
+//! which every registered connection's wait fds go, edge-triggered, with
+//! the *connection's key* as their epoll_data (dup'd fds of one connection
+//! share the key and the wait fds). An unmodified epoll loop then wakes by
+//! itself when a doorbell rings.
 //!
-//! `epoll_wait` answers the rings from `AttachedConn::readiness`: level-
-//! triggered registrations are reported while ready, EPOLLET ones when a
-//! requested event appears that was not there at the previous report,
-//! EPOLLONESHOT ones once until EPOLL_CTL_MOD; EPOLLERR/EPOLLHUP always.
-//! Kernel events are merged in the same call. Cost: O(ring registrations)
-//! per call, which is the thing to improve with a ready list fed by the
-//! transport when programs with thousands of ring connections need it.
+//! The private set is the ready queue: the cost of a wait does not grow
+//! with the number of idle connections.
+//!
+//! * Each registration is either on the set's *ready list* (a candidate to
+//!   look at, not armed) or off it and *armed*: it holds an
+//!   `AttachedConn::arm_edge` for its interest, across any number of
+//!   `epoll_wait` calls, until one of its connection's wait fds fires.
+//!   (EPOLLONESHOT registrations that fired are neither: disabled until
+//!   EPOLL_CTL_MOD.)
+//! * EPOLL_CTL_ADD and EPOLL_CTL_MOD put the registration on the list.
+//!   When the private set reports a connection's key, its registrations
+//!   are disarmed and put on the list.
+//! * `epoll_wait` looks at the ready list only. A registration with
+//!   something to report is reported (level-triggered ones stay on the
+//!   list; EPOLLET ones report only what is new, as the kernel does, and
+//!   stay on the list while they report; EPOLLONESHOT ones are disabled).
+//!   One with nothing to report is armed (`arm_edge` re-checks: something
+//!   to report then is reported, and the arm given back) and leaves the
+//!   list. So an idle connection costs one arm, once, and a wait costs
+//!   O(ready registrations + private events), not O(registrations).
+//! * Spinning: a set with at most `SPIN_MAX` ring registrations spins over
+//!   all of them before it sleeps (a ping-pong on one connection never
+//!   arms, never rings a doorbell); a larger one spins over at most
+//!   `SPIN_MAX` registrations of its ready list (the recently active
+//!   ones), then arms them.
+//! * Sleeping: in the program's own instance (kernel fds and the private
+//!   fd's token together), without the set's lock. A thread that puts a
+//!   registration on the list (EPOLL_CTL_ADD/MOD, a harvest it could not
+//!   report) while another thread sleeps wakes it through a private
+//!   eventfd ("poke").
+//! * Arms are given back on EPOLL_CTL_DEL, EPOLL_CTL_MOD, when the
+//!   registration's file turns out to be gone (every fd closed: found on
+//!   the list, on a harvest, or by a sweep that looks at one registration
+//!   per call), and when the set is dropped. A forked child forgets the
+//!   parent's arms (they are the parent's to give back) and looks at all
+//!   its registrations once.
+//!
+//! Kernel events are merged in the same call. EPOLLERR/EPOLLHUP are always
+//! reported.
 //!
 //! A socket registered in an epoll set *before* its ring was attached
 //! (nginx adds upstream sockets before connect) is moved over by `migrate`.
 
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Mutex;
 
 use libc::{c_int, epoll_event};
 
 use super::wait::{remaining, spin};
-use crate::attached::{Ready, WaitFd};
+use crate::attached::{AttachedConn, Ready};
 use crate::fdtable::FdRef;
 use crate::hook::guard;
-use crate::{real, sys};
+use crate::{process, real, sys};
+
+/// Sets with at most this many ring registrations spin over all of them
+/// before sleeping; larger sets spin over at most this many registrations
+/// of their ready list.
+pub const SPIN_MAX: usize = 16;
+
+/// epoll_data of the poke eventfd in the private set (connection keys are
+/// addresses of fd states, never 0).
+const POKE_KEY: u64 = 0;
 
 /// Ring registrations of one epoll instance.
 pub struct EpollSet {
@@ -38,35 +82,105 @@ pub struct EpollSet {
 struct Inner {
     /// Private epoll fd holding the wait fds; -1 until the first ring.
     private: c_int,
+    /// Eventfd in `private` that wakes sleeping waiters; -1 with it.
+    poke: c_int,
+    /// `private` is registered in the program's instance.
+    in_program: bool,
     /// epoll_data under which `private` sits in the program's instance.
     token: u64,
-    regs: Vec<Reg>,
+    /// Registrations by id (ids are never reused).
+    regs: Map<Reg>,
+    /// Every registration id, densely (`Reg::pos` is the index).
+    all: Vec<u64>,
+    /// Connections by key (the fd state's address).
+    conns: Map<ConnEntry>,
+    /// Registration ids to look at; may hold ids of removed registrations.
+    ready: VecDeque<u64>,
+    next_id: u64,
+    /// Where the sweep for registrations of closed files is.
+    sweep: usize,
+    /// Threads sleeping in the kernel for this set.
+    sleepers: u32,
+    /// The process whose arms the registrations hold.
+    pid: libc::pid_t,
+}
+
+/// One connection's registrations and the wait fds it has in `private`.
+struct ConnEntry {
+    regs: Vec<u64>,
+    /// (wait fd, poll events registered for it).
+    waits: Vec<(c_int, u32)>,
 }
 
 struct Reg {
     fd: c_int,
     st: FdRef,
+    /// The connection's key.
+    key: u64,
+    /// Index in `Inner::all`.
+    pos: usize,
     events: u32,
     data: u64,
-    /// EPOLLET: requested events seen at the last report.
+    /// EPOLLET: requested events seen at the last look.
     last: u32,
-    /// EPOLLET: the connection's `event_seq` at the last report.
+    /// EPOLLET: the connection's `event_seq` at the last look.
     last_seq: u64,
     /// EPOLLONESHOT: reported, waiting for EPOLL_CTL_MOD.
     disabled: bool,
+    /// The interest this registration holds armed (off the list).
+    armed: Option<Ready>,
+    /// On the ready list.
+    listed: bool,
+}
+
+/// A hash map with u64 keys (ids, addresses) and a cheap mixing hasher.
+type Map<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
+
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        // splitmix64's finaliser: addresses and counters both spread well.
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
 
 const ALWAYS: u32 = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
 const MODE_BITS: u32 =
     (libc::EPOLLET | libc::EPOLLONESHOT | libc::EPOLLEXCLUSIVE | libc::EPOLLWAKEUP) as u32;
+const ET: u32 = libc::EPOLLET as u32;
+const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
 
 impl EpollSet {
     pub fn new() -> Self {
         EpollSet {
             inner: Mutex::new(Inner {
                 private: -1,
+                poke: -1,
+                in_program: false,
                 token: random_token(),
-                regs: Vec::new(),
+                regs: Map::default(),
+                all: Vec::new(),
+                conns: Map::default(),
+                ready: VecDeque::new(),
+                next_id: 1,
+                sweep: 0,
+                sleepers: 0,
+                pid: 0,
             }),
         }
     }
@@ -79,7 +193,7 @@ impl EpollSet {
 
     /// True if any ring registration is present.
     pub fn has_rings(&self) -> bool {
-        !self.lock().regs.is_empty()
+        !self.lock().all.is_empty()
     }
 }
 
@@ -92,8 +206,17 @@ impl Default for EpollSet {
 impl Drop for EpollSet {
     fn drop(&mut self) {
         let inner = self.inner.get_mut().unwrap_or_else(|p| p.into_inner());
-        if inner.private >= 0 {
-            sys::close(inner.private);
+        if inner.pid == process::pid() {
+            for r in inner.regs.values_mut() {
+                if let (Some(i), Some(c)) = (r.armed.take(), r.st.conn()) {
+                    c.disarm_edge(i);
+                }
+            }
+        }
+        for fd in [inner.private, inner.poke] {
+            if fd >= 0 {
+                sys::close(fd);
+            }
         }
     }
 }
@@ -118,6 +241,414 @@ fn interest_of(events: u32) -> Ready {
     Ready(events & !MODE_BITS)
 }
 
+/// The key of the connection behind `st`: the fd state's address, stable
+/// and unique while a registration holds the reference.
+fn key_of(st: &FdRef) -> u64 {
+    let p: *const _ = &**st;
+    p as usize as u64
+}
+
+fn eventfd_write(fd: c_int) {
+    let one = 1u64;
+    // SAFETY: 8 bytes from a valid u64 to our eventfd.
+    unsafe { libc::syscall(libc::SYS_write, fd, &one as *const u64, 8) };
+}
+
+fn eventfd_drain(fd: c_int) {
+    let mut v = 0u64;
+    // SAFETY: 8 bytes into a valid u64 from our non-blocking eventfd.
+    unsafe { libc::syscall(libc::SYS_read, fd, &mut v as *mut u64, 8) };
+}
+
+/// Whether readiness `now` (requested bits) is something to report for a
+/// registration with `events`; for EPOLLET, bits not seen at the last look
+/// or a new arrival (`seq` changed) while ready, and the look is recorded.
+fn news(events: u32, last: &mut u32, last_seq: &mut u64, now: Ready, seq: u64) -> bool {
+    if events & ET == 0 {
+        return !now.is_empty();
+    }
+    let fresh = now.0 & !*last != 0 || (seq != *last_seq && !now.is_empty());
+    *last = now.0;
+    *last_seq = seq;
+    fresh
+}
+
+/// What a look at a listed registration decided.
+enum Step {
+    /// Report these events.
+    Report(u32),
+    /// Nothing to report; stays on the list unarmed (it may be spun on).
+    Keep,
+    /// Leaves the list (armed, or disabled).
+    Leave,
+}
+
+/// Looks at listed registration `r`; `arm`: arm it if there is nothing to
+/// report. `entry` is its connection's entry (for the wait fds).
+fn examine(r: &mut Reg, entry: Option<&mut ConnEntry>, private: c_int, arm: bool) -> Step {
+    if r.disabled {
+        return Step::Leave;
+    }
+    let Some(conn) = r.st.conn() else {
+        return Step::Leave;
+    };
+    if let Some(i) = r.armed.take() {
+        // Not expected for a listed registration; keep the pairing anyway.
+        conn.disarm_edge(i);
+    }
+    let interest = interest_of(r.events);
+    let wanted = Ready(interest.0 | ALWAYS);
+    let now = conn.readiness() & wanted;
+    if news(
+        r.events,
+        &mut r.last,
+        &mut r.last_seq,
+        now,
+        conn.event_seq(),
+    ) {
+        return Step::Report(now.0);
+    }
+    if !arm {
+        return Step::Keep;
+    }
+    if let Some(e) = entry {
+        ensure_waits(e, private, r.key, r.fd, conn, interest);
+    }
+    let now = conn.arm_edge(interest) & wanted;
+    if news(
+        r.events,
+        &mut r.last,
+        &mut r.last_seq,
+        now,
+        conn.event_seq(),
+    ) {
+        conn.disarm_edge(interest);
+        return Step::Report(now.0);
+    }
+    r.armed = Some(interest);
+    Step::Leave
+}
+
+/// Makes sure the wait fds `conn` names for `interest` are in `private`
+/// under `key` with at least the events it asks for (a connection that
+/// fell back to TCP names its socket with other events).
+fn ensure_waits(
+    e: &mut ConnEntry,
+    private: c_int,
+    key: u64,
+    fd: c_int,
+    conn: &dyn AttachedConn,
+    interest: Ready,
+) {
+    for w in conn.wait_fds(fd, interest).into_iter().flatten() {
+        let ev = u32::from(w.events as u16);
+        match e.waits.iter_mut().find(|(f, _)| *f == w.fd) {
+            Some((_, have)) if *have & ev == ev => {}
+            Some((_, have)) => {
+                *have |= ev;
+                set_wait_fd(private, w.fd, *have, key);
+            }
+            None => {
+                e.waits.push((w.fd, ev));
+                set_wait_fd(private, w.fd, ev, key);
+            }
+        }
+    }
+}
+
+fn set_wait_fd(private: c_int, fd: c_int, events: u32, key: u64) {
+    if private < 0 {
+        return;
+    }
+    let mut ev = epoll_event {
+        events: events | ET,
+        u64: key,
+    };
+    // SAFETY: ev is valid for the calls. EEXIST: left over from an earlier
+    // registration of the connection; take it over.
+    unsafe {
+        if real::epoll_ctl(private, libc::EPOLL_CTL_ADD, fd, &mut ev) < 0
+            && sys::errno() == libc::EEXIST
+        {
+            real::epoll_ctl(private, libc::EPOLL_CTL_MOD, fd, &mut ev);
+        }
+    }
+}
+
+impl Inner {
+    /// After fork the arms belong to the parent: forget them here and look
+    /// at every registration again.
+    fn check_fork(&mut self) {
+        let pid = process::pid();
+        if self.pid == pid {
+            return;
+        }
+        self.pid = pid;
+        // Threads sleeping at the fork are not in this process.
+        self.sleepers = 0;
+        for id in &self.all {
+            let Some(r) = self.regs.get_mut(id) else {
+                continue;
+            };
+            r.armed = None;
+            if !r.disabled && !r.listed {
+                r.listed = true;
+                self.ready.push_back(*id);
+            }
+        }
+    }
+
+    /// The registration of `fd` on connection `key`.
+    fn find(&self, key: u64, fd: c_int) -> Option<u64> {
+        let e = self.conns.get(&key)?;
+        e.regs
+            .iter()
+            .copied()
+            .find(|id| self.regs.get(id).is_some_and(|r| r.fd == fd))
+    }
+
+    /// Forgets registration `id`, giving back its arm; the connection's
+    /// wait fds leave `private` with its last registration (if its file is
+    /// still open: otherwise the kernel dropped them, or will).
+    fn remove(&mut self, id: u64) {
+        let Some(r) = self.regs.remove(&id) else {
+            return;
+        };
+        let alive = r.st.fd_count() > 0;
+        if let (Some(i), Some(c)) = (r.armed, r.st.conn()) {
+            c.disarm_edge(i);
+        }
+        self.all.swap_remove(r.pos);
+        if let Some(&moved) = self.all.get(r.pos) {
+            if let Some(m) = self.regs.get_mut(&moved) {
+                m.pos = r.pos;
+            }
+        }
+        let Some(e) = self.conns.get_mut(&r.key) else {
+            return;
+        };
+        e.regs.retain(|&x| x != id);
+        if !e.regs.is_empty() {
+            return;
+        }
+        if let Some(e) = self.conns.remove(&r.key) {
+            if alive && self.private >= 0 {
+                for (fd, _) in e.waits {
+                    // SAFETY: removing a registration from our own set.
+                    unsafe {
+                        real::epoll_ctl(self.private, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut())
+                    };
+                }
+            }
+        }
+    }
+
+    /// Disarms registration `id` and puts it on the list (its wait fd
+    /// fired, or a spin saw it ready); drops it if its file is gone.
+    fn promote(&mut self, id: u64) {
+        let Some(r) = self.regs.get_mut(&id) else {
+            return;
+        };
+        if r.st.fd_count() == 0 {
+            self.remove(id);
+            return;
+        }
+        if let Some(i) = r.armed.take() {
+            if let Some(c) = r.st.conn() {
+                c.disarm_edge(i);
+            }
+        }
+        if !r.disabled && !r.listed {
+            r.listed = true;
+            self.ready.push_back(id);
+        }
+    }
+
+    /// Looks at `steps` registrations (round robin) and drops those whose
+    /// file is gone: an idle armed registration of a closed fd would
+    /// otherwise hold its arm and its fd state until EPOLL_CTL_DEL.
+    fn sweep(&mut self, steps: usize) {
+        for _ in 0..steps {
+            if self.all.is_empty() {
+                return;
+            }
+            self.sweep = (self.sweep + 1) % self.all.len();
+            let id = self.all[self.sweep];
+            if self.regs.get(&id).is_some_and(|r| r.st.fd_count() == 0) {
+                self.remove(id);
+            }
+        }
+    }
+
+    /// Looks at the first `todo` entries of the ready list, writing what
+    /// they report to `out[n..]`; returns the new count. Up to `keep` of
+    /// those with nothing to report stay on the list unarmed (to be spun
+    /// on); the others are armed and leave it. Reported registrations go to
+    /// the back (round robin, as the kernel's ready list).
+    fn walk(
+        &mut self,
+        out: &mut [epoll_event],
+        mut n: usize,
+        mut todo: usize,
+        mut keep: usize,
+    ) -> usize {
+        while todo > 0 && n < out.len() {
+            todo -= 1;
+            let Some(id) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(r) = self.regs.get_mut(&id) else {
+                continue;
+            };
+            r.listed = false;
+            if r.st.fd_count() == 0 {
+                self.remove(id);
+                continue;
+            }
+            match examine(r, self.conns.get_mut(&r.key), self.private, keep == 0) {
+                Step::Report(events) => {
+                    out[n] = epoll_event {
+                        events,
+                        u64: r.data,
+                    };
+                    n += 1;
+                    if r.events & ONESHOT != 0 {
+                        r.disabled = true;
+                    } else {
+                        r.listed = true;
+                        self.ready.push_back(id);
+                    }
+                }
+                Step::Keep => {
+                    keep -= 1;
+                    r.listed = true;
+                    self.ready.push_back(id);
+                }
+                Step::Leave => {}
+            }
+        }
+        n
+    }
+
+    /// Reads the private set: the registrations of every connection whose
+    /// wait fd fired go on the list. Returns how many entries it added.
+    fn harvest(&mut self) -> usize {
+        if self.private < 0 {
+            return 0;
+        }
+        let before = self.ready.len();
+        let mut evs = [epoll_event { events: 0, u64: 0 }; 64];
+        loop {
+            // SAFETY: evs is a valid buffer of 64 events.
+            let r = unsafe { real::epoll_wait(self.private, evs.as_mut_ptr(), 64, 0) };
+            if r <= 0 {
+                break;
+            }
+            for e in &evs[..r as usize] {
+                let key = e.u64;
+                if key == POKE_KEY {
+                    eventfd_drain(self.poke);
+                    continue;
+                }
+                let Some(c) = self.conns.get(&key) else {
+                    // A connection that left the set; its wait fds may stay
+                    // behind until they are closed.
+                    continue;
+                };
+                for id in c.regs.clone() {
+                    self.promote(id);
+                }
+            }
+            if (r as usize) < evs.len() {
+                break;
+            }
+        }
+        self.ready.len() - before
+    }
+
+    /// Wakes the threads sleeping on this set, if any, to look at the list.
+    fn poke_sleepers(&self) {
+        if self.sleepers > 0 && self.poke >= 0 {
+            eventfd_write(self.poke);
+        }
+    }
+
+    /// Takes `private` out of the program's instance once no registration
+    /// is left: the program's own epoll_wait then goes straight to the
+    /// kernel and must never see our token.
+    fn detach_if_empty(&mut self, epfd: c_int) {
+        if self.all.is_empty() && self.in_program {
+            // SAFETY: removing our own fd from the program's instance.
+            unsafe {
+                real::epoll_ctl(
+                    epfd,
+                    libc::EPOLL_CTL_DEL,
+                    self.private,
+                    std::ptr::null_mut(),
+                )
+            };
+            self.in_program = false;
+        }
+    }
+
+    /// What to spin on: every enabled registration of a small set, or at
+    /// most `SPIN_MAX` listed ones of a large set.
+    fn spin_candidates(&self) -> Vec<Candidate> {
+        let make = |id: &u64| {
+            let r = self.regs.get(id)?;
+            (!r.disabled).then(|| Candidate {
+                id: *id,
+                st: r.st.clone(),
+                interest: interest_of(r.events),
+                seen: Seen {
+                    edge: r.events & ET != 0,
+                    bits: r.last,
+                    seq: r.last_seq,
+                },
+            })
+        };
+        if self.all.len() <= SPIN_MAX {
+            self.all.iter().filter_map(make).collect()
+        } else {
+            self.ready.iter().filter_map(make).take(SPIN_MAX).collect()
+        }
+    }
+}
+
+/// A registration looked at while spinning, without the set's lock.
+struct Candidate {
+    id: u64,
+    st: FdRef,
+    interest: Ready,
+    seen: Seen,
+}
+
+impl Candidate {
+    fn ready(&self) -> bool {
+        self.st.conn().is_some_and(|c| {
+            let now = c.readiness() & (self.interest | Ready::ERR | Ready::HUP);
+            self.seen.news(now, c.event_seq())
+        })
+    }
+}
+
+/// What an EPOLLET registration saw last: bits and event sequence.
+#[derive(Clone, Copy)]
+struct Seen {
+    edge: bool,
+    bits: u32,
+    seq: u64,
+}
+
+impl Seen {
+    fn news(self, now: Ready, seq: u64) -> bool {
+        if !self.edge {
+            return !now.is_empty();
+        }
+        now.0 & !self.bits != 0 || (seq != self.seq && !now.is_empty())
+    }
+}
+
 /// epoll_ctl(epfd, op, fd, ev) for a ring-attached `fd` (state `st`), with
 /// `set` the registrations of `epfd`. C return convention.
 ///
@@ -132,11 +663,9 @@ pub unsafe fn ctl_ring(
     ev: *const epoll_event,
 ) -> c_int {
     let _g = guard::enter();
-    let mut inner = set.lock();
-    // Registrations whose file is gone (every fd closed) vanished in the
-    // kernel's eyes; forget them before looking for duplicates.
-    inner.regs.retain(|r| r.st.fd_count() > 0);
-    let pos = inner.regs.iter().position(|r| r.fd == fd && r.st.same(&st));
+    let mut locked = set.lock();
+    let inner = &mut *locked;
+    inner.check_fork();
     let (events, data) = if ev.is_null() {
         (0, 0)
     } else {
@@ -145,153 +674,156 @@ pub unsafe fn ctl_ring(
         let e = unsafe { std::ptr::read_unaligned(ev) };
         (e.events, e.u64)
     };
-    match op {
-        libc::EPOLL_CTL_ADD => {
+    let key = key_of(&st);
+    let pos = inner.find(key, fd);
+    let ret = match op {
+        libc::EPOLL_CTL_ADD => 'add: {
             if pos.is_some() {
-                return fail(libc::EEXIST);
+                break 'add fail(libc::EEXIST);
             }
             if ev.is_null() {
-                return fail(libc::EFAULT);
+                break 'add fail(libc::EFAULT);
             }
-            if let Err(e) = ensure_private(epfd, &mut inner) {
-                return fail(e);
+            if let Err(e) = ensure_private(epfd, inner) {
+                break 'add fail(e);
             }
             let Some(conn) = st.conn() else {
-                return fail(libc::EBADF);
+                break 'add fail(libc::EBADF);
             };
-            for w in conn.wait_fds(fd, interest_of(events)).into_iter().flatten() {
-                add_wait_fd(inner.private, w);
-            }
-            inner.regs.push(Reg {
-                fd,
-                st,
-                events,
-                data,
-                last: 0,
-                last_seq: 0,
-                disabled: false,
+            // Amortised clean-up of registrations whose file is gone.
+            inner.sweep(2);
+            let id = inner.next_id;
+            inner.next_id += 1;
+            let e = inner.conns.entry(key).or_insert_with(|| ConnEntry {
+                regs: Vec::new(),
+                waits: Vec::new(),
             });
+            e.regs.push(id);
+            ensure_waits(e, inner.private, key, fd, conn, interest_of(events));
+            inner.regs.insert(
+                id,
+                Reg {
+                    fd,
+                    st: st.clone(),
+                    key,
+                    pos: inner.all.len(),
+                    events,
+                    data,
+                    last: 0,
+                    last_seq: 0,
+                    disabled: false,
+                    armed: None,
+                    listed: true,
+                },
+            );
+            inner.all.push(id);
+            inner.ready.push_back(id);
+            inner.poke_sleepers();
             0
         }
-        libc::EPOLL_CTL_MOD => {
-            let Some(i) = pos else {
-                return fail(libc::ENOENT);
+        libc::EPOLL_CTL_MOD => 'modify: {
+            let Some(id) = pos else {
+                break 'modify fail(libc::ENOENT);
             };
             if ev.is_null() {
-                return fail(libc::EFAULT);
+                break 'modify fail(libc::EFAULT);
             }
-            let r = &mut inner.regs[i];
+            let Some(r) = inner.regs.get_mut(&id) else {
+                break 'modify fail(libc::ENOENT);
+            };
+            if let (Some(i), Some(c)) = (r.armed.take(), r.st.conn()) {
+                c.disarm_edge(i);
+            }
             r.events = events;
             r.data = data;
             r.last = 0;
             r.last_seq = 0;
             r.disabled = false;
+            if !r.listed {
+                r.listed = true;
+                inner.ready.push_back(id);
+            }
+            inner.poke_sleepers();
             0
         }
-        libc::EPOLL_CTL_DEL => {
-            let Some(i) = pos else {
-                return fail(libc::ENOENT);
-            };
-            // The wait fds stay in the private set: another registration may
-            // share them, and a stray wake-up only costs a re-check.
-            inner.regs.swap_remove(i);
-            0
-        }
+        libc::EPOLL_CTL_DEL => match pos {
+            Some(id) => {
+                inner.remove(id);
+                0
+            }
+            None => fail(libc::ENOENT),
+        },
         _ => fail(libc::EINVAL),
-    }
+    };
+    let e = sys::errno();
+    inner.detach_if_empty(epfd);
+    sys::set_errno(e);
+    ret
 }
 
+/// Creates the private set and its poke eventfd if needed, and makes sure
+/// the private set sits in the program's instance.
 fn ensure_private(epfd: c_int, inner: &mut Inner) -> Result<(), c_int> {
-    if inner.private >= 0 {
-        return Ok(());
+    if inner.private < 0 {
+        // SAFETY: plain syscall wrapper of libc, not ours.
+        let p = unsafe { real::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if p < 0 {
+            return Err(sys::errno());
+        }
+        let p = crate::ring::fdspace::high(p);
+        // SAFETY: plain eventfd creation.
+        let k = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if k < 0 {
+            let e = sys::errno();
+            sys::close(p);
+            return Err(e);
+        }
+        let k = crate::ring::fdspace::high(k);
+        let mut ev = epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLET) as u32,
+            u64: POKE_KEY,
+        };
+        // SAFETY: ev is valid for the call.
+        if unsafe { real::epoll_ctl(p, libc::EPOLL_CTL_ADD, k, &mut ev) } < 0 {
+            let e = sys::errno();
+            sys::close(k);
+            sys::close(p);
+            return Err(e);
+        }
+        inner.private = p;
+        inner.poke = k;
     }
-    // SAFETY: plain syscall wrapper of libc, not ours.
-    let p = unsafe { real::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if p < 0 {
-        return Err(sys::errno());
+    if !inner.in_program {
+        let mut ev = epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: inner.token,
+        };
+        // SAFETY: ev is valid for the call.
+        if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, inner.private, &mut ev) } < 0
+            && sys::errno() != libc::EEXIST
+        {
+            return Err(sys::errno());
+        }
+        inner.in_program = true;
     }
-    let p = crate::ring::fdspace::high(p);
-    let mut ev = epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: inner.token,
-    };
-    // SAFETY: ev is valid for the call.
-    if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, p, &mut ev) } < 0 {
-        let e = sys::errno();
-        sys::close(p);
-        return Err(e);
-    }
-    inner.private = p;
     Ok(())
 }
 
-fn add_wait_fd(private: c_int, w: WaitFd) {
-    let mut ev = epoll_event {
-        events: (w.events as u16 as u32) | libc::EPOLLET as u32,
-        u64: w.fd as u64,
-    };
-    // SAFETY: ev is valid for the call. EEXIST (a wait fd shared by dup'd
-    // registrations) is fine.
-    unsafe { real::epoll_ctl(private, libc::EPOLL_CTL_ADD, w.fd, &mut ev) };
-}
-
-/// Writes ready ring registrations into `out`; returns how many.
-fn collect(inner: &mut Inner, out: &mut [epoll_event]) -> usize {
-    inner.regs.retain(|r| r.st.fd_count() > 0);
-    let mut n = 0;
-    for r in inner.regs.iter_mut() {
-        if n == out.len() {
-            break;
-        }
-        if r.disabled {
-            continue;
-        }
-        let Some(conn) = r.st.conn() else { continue };
-        let wanted = interest_of(r.events).0 | ALWAYS;
-        let now = conn.readiness().0 & wanted;
-        let report = if r.events & libc::EPOLLET as u32 != 0 {
-            // A new arrival is an edge even while the bit stays set.
-            let seq = conn.event_seq();
-            let fresh = now & !r.last != 0 || (seq != r.last_seq && now != 0);
-            r.last = now;
-            r.last_seq = seq;
-            fresh
-        } else {
-            now != 0
-        };
-        if report {
-            out[n] = epoll_event {
-                events: now,
-                u64: r.data,
-            };
-            n += 1;
-            if r.events & libc::EPOLLONESHOT as u32 != 0 {
-                r.disabled = true;
-            }
-        }
-    }
-    n
-}
-
-/// Removes our token's event from `evs[..n]`; returns the new count.
-fn strip_token(evs: &mut [epoll_event], n: usize, token: u64) -> usize {
+/// Removes our token's event from `evs[..n]`; returns the new count and
+/// whether it was there.
+fn strip_token(evs: &mut [epoll_event], n: usize, token: u64) -> (usize, bool) {
     let mut k = 0;
+    let mut seen = false;
     for i in 0..n {
         let data = evs[i].u64;
         if data != token {
             evs[k] = evs[i];
             k += 1;
+        } else {
+            seen = true;
         }
     }
-    k
-}
-
-/// Empties the private set's ready list (edge-triggered, so a read of the
-/// events is all it takes).
-fn drain_private(private: c_int) {
-    let mut tmp = [epoll_event { events: 0, u64: 0 }; 16];
-    // SAFETY: tmp is a valid buffer of 16 events.
-    while unsafe { real::epoll_wait(private, tmp.as_mut_ptr(), 16, 0) } == 16 {}
+    (k, seen)
 }
 
 /// epoll_wait semantics for an instance with ring registrations.
@@ -312,60 +844,99 @@ pub unsafe fn wait_mixed(
     let _g = guard::enter();
     // SAFETY: valid for maxevents entries per the caller.
     let out = unsafe { std::slice::from_raw_parts_mut(events, maxevents as usize) };
-    let (private, token) = {
-        let inner = set.lock();
-        (inner.private, inner.token)
-    };
     if let Some(a) = crate::attached::attacher() {
         a.flush_all();
     }
+    let token = set.lock().token;
+    let mut first = true;
     loop {
-        let mut n = collect(&mut set.lock(), out);
-        let may_spin = deadline.is_none_or(|d| d > sys::monotonic_ns());
-        if n == 0
-            && may_spin
-            && spin(|| {
-                snapshot(set)
-                    .iter()
-                    .any(|(st, i, seen)| ready_for(st, *i, *seen))
-            })
+        // Spin only before the first sleep: a wake-up with nothing to
+        // report (a stray doorbell) is not worth a spin.
+        let may_spin = first && deadline.is_none_or(|d| d > sys::monotonic_ns());
+        first = false;
+        // 1. The ready list; registrations that may be spun on stay
+        //    unarmed.
+        let (mut n, cands) = {
+            let mut locked = set.lock();
+            let inner = &mut *locked;
+            inner.check_fork();
+            inner.sweep(1);
+            inner.detach_if_empty(epfd);
+            let keep = match may_spin {
+                false => 0,
+                true if inner.all.len() <= SPIN_MAX => usize::MAX,
+                true => SPIN_MAX,
+            };
+            let todo = inner.ready.len();
+            let n = inner.walk(out, 0, todo, keep);
+            if n == out.len() {
+                // A full buffer leaves the kernel side unread: fetch what
+                // the private set has so that armed connections get their
+                // turn on a later call.
+                inner.harvest();
+                inner.poke_sleepers();
+            }
+            let cands = if n == 0 && may_spin {
+                inner.spin_candidates()
+            } else {
+                Vec::new()
+            };
+            (n, cands)
+        };
+        // 2. Spin.
+        if n == 0 && !cands.is_empty() && spin(|| cands.iter().any(Candidate::ready)) {
+            let mut locked = set.lock();
+            let inner = &mut *locked;
+            for c in &cands {
+                if c.ready() {
+                    inner.promote(c.id);
+                }
+            }
+            let todo = inner.ready.len();
+            n = inner.walk(out, 0, todo, usize::MAX);
+        }
+        drop(cands);
+        if n > 0 {
+            return finish(set, epfd, out, n, token);
+        }
+        // 3. Arm what has nothing to report, then sleep.
         {
-            n = collect(&mut set.lock(), out);
+            let mut locked = set.lock();
+            let inner = &mut *locked;
+            let todo = inner.ready.len();
+            n = inner.walk(out, 0, todo, 0);
+            if n == 0 {
+                inner.sleepers += 1;
+            }
         }
         if n > 0 {
-            return n as c_int
-                + kernel_events(epfd, &mut out[n..], private, token, false, None, None).max(0);
+            return finish(set, epfd, out, n, token);
         }
-        // Arm every ring; if one has something to report after arming, do
-        // not sleep. For EPOLLET that means bits not reported before: a
-        // socket that stays writable must not keep an edge-triggered
-        // waiter from sleeping.
-        let snap = snapshot(set);
-        let mut ready = false;
-        for (st, interest, seen) in &snap {
-            if let Some(c) = st.conn() {
-                let now = c.arm(*interest) & (*interest | Ready::ERR | Ready::HUP);
-                ready |= seen.news(now, c.event_seq());
-            }
-        }
-        let k = if ready {
-            0
-        } else {
-            kernel_events(epfd, out, private, token, true, deadline, sigmask)
+        let r = kernel_events(epfd, out, token, true, deadline, sigmask);
+        let errno = sys::errno();
+        let mut locked = set.lock();
+        let inner = &mut *locked;
+        inner.sleepers -= 1;
+        let Ok((k, saw)) = r else {
+            drop(locked);
+            sys::set_errno(errno);
+            return -1;
         };
-        for (st, interest, _) in &snap {
-            if let Some(c) = st.conn() {
-                c.disarm(*interest);
+        let mut m = 0;
+        if saw || !inner.ready.is_empty() {
+            if saw {
+                inner.harvest();
+            }
+            let todo = inner.ready.len();
+            m = inner.walk(&mut out[k..], 0, todo, 0);
+            if k + m == out.len() && !inner.ready.is_empty() {
+                inner.poke_sleepers();
             }
         }
-        if k < 0 {
-            return k;
-        }
-        let k = k as usize;
-        let m = collect(&mut set.lock(), &mut out[k..]);
         if k + m > 0 {
             return (k + m) as c_int;
         }
+        drop(locked);
         if let Some(d) = deadline {
             if sys::monotonic_ns() >= d {
                 return 0;
@@ -374,63 +945,42 @@ pub unsafe fn wait_mixed(
     }
 }
 
-/// What an EPOLLET registration reported last: bits and event sequence.
-#[derive(Clone, Copy)]
-struct Seen {
-    edge: bool,
-    bits: u32,
-    seq: u64,
-}
-
-impl Seen {
-    /// Whether readiness `now` (with the connection's sequence `seq`) is
-    /// something to report.
-    fn news(self, now: Ready, seq: u64) -> bool {
-        if !self.edge {
-            return !now.is_empty();
+/// Adds the kernel side (without sleeping) to `n` ring events in `out`,
+/// and what the private set reports meanwhile, if there is room.
+fn finish(set: &EpollSet, epfd: c_int, out: &mut [epoll_event], n: usize, token: u64) -> c_int {
+    let (k, saw) =
+        kernel_events(epfd, &mut out[n..], token, false, None, None).unwrap_or((0, false));
+    let mut total = n + k;
+    if saw {
+        let mut locked = set.lock();
+        let inner = &mut *locked;
+        // Look at the newly listed registrations only: the others were
+        // looked at in this call already.
+        let before = inner.ready.len();
+        let added = inner.harvest();
+        inner.ready.rotate_left(before);
+        total = inner.walk(out, total, added, usize::MAX);
+        if total == out.len() {
+            inner.poke_sleepers();
         }
-        now.0 & !self.bits != 0 || (seq != self.seq && !now.is_empty())
     }
-}
-
-/// Live registrations: state, interest, and what an EPOLLET one reported.
-fn snapshot(set: &EpollSet) -> Vec<(FdRef, Ready, Seen)> {
-    set.lock()
-        .regs
-        .iter()
-        .filter(|r| !r.disabled)
-        .map(|r| {
-            let seen = Seen {
-                edge: r.events & libc::EPOLLET as u32 != 0,
-                bits: r.last,
-                seq: r.last_seq,
-            };
-            (r.st.clone(), interest_of(r.events), seen)
-        })
-        .collect()
-}
-
-fn ready_for(st: &FdRef, interest: Ready, seen: Seen) -> bool {
-    st.conn().is_some_and(|c| {
-        let now = c.readiness() & (interest | Ready::ERR | Ready::HUP);
-        seen.news(now, c.event_seq())
-    })
+    total as c_int
 }
 
 /// Kernel events of the program's instance, with our token's event
-/// removed. `block` false polls; true waits until `deadline` (None =
-/// forever) with the program's signal mask.
+/// removed: the count and whether the token was there. `block` false
+/// polls; true waits until `deadline` (None = forever) with the program's
+/// signal mask. Err: the call failed (errno is set).
 fn kernel_events(
     epfd: c_int,
     out: &mut [epoll_event],
-    private: c_int,
     token: u64,
     block: bool,
     deadline: Option<u64>,
     sigmask: Option<*const libc::sigset_t>,
-) -> c_int {
+) -> Result<(usize, bool), ()> {
     if out.is_empty() {
-        return 0;
+        return Ok((0, false));
     }
     let timeout_ms = if !block {
         0
@@ -454,12 +1004,9 @@ fn kernel_events(
         )
     };
     if r < 0 {
-        return r;
+        return Err(());
     }
-    if private >= 0 {
-        drain_private(private);
-    }
-    strip_token(out, r as usize, token) as c_int
+    Ok(strip_token(out, r as usize, token))
 }
 
 /// Moves the kernel epoll registrations a socket got before its ring was
