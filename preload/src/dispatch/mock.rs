@@ -2,11 +2,24 @@
 //! in-memory byte queues with eventfd doorbells, implementing the arm /
 //! wait_fds / disarm protocol the way a ring transport must. Used to check
 //! that the hooks dispatch ring fds correctly (tests.rs).
+//!
+//! Arms nest, as the contract says: every `arm`/`arm_edge` is paired with
+//! one `disarm`/`disarm_edge`, and a sender rings the peer's doorbell while
+//! any arm for that direction is outstanding. Level waiters (`arm`: a ppoll
+//! on the doorbells) need the doorbell drained when the last of them
+//! leaves, or their next sleep would return at once; edge waiters
+//! (`arm_edge`: epoll sets holding arms across calls, watching the
+//! doorbells edge-triggered) do not, so `disarm_edge` never drains. A
+//! drain while edge arms are still outstanding could swallow a wake-up an
+//! epoll set has not harvested yet (epoll re-checks an fd before reporting
+//! it), so the drain rings again for every direction that is ready and
+//! still has arms. Call counters let tests check how much work a wait does
+//! per connection.
 
 use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use libc::c_int;
@@ -19,9 +32,13 @@ pub struct Pipe {
     buf: Mutex<VecDeque<u8>>,
     cap: usize,
     eof: AtomicBool,
-    /// Reader waits for data / writer waits for room.
+    /// Reader waits for data / writer waits for room (some arm is
+    /// outstanding for that side).
     reader_armed: AtomicBool,
     writer_armed: AtomicBool,
+    /// Bytes ever pushed / popped: the event sequence.
+    pushed: AtomicU64,
+    popped: AtomicU64,
     data_bell: RawFd,
     room_bell: RawFd,
 }
@@ -51,6 +68,8 @@ impl Pipe {
             eof: AtomicBool::new(false),
             reader_armed: AtomicBool::new(false),
             writer_armed: AtomicBool::new(false),
+            pushed: AtomicU64::new(0),
+            popped: AtomicU64::new(0),
             data_bell: eventfd(),
             room_bell: eventfd(),
         })
@@ -64,11 +83,26 @@ impl Drop for Pipe {
     }
 }
 
+/// Outstanding arms of one end.
+#[derive(Default, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arms {
+    /// Level waiters (`arm`), any direction.
+    pub level: u32,
+    /// Arms waiting for data (level and edge).
+    pub rx: u32,
+    /// Arms waiting for room (level and edge).
+    pub tx: u32,
+}
+
 pub struct MockConn {
     rx: Arc<Pipe>,
     tx: Arc<Pipe>,
+    arms: Mutex<Arms>,
     pub releases: AtomicU32,
     pub last_release_owner: AtomicBool,
+    /// Calls of `readiness`, and of `arm`/`arm_edge`.
+    pub readiness_calls: AtomicU64,
+    pub arm_calls: AtomicU64,
 }
 
 /// Two connected ends; each direction holds at most `cap` bytes.
@@ -78,11 +112,98 @@ pub fn pair(cap: usize) -> (Arc<MockConn>, Arc<MockConn>) {
         Arc::new(MockConn {
             rx: rx.clone(),
             tx: tx.clone(),
+            arms: Mutex::new(Arms::default()),
             releases: AtomicU32::new(0),
             last_release_owner: AtomicBool::new(false),
+            readiness_calls: AtomicU64::new(0),
+            arm_calls: AtomicU64::new(0),
         })
     };
     (mk(&ba, &ab), mk(&ab, &ba))
+}
+
+fn wants_rx(interest: Ready) -> bool {
+    interest.intersects(Ready::READ | Ready::RDHUP)
+}
+
+fn wants_tx(interest: Ready) -> bool {
+    interest.intersects(Ready::WRITE)
+}
+
+impl MockConn {
+    /// Arms outstanding now.
+    pub fn arms(&self) -> Arms {
+        *self.arms.lock().unwrap()
+    }
+
+    /// Readiness without counting the call.
+    fn state(&self) -> Ready {
+        let mut r = Ready::NONE;
+        if !self.rx.buf.lock().unwrap().is_empty() {
+            r = r | Ready::READ;
+        }
+        if self.rx.eof.load(Ordering::Acquire) {
+            r = r | Ready::READ | Ready::RDHUP;
+        }
+        // After our own shutdown a send fails at once (EPIPE), which counts
+        // as writable, as on TCP.
+        let shut = self.tx.eof.load(Ordering::Acquire);
+        if shut || self.tx.buf.lock().unwrap().len() < self.tx.cap {
+            r = r | Ready::WRITE;
+        }
+        r
+    }
+
+    fn arm_inner(&self, interest: Ready, level: bool) -> Ready {
+        self.arm_calls.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut a = self.arms.lock().unwrap();
+            if level {
+                a.level += 1;
+            }
+            if wants_rx(interest) {
+                a.rx += 1;
+                self.rx.reader_armed.store(true, Ordering::SeqCst);
+            }
+            if wants_tx(interest) {
+                a.tx += 1;
+                self.tx.writer_armed.store(true, Ordering::SeqCst);
+            }
+        }
+        // Re-check after the flags are visible (SeqCst on both sides).
+        self.state()
+    }
+
+    fn disarm_inner(&self, interest: Ready, level: bool) {
+        let mut a = self.arms.lock().unwrap();
+        if level {
+            a.level = a.level.checked_sub(1).expect("disarm without arm");
+        }
+        if wants_rx(interest) {
+            a.rx = a.rx.checked_sub(1).expect("disarm without arm (rx)");
+            if a.rx == 0 {
+                self.rx.reader_armed.store(false, Ordering::SeqCst);
+            }
+        }
+        if wants_tx(interest) {
+            a.tx = a.tx.checked_sub(1).expect("disarm without arm (tx)");
+            if a.tx == 0 {
+                self.tx.writer_armed.store(false, Ordering::SeqCst);
+            }
+        }
+        if level && a.level == 0 {
+            drain(self.rx.data_bell);
+            drain(self.tx.room_bell);
+            // Edge waiters still armed must not lose a wake-up to the drain.
+            let now = self.state();
+            if a.rx > 0 && now.intersects(Ready::READ | Ready::RDHUP) {
+                ring(self.rx.data_bell);
+            }
+            if a.tx > 0 && now.intersects(Ready::WRITE) {
+                ring(self.tx.room_bell);
+            }
+        }
+    }
 }
 
 impl AttachedConn for MockConn {
@@ -107,6 +228,7 @@ impl AttachedConn for MockConn {
         }
         if !peek {
             q.drain(..n);
+            self.rx.popped.fetch_add(n as u64, Ordering::SeqCst);
             drop(q);
             if self.rx.writer_armed.load(Ordering::SeqCst) {
                 ring(self.rx.room_bell);
@@ -130,6 +252,7 @@ impl AttachedConn for MockConn {
             q.extend(&b[..take]);
             n += take;
         }
+        self.tx.pushed.fetch_add(n as u64, Ordering::SeqCst);
         drop(q);
         // Publish, then check the sleeping flag (SeqCst on both sides).
         if self.tx.reader_armed.load(Ordering::SeqCst) {
@@ -141,41 +264,24 @@ impl AttachedConn for MockConn {
     fn flush(&self) {}
 
     fn readiness(&self) -> Ready {
-        let mut r = Ready::NONE;
-        if !self.rx.buf.lock().unwrap().is_empty() {
-            r = r | Ready::READ;
-        }
-        if self.rx.eof.load(Ordering::Acquire) {
-            r = r | Ready::READ | Ready::RDHUP;
-        }
-        // After our own shutdown a send fails at once (EPIPE), which counts
-        // as writable, as on TCP.
-        let shut = self.tx.eof.load(Ordering::Acquire);
-        if shut || self.tx.buf.lock().unwrap().len() < self.tx.cap {
-            r = r | Ready::WRITE;
-        }
-        r
+        self.readiness_calls.fetch_add(1, Ordering::Relaxed);
+        self.state()
     }
 
     fn arm(&self, interest: Ready) -> Ready {
-        if interest.intersects(Ready::READ | Ready::RDHUP) {
-            self.rx.reader_armed.store(true, Ordering::SeqCst);
-        }
-        if interest.intersects(Ready::WRITE) {
-            self.tx.writer_armed.store(true, Ordering::SeqCst);
-        }
-        self.readiness()
+        self.arm_inner(interest, true)
     }
 
     fn disarm(&self, interest: Ready) {
-        if interest.intersects(Ready::READ | Ready::RDHUP) {
-            self.rx.reader_armed.store(false, Ordering::SeqCst);
-            drain(self.rx.data_bell);
-        }
-        if interest.intersects(Ready::WRITE) {
-            self.tx.writer_armed.store(false, Ordering::SeqCst);
-            drain(self.tx.room_bell);
-        }
+        self.disarm_inner(interest, true)
+    }
+
+    fn arm_edge(&self, interest: Ready) -> Ready {
+        self.arm_inner(interest, false)
+    }
+
+    fn disarm_edge(&self, interest: Ready) {
+        self.disarm_inner(interest, false)
     }
 
     fn wait_fds(&self, _fd: RawFd, _interest: Ready) -> WaitFds {
@@ -189,6 +295,13 @@ impl AttachedConn for MockConn {
                 events: libc::POLLIN,
             }),
         ]
+    }
+
+    fn event_seq(&self) -> u64 {
+        self.rx
+            .pushed
+            .load(Ordering::SeqCst)
+            .wrapping_add(self.tx.popped.load(Ordering::SeqCst))
     }
 
     fn available(&self) -> usize {

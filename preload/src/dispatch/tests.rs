@@ -131,8 +131,17 @@ fn dup_shares_the_connection_and_close_releases_last() {
     assert_eq!(a.releases.load(Ordering::SeqCst), 1);
 }
 
+/// Held by tests that open thousands of fds and by tests that need fds
+/// below FD_SETSIZE (select), which must not run at the same time.
+static MANY_FDS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn many_fds() -> std::sync::MutexGuard<'static, ()> {
+    MANY_FDS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[test]
 fn poll_and_select_wake_on_ring_data() {
+    let _fds = many_fds();
     let (a, b) = pair(64);
     let (fa, fb) = (ring_fd(a), ring_fd(b));
     let mut p = [libc::pollfd {
@@ -151,6 +160,10 @@ fn poll_and_select_wake_on_ring_data() {
     assert_eq!(p[0].revents, libc::POLLIN);
     assert_eq!(t.join().unwrap(), 4);
 
+    assert!(
+        (fb as usize) < libc::FD_SETSIZE,
+        "fd {fb} cannot be used with select"
+    );
     // SAFETY: fd_set is plain data; FD_* on a valid set.
     unsafe {
         let mut rd: libc::fd_set = std::mem::zeroed();
@@ -381,5 +394,327 @@ fn declined_connect_stays_tcp_and_works() {
         for fd in [a, c, l] {
             fdh::close(fd);
         }
+    }
+}
+
+/// Raises the soft fd limit towards `want`; returns the new soft limit.
+fn raise_nofile(want: u64) -> u64 {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl);
+        if rl.rlim_cur < want {
+            rl.rlim_cur = want.min(rl.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &rl);
+        }
+    }
+    rl.rlim_cur
+}
+
+/// Calls of `readiness` and `arm` on `c` so far, then resets them.
+fn take_calls(c: &MockConn) -> u64 {
+    c.readiness_calls.swap(0, Ordering::SeqCst) + c.arm_calls.swap(0, Ordering::SeqCst)
+}
+
+fn epoll_add(epfd: i32, fd: i32, events: i32, data: u64) {
+    let mut ev = libc::epoll_event {
+        events: events as u32,
+        u64: data,
+    };
+    // SAFETY: valid event for the call.
+    assert_eq!(
+        unsafe { ep::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) },
+        0
+    );
+}
+
+fn epoll_wait(epfd: i32, max: usize, timeout: i32) -> Vec<(u32, u64)> {
+    let mut out = vec![libc::epoll_event { events: 0, u64: 0 }; max];
+    // SAFETY: out is valid for max entries.
+    let n = unsafe { ep::epoll_wait(epfd, out.as_mut_ptr(), max as i32, timeout) };
+    assert!(n >= 0, "epoll_wait failed: errno {}", crate::sys::errno());
+    out[..n as usize]
+        .iter()
+        .map(|e| (e.events, e.u64))
+        .collect()
+}
+
+#[test]
+fn epoll_wait_cost_does_not_grow_with_idle_connections() {
+    let _fds = many_fds();
+    // Five fds per idle connection (its socket, the pair's four doorbells).
+    let limit = raise_nofile(8000);
+    let idle = 1000usize.min((limit.saturating_sub(400) / 5) as usize);
+    assert!(idle >= 100, "fd limit {limit} too low for this test");
+    // SAFETY: plain hook call.
+    let epfd = unsafe { ep::epoll_create1(libc::EPOLL_CLOEXEC) };
+    assert!(epfd >= 0);
+    let mut conns = Vec::with_capacity(idle);
+    for i in 0..idle {
+        let (a, b) = pair(64);
+        let fd = ring_fd(a.clone());
+        epoll_add(epfd, fd, libc::EPOLLIN, i as u64);
+        conns.push((a, b, fd));
+    }
+    let (ra, rb) = pair(64);
+    let rfd = ring_fd(ra.clone());
+    epoll_add(epfd, rfd, libc::EPOLLIN, 0xbeef);
+    {
+        use crate::AttachedConn;
+        assert_eq!(rb.try_send(&[std::io::IoSlice::new(b"ready")]), Ok(5));
+    }
+
+    // The first wait looks at everything (all were just added) and arms
+    // the idle ones, once.
+    let got = epoll_wait(epfd, 8, 0);
+    assert_eq!(got, vec![(libc::EPOLLIN as u32, 0xbeef)]);
+    for (a, _, _) in &conns {
+        assert_eq!(a.arms().rx, 1, "each idle connection holds one arm");
+        take_calls(a);
+    }
+    take_calls(&ra);
+
+    // Later waits look at the ready connection only.
+    for _ in 0..10 {
+        let got = epoll_wait(epfd, 8, 0);
+        assert_eq!(got, vec![(libc::EPOLLIN as u32, 0xbeef)]);
+    }
+    let idle_calls: u64 = conns.iter().map(|(a, _, _)| take_calls(a)).sum();
+    assert_eq!(idle_calls, 0, "idle connections were looked at");
+    let ready_calls = take_calls(&ra);
+    assert!(
+        ready_calls <= 20,
+        "{ready_calls} calls for 10 waits on one ready connection"
+    );
+    assert_eq!(ra.arms().rx, 0, "a reported registration holds no arm");
+
+    // Data on one idle connection wakes a blocking wait, with its data.
+    assert_eq!(read(rfd, 16, 0), (5, b"ready".to_vec()));
+    let target = idle / 2;
+    let sender = conns[target].1.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(30));
+        use crate::AttachedConn;
+        sender.try_send(&[std::io::IoSlice::new(b"wake")]).unwrap()
+    });
+    let got = epoll_wait(epfd, 8, 5000);
+    assert_eq!(got, vec![(libc::EPOLLIN as u32, target as u64)]);
+    assert_eq!(t.join().unwrap(), 4);
+    let others: u64 = conns
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != target)
+        .map(|(_, (a, _, _))| take_calls(a))
+        .sum();
+    assert_eq!(others, 0, "a wake-up looked at idle connections");
+    assert!(take_calls(&conns[target].0) <= 4);
+    assert_eq!(conns[target].0.arms().rx, 0, "disarmed when its fd fired");
+
+    // EPOLL_CTL_DEL gives the arm back; closing the epoll fd gives back
+    // all the others.
+    // SAFETY: hook calls on our fds.
+    unsafe {
+        let fd0 = conns[0].2;
+        assert_eq!(
+            ep::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fd0, ptr::null_mut()),
+            0
+        );
+        assert_eq!(conns[0].0.arms().rx, 0);
+        assert_eq!(conns[1].0.arms().rx, 1);
+        fdh::close(epfd);
+    }
+    for (a, _, _) in &conns {
+        assert_eq!(a.arms(), super::mock::Arms::default());
+    }
+    // SAFETY: closing our fds.
+    unsafe {
+        for (_, _, fd) in &conns {
+            fdh::close(*fd);
+        }
+        fdh::close(rfd);
+    }
+}
+
+#[test]
+fn nested_arms_two_sets_a_poll_and_a_blocking_reader_all_wake() {
+    let (a, b) = pair(64);
+    let (fa, fb) = (ring_fd(a), ring_fd(b.clone()));
+    // SAFETY: plain hook calls.
+    let (ep1, ep2) = unsafe {
+        (
+            ep::epoll_create1(libc::EPOLL_CLOEXEC),
+            ep::epoll_create1(libc::EPOLL_CLOEXEC),
+        )
+    };
+    epoll_add(ep1, fb, libc::EPOLLIN, 1);
+    epoll_add(ep2, fb, libc::EPOLLIN, 2);
+    assert!(epoll_wait(ep1, 4, 0).is_empty());
+    assert!(epoll_wait(ep2, 4, 0).is_empty());
+    assert_eq!(b.arms().rx, 2, "both sets hold an arm");
+
+    let w1 = std::thread::spawn(move || epoll_wait(ep1, 4, 5000));
+    let w2 = std::thread::spawn(move || epoll_wait(ep2, 4, 5000));
+    let reader = std::thread::spawn(move || read(fb, 16, libc::MSG_PEEK));
+    let poller = std::thread::spawn(move || {
+        let mut p = [libc::pollfd {
+            fd: fb,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        // SAFETY: p is a valid pollfd array.
+        let n = unsafe { ph::poll(p.as_mut_ptr(), 1, 5000) };
+        (n, p[0].revents)
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(write(fa, b"x"), 1);
+    assert_eq!(w1.join().unwrap(), vec![(libc::EPOLLIN as u32, 1)]);
+    assert_eq!(w2.join().unwrap(), vec![(libc::EPOLLIN as u32, 2)]);
+    assert_eq!(reader.join().unwrap(), (1, b"x".to_vec()));
+    assert_eq!(poller.join().unwrap(), (1, libc::POLLIN));
+    assert_eq!(
+        b.arms(),
+        super::mock::Arms::default(),
+        "every arm was given back"
+    );
+
+    // Once the data is read, both sets arm again; a second write wakes a
+    // set that is already sleeping.
+    assert_eq!(read(fb, 16, 0), (1, b"x".to_vec()));
+    assert!(epoll_wait(ep1, 4, 0).is_empty());
+    let w1 = std::thread::spawn(move || epoll_wait(ep1, 4, 5000));
+    std::thread::sleep(Duration::from_millis(30));
+    assert_eq!(write(fa, b"y"), 1);
+    assert_eq!(w1.join().unwrap(), vec![(libc::EPOLLIN as u32, 1)]);
+    // SAFETY: closing our fds.
+    unsafe {
+        fdh::close(ep1);
+        fdh::close(ep2);
+        fdh::close(fa);
+        fdh::close(fb);
+    }
+    assert_eq!(b.arms(), super::mock::Arms::default());
+}
+
+#[test]
+fn epoll_arms_follow_mod_del_dup_and_close() {
+    let (a, b) = pair(64);
+    let fb = ring_fd(b.clone());
+    // SAFETY: hook calls with valid arguments throughout.
+    unsafe {
+        let d = fdh::dup(fb);
+        let epfd = ep::epoll_create1(0);
+        epoll_add(epfd, fb, libc::EPOLLIN, 1);
+        epoll_add(epfd, d, libc::EPOLLIN | libc::EPOLLRDHUP, 2);
+        assert!(epoll_wait(epfd, 4, 0).is_empty());
+        assert_eq!(b.arms().rx, 2, "dup'd registrations arm separately");
+
+        // MOD gives the arm back and looks again; the next wait re-arms.
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: 3,
+        };
+        assert_eq!(ep::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, fb, &mut ev), 0);
+        assert_eq!(b.arms().rx, 1);
+        assert!(epoll_wait(epfd, 4, 0).is_empty());
+        assert_eq!(b.arms().rx, 2);
+
+        // Both registrations of the connection wake from its one doorbell.
+        {
+            use crate::AttachedConn;
+            a.try_send(&[std::io::IoSlice::new(b"z")]).unwrap();
+        }
+        let mut got = epoll_wait(epfd, 4, 1000);
+        got.sort_by_key(|e| e.1);
+        let rd = libc::EPOLLIN as u32;
+        assert_eq!(got, vec![(rd, 2), (rd, 3)]);
+        assert_eq!(read(fb, 16, 0), (1, b"z".to_vec()));
+        assert!(epoll_wait(epfd, 4, 0).is_empty());
+        assert_eq!(b.arms().rx, 2);
+
+        // DEL gives one back.
+        assert_eq!(
+            ep::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, d, ptr::null_mut()),
+            0
+        );
+        assert_eq!(b.arms().rx, 1);
+
+        // Closing every fd of the connection ends its registration: never
+        // reported again, and its arm is given back (by the sweep).
+        fdh::close(d);
+        fdh::close(fb);
+        assert!(epoll_wait(epfd, 4, 0).is_empty());
+        assert_eq!(b.arms(), super::mock::Arms::default());
+
+        // Peer shutdown after close reports nothing.
+        assert!(epoll_wait(epfd, 4, 0).is_empty());
+        fdh::close(epfd);
+    }
+}
+
+#[test]
+fn epoll_ctl_from_another_thread_wakes_a_sleeping_wait() {
+    let (a, _a_peer) = pair(64);
+    let (b, b_peer) = pair(64);
+    let (fa, fb) = (ring_fd(a), ring_fd(b));
+    // SAFETY: plain hook call.
+    let epfd = unsafe { ep::epoll_create1(0) };
+    epoll_add(epfd, fa, libc::EPOLLIN, 1);
+    {
+        use crate::AttachedConn;
+        b_peer.try_send(&[std::io::IoSlice::new(b"ready")]).unwrap();
+    }
+    let w = std::thread::spawn(move || {
+        let t0 = std::time::Instant::now();
+        (epoll_wait(epfd, 4, 5000), t0.elapsed())
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    // A registration that is ready at once, added while the waiter sleeps.
+    epoll_add(epfd, fb, libc::EPOLLIN, 2);
+    let (got, took) = w.join().unwrap();
+    assert_eq!(got, vec![(libc::EPOLLIN as u32, 2)]);
+    assert!(took < Duration::from_secs(2), "woke after {took:?}");
+    // SAFETY: closing our fds.
+    unsafe {
+        fdh::close(epfd);
+        fdh::close(fa);
+        fdh::close(fb);
+    }
+}
+
+#[test]
+fn epoll_edge_triggered_reports_each_arrival_and_sleeps_between() {
+    let (a, b) = pair(64);
+    let (fa, fb) = (ring_fd(a), ring_fd(b));
+    // SAFETY: plain hook call.
+    let epfd = unsafe { ep::epoll_create1(0) };
+    epoll_add(epfd, fb, libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLET, 9);
+    let both = (libc::EPOLLIN | libc::EPOLLOUT) as u32;
+    assert_eq!(
+        epoll_wait(epfd, 4, 0),
+        vec![(libc::EPOLLOUT as u32, 9)],
+        "writable at once"
+    );
+    // Stays writable: no new edge, so a wait sleeps until the timeout.
+    let t0 = std::time::Instant::now();
+    assert!(epoll_wait(epfd, 4, 50).is_empty());
+    assert!(t0.elapsed() >= Duration::from_millis(40));
+    // Every arrival is an edge, even while the data is unread.
+    for _ in 0..3 {
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            write(fa, b"e")
+        });
+        assert_eq!(epoll_wait(epfd, 4, 5000), vec![(both, 9)]);
+        assert_eq!(t.join().unwrap(), 1);
+        assert!(epoll_wait(epfd, 4, 0).is_empty());
+    }
+    // SAFETY: closing our fds.
+    unsafe {
+        fdh::close(epfd);
+        fdh::close(fa);
+        fdh::close(fb);
     }
 }
