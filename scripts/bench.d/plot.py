@@ -30,6 +30,9 @@ def series(rows, suite, metric, pick=lambda r: True):
     return {k: sorted(v) for k, v in out.items()}
 
 
+COLORS = {"kernel": "tab:blue", "ringsock": "tab:orange", "rsocket": "tab:green"}
+
+
 def draw(ax, data, style="-", suffix=""):
     for system, pts in sorted(data.items()):
         xs = [p[0] for p in pts]
@@ -37,7 +40,7 @@ def draw(ax, data, style="-", suffix=""):
         lo = [p[1] - p[2] for p in pts]
         hi = [p[3] - p[1] for p in pts]
         ax.errorbar(xs, ys, yerr=[lo, hi], fmt=style, marker="o", ms=4, capsize=3,
-                    label=system + suffix)
+                    color=COLORS.get(system), label=system + suffix)
 
 
 def size_ticks(ax, xs):
@@ -79,7 +82,7 @@ def main():
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         size_ticks(ax, sorted({p[0] for v in p50.values() for p in v}))
-        ax.set_xlabel("message size (sockperf up to 16 KiB, shapes above)")
+        ax.set_xlabel("message size (sockperf up to 65507 B, shapes above)")
         ax.set_ylabel("round trip, µs (median of runs, min..max)")
         ax.set_title("Ping-pong round trip against message size, 127.0.0.1")
         ax.grid(True, which="both", alpha=0.3)

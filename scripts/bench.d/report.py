@@ -147,7 +147,10 @@ def markdown(meta, systems, results, ablation, plots):
         for r in rs:
             if r.get("error"):
                 notes.append(f"- FAILED `{r['case'].workload}`: {first_line(r['error'])}")
-            elif r.get("reasons"):
+            if not r.get("error") and r.get("retries"):
+                notes.append(f"- `{r['case'].workload}`: retried after a failed run "
+                             f"({'; '.join(r['retries'])}; logs in failed/)")
+            if not r.get("error") and r.get("reasons"):
                 why = "; ".join(f"{k} ({n})" for k, n in sorted(r["reasons"].items()))
                 notes.append(f"- `{r['case'].workload}` under ringsock: connection ends on kernel "
                              f"TCP, with the reason status gave: {why}")

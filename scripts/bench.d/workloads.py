@@ -102,10 +102,23 @@ def tail(path, n=800):
         return ""
 
 
-def server(ctx, system, run_dir, argv, port, name="server", **kw):
-    p = ctx.procs.start(argv, system.env, log=os.path.join(run_dir, f"{name}.log"), **kw)
-    wait_port(port, p)
-    return p
+def server(ctx, system, run_dir, argv, port, name="server", ready_text=None, **kw):
+    """Starts a server and waits until it listens: by connecting to its
+    port, or, with ready_text, by waiting for that text in its log (iperf3
+    takes a probe connection for a client and fails the real one)."""
+    log = os.path.join(run_dir, f"{name}.log")
+    p = ctx.procs.start(argv, system.env, log=log, **kw)
+    if ready_text is None:
+        wait_port(port, p)
+        return p
+    end = time.time() + 15
+    while True:
+        with open(log, "rb") as f:
+            if ready_text.encode() in f.read():
+                return p
+        if p.poll() is not None or time.time() > end:
+            raise BenchError(f"{argv[0]} did not start listening on {port}" + tail(log))
+        time.sleep(0.02)
 
 
 def grab(pattern, text, what):
@@ -120,7 +133,8 @@ def grab(pattern, text, what):
 
 def iperf3(ctx, system, run_dir, extra):
     port = free_port()
-    server(ctx, system, run_dir, ["iperf3", "-s", "-B", "127.0.0.1", "-p", str(port)], port)
+    server(ctx, system, run_dir, ["iperf3", "-s", "--forceflush", "-B", "127.0.0.1", "-p", str(port)], port,
+           ready_text="Server listening")
     secs = max(1, round(ctx.secs))
     (out,), sample = run_clients(
         ctx, system, run_dir,
