@@ -21,9 +21,11 @@
 //!
 //! Waiting: `arm` announces a sleeping reader/writer in the ring (the RB2
 //! flags whose ordering the loom models in ringbuf/tests/loom.rs check) and
-//! counts waiters. The doorbell is drained only when no level-triggered
-//! waiter (ppoll) is left, under the same lock as arming, so one waiter
-//! can never swallow the wake-up another is about to sleep on.
+//! counts waiters. The doorbell is drained only by the last level-triggered
+//! waiter (ppoll) to leave, under the same lock as arming, so one waiter
+//! can never swallow the wake-up another is about to sleep on; edge
+//! waiters (epoll sets holding arms) never drain, and a drain that leaves
+//! them armed on a ready connection rings the bell again.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
@@ -648,8 +650,21 @@ impl ShmConn {
                     }
                 }
             }
-            if w.level == 0 {
-                self.bell.drain();
+            // Only the last level-triggered waiter drains the doorbell (so a
+            // later ppoll does not wake for an old ring). Edge waiters never
+            // drain: the kernel re-checks an eventfd before epoll reports
+            // it, so draining before an epoll set has read its event would
+            // swallow that set's wake-up. If edge arms remain after a drain
+            // and what they wait for is already there, the ring that told
+            // them may just have been drained: ring again.
+            if level && w.level == 0 && self.bell.drain() && (w.rx > 0 || w.tx > 0) {
+                let r = self.readiness();
+                let rx_ready =
+                    w.rx > 0 && r.intersects(Ready::READ | Ready::RDHUP | Ready::HUP | Ready::ERR);
+                let tx_ready = w.tx > 0 && r.intersects(Ready::WRITE | Ready::HUP | Ready::ERR);
+                if rx_ready || tx_ready {
+                    let _ = self.bell.notify();
+                }
             }
         }
         self.check_tcp();
