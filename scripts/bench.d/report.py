@@ -1,11 +1,12 @@
 """scripts/bench output: the Markdown report (BENCHMARKS.md style), CSVs."""
 
 import csv
+import datetime
 import os
 import platform
 import subprocess
 
-from common import ROOT
+from common import BIN, LIB, ROOT
 
 HEADER_FIXED = ["workload", "metric"]
 
@@ -115,7 +116,12 @@ def markdown(meta, systems, results, ablation, plots):
     m.append("| | |\n|---|---|")
     for k, v in machine().items():
         m.append(f"| {k} | {v} |")
-    m.append(f"| git | {git_rev()} |")
+    m.append(f"| git (at start) | {meta['git']} |")
+    try:
+        built = datetime.datetime.fromtimestamp(os.path.getmtime(LIB), datetime.timezone.utc)
+        m.append(f"| binaries | `{BIN}` (libringsock.so built {built:%Y-%m-%d %H:%M} UTC) |")
+    except OSError:
+        pass
     m.append(f"| date (UTC) | {meta['date']} |")
     m.append(f"| load average at start / end | {meta['load0']} / {meta['load1']} |")
     m.append(f"| command | `{meta['command']}` |")
