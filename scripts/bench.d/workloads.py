@@ -303,7 +303,7 @@ def redis(pipeline):
             ctx, system, run_dir,
             [["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-t", "set,get", "-n", str(n),
               "-c", "50", "-P", str(pipeline), "-q"]],
-            sample_at=min(0.4, ctx.secs / 3), timeout=300)
+            sample_at=min(0.4, ctx.secs / 3), timeout=30 + 20 * ctx.secs)
         out = out.replace("\r", "\n")
         return {"set": grab(r"SET: ([\d.]+) requests per second", out, "SET rate"),
                 "get": grab(r"GET: ([\d.]+) requests per second", out, "GET rate")}, sample
@@ -370,7 +370,7 @@ def memcached(ctx, system, run_dir):
             ctx, system, run_dir,
             [["memcslap", f"--servers=127.0.0.1:{port}", "--concurrency=4",
               f"--execute-number={n}", f"--test={test}", "--tcp-nodelay"]],
-            sample_at=min(0.4, ctx.secs / 3), timeout=300)
+            sample_at=min(0.4, ctx.secs / 3), timeout=30 + 20 * ctx.secs)
         if "Fatal error" in out or "FAILURE" in out:
             raise BenchError(f"memcslap {test} reported errors:\n{out[-800:]}")
         m = re.search(r"Time to \w+\s+(\d+) keys by\s+\d+ threads:\s+([\d.]+) seconds", out)

@@ -3,7 +3,11 @@
 //! each table has its header, one row for every row the harness planned
 //! (plan.txt), numeric medians, ranges and ratios, a `via ring` verdict;
 //! the ablation table is there; the CSVs and the plots it names exist. The
-//! figures themselves are not checked (they depend on the machine).
+//! figures themselves are not checked (they depend on the machine). A
+//! workload that failed (a program that stalls or breaks under the shim)
+//! is a well-formed `FAILED` row: it is printed here, and the harness's
+//! own exit status 1 says so, but it is the program's integration test
+//! that has to catch it; at least half the rows must carry numbers.
 //!
 //! Uses release binaries (`<target>/release`, built here if needed: the
 //! figures of a debug shim would mean nothing and the runs are timed).
@@ -179,8 +183,9 @@ fn bench_quick_report_is_well_formed() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     println!("scripts/bench --quick: {status} in {:?}", t0.elapsed());
+    // 0: all ran; 1: some workload failed (its row says FAILED); else broken.
     assert!(
-        status.success(),
+        matches!(status.code(), Some(0 | 1)),
         "scripts/bench --quick failed ({status}):\n{stdout}\n{stderr}"
     );
 
@@ -199,7 +204,28 @@ fn bench_quick_report_is_well_formed() {
         assert_eq!(h.len(), 6, "header: {h:?}");
         rows.extend(r.iter().cloned());
     }
-    for r in &rows {
+    let failed: Vec<&Vec<String>> = rows.iter().filter(|r| r[2] == "FAILED").collect();
+    for r in &failed {
+        assert!(
+            r[2..5].iter().all(|c| c == "FAILED") && r[5] == "-",
+            "FAILED row: {r:?}"
+        );
+        println!(
+            "WARNING: scripts/bench workload failed: {} / {}",
+            r[0], r[1]
+        );
+    }
+    assert_eq!(
+        failed.is_empty(),
+        status.success(),
+        "exit status {status} with {} FAILED rows:\n{stderr}",
+        failed.len()
+    );
+    assert!(
+        failed.len() * 2 <= rows.len(),
+        "most workloads failed:\n{md}\n{stderr}"
+    );
+    for r in rows.iter().filter(|r| r[2] != "FAILED") {
         assert!(
             is_stat_cell(&r[2]) && is_stat_cell(&r[3]),
             "not numeric: {r:?}"
