@@ -68,7 +68,13 @@ use crate::{process, real, sys};
 /// Sets with at most this many ring registrations spin over all of them
 /// before sleeping; larger sets spin over at most this many registrations
 /// of their ready list.
-pub const SPIN_MAX: usize = 16;
+pub const SPIN_MAX: usize = 64;
+
+/// Sets with at most this many ring registrations give their arms back
+/// after every sleep (see `wait_mixed`): a peer then rings a doorbell only
+/// for a waiter that sleeps. Larger sets hold arms across calls, so a wait
+/// never looks at idle connections.
+pub const HOLD_MIN: usize = 64;
 
 /// epoll_data of the poke eventfd in the private set (connection keys are
 /// addresses of fd states, never 0).
@@ -110,6 +116,9 @@ struct ConnEntry {
     regs: Vec<u64>,
     /// (wait fd, poll events registered for it).
     waits: Vec<(c_int, u32)>,
+    /// Keeps the fd state (and so the key) from being recycled while the
+    /// entry exists: an entry outlives its registrations (see `remove`).
+    st: FdRef,
 }
 
 struct Reg {
@@ -431,6 +440,17 @@ impl Inner {
         if !e.regs.is_empty() {
             return;
         }
+        if alive {
+            // Keep the wait fds in the private set: event loops that DEL
+            // and re-ADD a socket around every request (redis' ae, wrk)
+            // would otherwise pay three epoll_ctl calls each time. A stray
+            // event for an entry without registrations costs a lookup;
+            // entries of closed connections are swept when they pile up.
+            if self.conns.len() > 2 * self.regs.len() + 64 {
+                self.sweep_entries();
+            }
+            return;
+        }
         if let Some(e) = self.conns.remove(&r.key) {
             if alive && self.private >= 0 {
                 for (fd, _) in e.waits {
@@ -441,6 +461,26 @@ impl Inner {
                 }
             }
         }
+    }
+
+    /// Drops the entries that have no registrations left, taking their wait
+    /// fds out of the private set (closed ones are gone already).
+    fn sweep_entries(&mut self) {
+        let private = self.private;
+        self.conns.retain(|_, e| {
+            if !e.regs.is_empty() {
+                return true;
+            }
+            if private >= 0 && e.st.fd_count() > 0 {
+                for (fd, _) in &e.waits {
+                    // SAFETY: removing a registration from our own set.
+                    unsafe {
+                        real::epoll_ctl(private, libc::EPOLL_CTL_DEL, *fd, std::ptr::null_mut())
+                    };
+                }
+            }
+            false
+        });
     }
 
     /// Disarms registration `id` and puts it on the list (its wait fd
@@ -697,6 +737,7 @@ pub unsafe fn ctl_ring(
             let e = inner.conns.entry(key).or_insert_with(|| ConnEntry {
                 regs: Vec::new(),
                 waits: Vec::new(),
+                st: st.clone(),
             });
             e.regs.push(id);
             ensure_waits(e, inner.private, key, fd, conn, interest_of(events));
@@ -917,6 +958,16 @@ pub unsafe fn wait_mixed(
         let mut locked = set.lock();
         let inner = &mut *locked;
         inner.sleepers -= 1;
+        if inner.sleepers == 0 && inner.all.len() <= HOLD_MIN {
+            // A small set holds its arms only while it sleeps: once awake,
+            // they go back (and the registrations on the list), so a busy
+            // connection never makes its peer ring a doorbell for a waiter
+            // that is not sleeping. Bounded by HOLD_MIN; larger sets keep
+            // their idle connections armed across calls.
+            for id in inner.all.clone() {
+                inner.promote(id);
+            }
+        }
         let Ok((k, saw)) = r else {
             drop(locked);
             sys::set_errno(errno);
