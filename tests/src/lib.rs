@@ -10,6 +10,8 @@
 //!   `Cmd::shimmed(..).ctl(&ctl)` programs use, and reads its `status
 //!   --json` (`Conn`, `Link`, `assert_all_shm`); programs without `.ctl`
 //!   get a control socket path where no daemon answers (pure TCP);
+//! * `resources::holdings` and `rings_on_machine` count descriptors, ring
+//!   memfds and mappings for leak checks;
 //! * `free_port`, `wait_port`, `TempDir`, `sha256` and the `require!`
 //!   macro, which skips a test (with a printed reason) only when a program
 //!   is not installed.
@@ -17,6 +19,7 @@
 pub mod ctl;
 pub mod json;
 pub mod proc;
+pub mod resources;
 pub mod sha256;
 pub mod shim;
 pub mod tmp;

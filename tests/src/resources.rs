@@ -1,0 +1,108 @@
+//! What a process (or the whole machine) holds, read from /proc: the
+//! numbers leak checks compare before and after a workload.
+//!
+//! Rings are sealed memfds named "ringsock" (ringbuf's shm transport), so
+//! a ring shows up as a `/memfd:ringsock` link under /proc/PID/fd while a
+//! descriptor is open and as a `/memfd:ringsock` line in /proc/PID/maps
+//! while it is mapped.
+
+use std::fs;
+use std::path::Path;
+
+/// The name every ring segment's memfd carries.
+const RING_MEMFD: &str = "/memfd:ringsock";
+
+/// One process's holdings.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Holdings {
+    /// Open descriptors of any kind.
+    pub fds: usize,
+    /// Open descriptors that are ring memfds.
+    pub ring_fds: usize,
+    /// Mappings of ring memfds (a ring maps once per process).
+    pub ring_maps: usize,
+    /// Resident set size in KiB.
+    pub rss_kib: u64,
+}
+
+/// Reads what `pid` holds; `None` once the process is gone.
+pub fn holdings(pid: u32) -> Option<Holdings> {
+    let proc_dir = format!("/proc/{pid}");
+    let (fds, ring_fds) = count_fds(Path::new(&proc_dir).join("fd").as_path())?;
+    let maps = fs::read_to_string(format!("{proc_dir}/maps")).ok()?;
+    let ring_maps = maps.lines().filter(|l| l.contains(RING_MEMFD)).count();
+    let status = fs::read_to_string(format!("{proc_dir}/status")).ok()?;
+    let rss_kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Some(Holdings {
+        fds,
+        ring_fds,
+        ring_maps,
+        rss_kib,
+    })
+}
+
+fn count_fds(dir: &Path) -> Option<(usize, usize)> {
+    let mut all = 0;
+    let mut rings = 0;
+    for entry in fs::read_dir(dir).ok()?.flatten() {
+        all += 1;
+        if let Ok(target) = fs::read_link(entry.path()) {
+            if target.to_string_lossy().starts_with(RING_MEMFD) {
+                rings += 1;
+            }
+        }
+    }
+    Some((all, rings))
+}
+
+/// Ring memfds open or mapped anywhere on the machine (every process this
+/// user may inspect): (descriptors, mappings). A leak check takes this
+/// before a workload and after all its processes are gone.
+pub fn rings_on_machine() -> (usize, usize) {
+    let mut fds = 0;
+    let mut maps = 0;
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return (0, 0);
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Some(h) = holdings(pid) {
+            fds += h.ring_fds;
+            maps += h.ring_maps;
+        }
+    }
+    (fds, maps)
+}
+
+/// Entries in /dev/shm (POSIX shared memory). ringsock creates none; a
+/// test asserts the count is unchanged around a workload.
+pub fn dev_shm_entries() -> usize {
+    fs::read_dir("/dev/shm").map(|d| d.count()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_own_process() {
+        let me = holdings(std::process::id()).expect("own /proc entry");
+        assert!(me.fds >= 3, "stdin/out/err at least: {me:?}");
+        assert!(me.rss_kib > 0, "{me:?}");
+    }
+
+    #[test]
+    fn gone_process_is_none() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert_eq!(holdings(pid), None);
+    }
+}
