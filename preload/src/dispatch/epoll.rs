@@ -102,6 +102,10 @@ struct Inner {
     conns: Map<ConnEntry>,
     /// Registration ids to look at; may hold ids of removed registrations.
     ready: VecDeque<u64>,
+    /// Keys of entries kept without registrations (see `remove`); `sweep`
+    /// drops them once their file is closed, letting the connection (its
+    /// ring and wait fds) go. May hold keys of removed entries.
+    idle: VecDeque<u64>,
     next_id: u64,
     /// Where the sweep for registrations of closed files is.
     sweep: usize,
@@ -119,6 +123,8 @@ struct ConnEntry {
     /// Keeps the fd state (and so the key) from being recycled while the
     /// entry exists: an entry outlives its registrations (see `remove`).
     st: FdRef,
+    /// Its key is in `Inner::idle`.
+    queued: bool,
 }
 
 struct Reg {
@@ -186,6 +192,7 @@ impl EpollSet {
                 all: Vec::new(),
                 conns: Map::default(),
                 ready: VecDeque::new(),
+                idle: VecDeque::new(),
                 next_id: 1,
                 sweep: 0,
                 sleepers: 0,
@@ -200,9 +207,11 @@ impl EpollSet {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// True if any ring registration is present.
+    /// True if any ring registration is present, or an entry kept
+    /// without one (its wait must sweep it, see `Inner::idle`).
     pub fn has_rings(&self) -> bool {
-        !self.lock().all.is_empty()
+        let inner = self.lock();
+        !inner.all.is_empty() || !inner.idle.is_empty()
     }
 }
 
@@ -445,7 +454,13 @@ impl Inner {
             // and re-ADD a socket around every request (redis' ae, wrk)
             // would otherwise pay three epoll_ctl calls each time. A stray
             // event for an entry without registrations costs a lookup;
-            // entries of closed connections are swept when they pile up.
+            // entries of closed connections are swept when they pile up,
+            // and one by one (`sweep_idle`), since each holds its
+            // connection's ring and wait fds.
+            if !e.queued {
+                e.queued = true;
+                self.idle.push_back(r.key);
+            }
             if self.conns.len() > 2 * self.regs.len() + 64 {
                 self.sweep_entries();
             }
@@ -467,8 +482,11 @@ impl Inner {
     /// fds out of the private set (closed ones are gone already).
     fn sweep_entries(&mut self) {
         let private = self.private;
+        // Every entry left has registrations: none needs `sweep_idle`.
+        self.idle.clear();
         self.conns.retain(|_, e| {
             if !e.regs.is_empty() {
+                e.queued = false;
                 return true;
             }
             if private >= 0 && e.st.fd_count() > 0 {
@@ -481,6 +499,29 @@ impl Inner {
             }
             false
         });
+    }
+
+    /// Looks at one entry kept without registrations: drops it once its
+    /// file is closed (the kernel dropped its wait fds from `private`, or
+    /// will when the connection goes), forgets it if it has registrations
+    /// again, and queues it again while its file is open.
+    fn sweep_idle(&mut self) {
+        let Some(key) = self.idle.pop_front() else {
+            return;
+        };
+        let Some(e) = self.conns.get_mut(&key) else {
+            return;
+        };
+        e.queued = false;
+        if !e.regs.is_empty() {
+            return;
+        }
+        if e.st.fd_count() > 0 {
+            e.queued = true;
+            self.idle.push_back(key);
+            return;
+        }
+        self.conns.remove(&key);
     }
 
     /// Disarms registration `id` and puts it on the list (its wait fd
@@ -509,8 +550,9 @@ impl Inner {
     /// otherwise hold its arm and its fd state until EPOLL_CTL_DEL.
     fn sweep(&mut self, steps: usize) {
         for _ in 0..steps {
+            self.sweep_idle();
             if self.all.is_empty() {
-                return;
+                continue;
             }
             self.sweep = (self.sweep + 1) % self.all.len();
             let id = self.all[self.sweep];
@@ -738,6 +780,7 @@ pub unsafe fn ctl_ring(
                 regs: Vec::new(),
                 waits: Vec::new(),
                 st: st.clone(),
+                queued: false,
             });
             e.regs.push(id);
             ensure_waits(e, inner.private, key, fd, conn, interest_of(events));
