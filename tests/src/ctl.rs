@@ -22,8 +22,11 @@ use crate::tmp::TempDir;
 
 /// A `ringsock-ctl daemon` on a private socket, stopped on drop.
 pub struct Ctl {
-    daemon: Server,
+    /// None while no daemon runs (`absent`, after `kill`).
+    daemon: Option<Server>,
     sock: PathBuf,
+    /// Logs of daemons that were killed, for failure messages.
+    old_log: String,
     _dir: TempDir,
 }
 
@@ -129,18 +132,51 @@ pub fn parse_status(text: &str) -> Result<Vec<Conn>, String> {
 impl Ctl {
     /// Starts a daemon on a fresh socket and waits until it answers.
     pub fn start() -> Ctl {
+        let mut c = Ctl::absent();
+        c.restart();
+        c
+    }
+
+    /// A socket path where no daemon runs yet: programs pointed at it stay
+    /// TCP until `restart` starts one there.
+    pub fn absent() -> Ctl {
         let dir = TempDir::new("ctl");
         let sock = dir.path().join("ctl.sock");
+        Ctl {
+            daemon: None,
+            sock,
+            old_log: String::new(),
+            _dir: dir,
+        }
+    }
+
+    /// Kills the daemon with SIGKILL (no clean-up: its socket file stays,
+    /// as after a crash) and reaps it.
+    pub fn kill(&mut self) {
+        let mut d = self.daemon.take().expect("no daemon to kill");
+        // SAFETY: signalling our own child by pid.
+        unsafe { libc::kill(d.pid() as libc::pid_t, libc::SIGKILL) };
+        d.wait(Duration::from_secs(5));
+        let (o, e) = d.output();
+        self.old_log
+            .push_str(&format!("{o}{e}--- daemon killed ---\n"));
+    }
+
+    /// Starts a daemon on this socket path (a first one, or a new one after
+    /// `kill`) and waits until it answers.
+    pub fn restart(&mut self) {
+        assert!(self.daemon.is_none(), "a daemon is already running");
+        let sock = &self.sock;
         let mut daemon = Cmd::plain(ctl_bin().to_str().expect("utf-8 path"))
             .arg("daemon")
             .arg("--socket")
-            .arg(&sock)
+            .arg(sock)
             .args(["--foreground", "--log-level", "info"])
             .spawn();
         let end = Instant::now() + Duration::from_secs(10);
         loop {
             daemon.assert_running();
-            if sock.exists() && Self::try_status(&sock).is_ok() {
+            if sock.exists() && Self::try_status(sock).is_ok() {
                 break;
             }
             assert!(
@@ -151,11 +187,7 @@ impl Ctl {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ctl {
-            daemon,
-            sock,
-            _dir: dir,
-        }
+        self.daemon = Some(daemon);
     }
 
     /// The control socket path (the programs' RINGSOCK_CTL_SOCK).
@@ -170,8 +202,8 @@ impl Ctl {
 
     /// The daemon's log so far.
     pub fn log(&self) -> String {
-        let (o, e) = self.daemon.output();
-        format!("{o}{e}")
+        let (o, e) = self.daemon.as_ref().map(Server::output).unwrap_or_default();
+        format!("{}{o}{e}", self.old_log)
     }
 
     fn try_status(sock: &Path) -> Result<Vec<Conn>, String> {
