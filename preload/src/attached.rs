@@ -204,6 +204,8 @@ pub enum TcpReason {
     Declined = 5,
     /// The address family is not one a ring can carry.
     Family = 6,
+    /// No memory or descriptors for a ring's segment and doorbells.
+    NoResources = 7,
 }
 
 impl TcpReason {
@@ -215,6 +217,7 @@ impl TcpReason {
             4 => TcpReason::NoTransport,
             5 => TcpReason::Declined,
             6 => TcpReason::Family,
+            7 => TcpReason::NoResources,
             _ => TcpReason::Undecided,
         }
     }

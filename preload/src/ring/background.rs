@@ -77,6 +77,8 @@ static THREAD_PID: AtomicI32 = AtomicI32::new(0);
 /// The eventfd the thread sleeps on (with the daemon session), -1 before
 /// the thread exists in this process.
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+/// How often a thread without WAKE_FD looks for work.
+const NO_WAKE_FD_POLL_NS: u64 = 10_000_000;
 
 fn wake() {
     WAKE.fetch_add(1, Ordering::SeqCst);
@@ -94,6 +96,14 @@ fn wake() {
 /// reply sent ahead, or the daemon going away). `long` marks a sleep that
 /// writers must interrupt (see PARKED).
 fn park(seen: u32, timeout_ns: Option<u64>, long: bool) {
+    let efd = WAKE_FD.load(Ordering::Acquire);
+    // Without a wake eventfd (eventfd2 failed: fd limit, seccomp) no writer
+    // can interrupt the sleep: look again every 10 ms instead of parking.
+    let timeout_ns = if efd < 0 {
+        Some(timeout_ns.map_or(NO_WAKE_FD_POLL_NS, |t| t.min(NO_WAKE_FD_POLL_NS)))
+    } else {
+        timeout_ns
+    };
     let ts = timeout_ns.map(|ns| libc::timespec {
         tv_sec: (ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (ns % 1_000_000_000) as libc::c_long,
@@ -101,7 +111,6 @@ fn park(seen: u32, timeout_ns: Option<u64>, long: bool) {
     let tsp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    let efd = WAKE_FD.load(Ordering::Acquire);
     let mut pfds = [
         libc::pollfd {
             fd: efd,
@@ -337,6 +346,7 @@ fn reason_text(r: TcpReason) -> &'static str {
         TcpReason::NoTransport => "no ring transport",
         TcpReason::Declined => "no ringsock peer",
         TcpReason::Family => "address family",
+        TcpReason::NoResources => "no memory or descriptors for a ring",
     }
 }
 

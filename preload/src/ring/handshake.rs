@@ -16,7 +16,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ringbuf::{EventFd, Notify, Receiver, RingConfig, Segment, Sender, ShmTransport};
@@ -60,9 +60,25 @@ fn dup_cloexec(fd: RawFd) -> Result<RawFd, Errno> {
 }
 
 /// A doorbell of ours, at a high fd number.
-fn new_bell() -> Option<EventFd> {
-    let b = EventFd::new().ok()?;
-    Some(EventFd::from_owned(fdspace::high_owned(b.into_owned())))
+fn new_bell() -> Result<EventFd, ringbuf::RingError> {
+    let b = EventFd::new()?;
+    Ok(EventFd::from_owned(fdspace::high_owned(b.into_owned())))
+}
+
+/// Set once the first "no resources for a ring" line is out: a program at
+/// its fd or memory limit would otherwise log on every connect.
+static NO_RESOURCES_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// One warning per process when a ring cannot be built (fd limit, no
+/// memfd, no memory); later connections say it at info level.
+fn log_no_resources(fd: RawFd, why: &str) {
+    if NO_RESOURCES_LOGGED.swap(true, Ordering::Relaxed) {
+        log::info!("fd {fd}: no ring ({why}); plain TCP");
+    } else {
+        log::warn!(
+            "fd {fd}: no ring ({why}); this and later connections that cannot get one use plain TCP"
+        );
+    }
 }
 
 fn wildcard(dest: &SocketAddr, family: i32) -> SocketAddr {
@@ -105,15 +121,21 @@ pub fn connect(
         return tcp(real_connect);
     };
     let made = (|| {
-        let seg = Segment::create(&ring_config(), 2).ok()?;
-        let cbell = new_bell()?;
-        let sbell = new_bell()?;
-        let memfd = seg.share_fd().ok()?;
-        Some((seg, cbell, sbell, memfd))
+        let seg = Segment::create(&ring_config(), 2)
+            .map_err(|e| format!("cannot create its shared memory: {e}"))?;
+        let cbell = new_bell().map_err(|e| format!("cannot create a doorbell eventfd: {e}"))?;
+        let sbell = new_bell().map_err(|e| format!("cannot create a doorbell eventfd: {e}"))?;
+        let memfd = seg
+            .share_fd()
+            .map_err(|e| format!("cannot duplicate the segment descriptor: {e}"))?;
+        Ok::<_, String>((seg, cbell, sbell, memfd))
     })();
-    let Some((mut seg, cbell, sbell, memfd)) = made else {
-        log::info!("fd {fd}: no memory or descriptors for a ring; plain TCP");
-        return tcp(real_connect);
+    let (mut seg, cbell, sbell, memfd) = match made {
+        Ok(m) => m,
+        Err(why) => {
+            log_no_resources(fd, &why);
+            return (real_connect(), Decision::Tcp(TcpReason::NoResources));
+        }
     };
     // connect(2) to the unspecified address reaches this host's loopback;
     // the server's accepted socket shows that address, so offer for it.
