@@ -60,6 +60,52 @@ fn count_fds(dir: &Path) -> Option<(usize, usize)> {
     Some((all, rings))
 }
 
+/// The kernel page size (KiB) of each ring mapping of `pid`, from
+/// /proc/PID/smaps: 4 on ordinary pages, 2048 on huge pages.
+pub fn ring_page_sizes(pid: u32) -> Vec<u64> {
+    let Ok(smaps) = fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let mut in_ring = false;
+    for line in smaps.lines() {
+        // Mapping headers start with the address range; fields with a name.
+        if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|w| w.contains('-'))
+        {
+            in_ring = line.contains(RING_MEMFD);
+        } else if let Some(v) = line.strip_prefix("KernelPageSize:") {
+            if in_ring {
+                out.extend(
+                    v.split_whitespace()
+                        .next()
+                        .and_then(|n| n.parse::<u64>().ok()),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The pids of `pid`'s child processes.
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for t in tasks.flatten() {
+        if let Ok(list) = fs::read_to_string(t.path().join("children")) {
+            out.extend(
+                list.split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+    }
+    out
+}
+
 /// Ring memfds open or mapped anywhere on the machine (every process this
 /// user may inspect): (descriptors, mappings). A leak check takes this
 /// before a workload and after all its processes are gone.
@@ -70,7 +116,11 @@ pub fn rings_on_machine() -> (usize, usize) {
         return (0, 0);
     };
     for entry in dir.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         if let Some(h) = holdings(pid) {
