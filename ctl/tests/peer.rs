@@ -689,3 +689,100 @@ fn remote_offers_refuse_descriptors_and_peer_port_zero_stays_local() {
     assert!(took < Duration::from_millis(100));
     assert!(d0.log_text().contains("inter-host offers off"));
 }
+
+/// An offer from another host is for the process that owns the accepted
+/// socket only: on B, a claim with another connection to the same
+/// listener, or with a UDP socket carrying the connection's exact 4-tuple,
+/// finds nothing; a second ctl connection from A can neither withdraw the
+/// offer (its refs are its own) nor register another for the same
+/// connection; the owner's claim then succeeds and is reported to the
+/// offering connection only.
+#[test]
+fn remote_offer_is_claimed_only_with_the_accepted_socket() {
+    let Some(h) = Hosts::new() else { return };
+    let db = h.daemon_b(&[]);
+    let mut server = db.session();
+    let (l, server_addr) = listen_b(&h, &mut server);
+    let mut p1 = raw_peer(&h);
+    let mut p2 = raw_peer(&h);
+    let (sock, ca) = client_a(&h);
+    let client = sa(IP_A, ca.port());
+    send_msg(
+        &mut p1,
+        &Msg::RemoteOffer {
+            offer_ref: 3,
+            client,
+            server: server_addr,
+            payload: b"p".to_vec(),
+        },
+    );
+    assert!(matches!(
+        recv_msg(&mut p1),
+        Msg::RemoteOfferOk { offer_ref: 3, .. }
+    ));
+    send_msg(&mut p2, &Msg::RemoteCancel { offer_ref: 3 });
+    send_msg(
+        &mut p2,
+        &Msg::RemoteOffer {
+            offer_ref: 3,
+            client,
+            server: server_addr,
+            payload: b"hijack".to_vec(),
+        },
+    );
+    assert_eq!(
+        recv_msg(&mut p2),
+        Msg::RemoteRefused {
+            offer_ref: 3,
+            reason: RefuseReason::Duplicate
+        }
+    );
+
+    // Another connection from A to the same listener: not this offer's.
+    let _other = in_ns(&h.a, || TcpStream::connect(server_addr).unwrap());
+    let (other_acc, _) = l.accept().unwrap();
+    let mut intruder = db.session();
+    assert_eq!(
+        call(&mut intruder, &Msg::Claim, &[other_acc.as_raw_fd()]).0,
+        Msg::NoOffer
+    );
+    // The exact 4-tuple, on a socket that is not the TCP connection.
+    let forged = in_ns(&h.b, || {
+        let u = std::net::UdpSocket::bind(server_addr).unwrap();
+        u.connect(client).unwrap();
+        u
+    });
+    assert!(matches!(
+        call(&mut intruder, &Msg::Claim, &[forged.as_raw_fd()]).0,
+        Msg::Error {
+            code: ErrorCode::BadProof,
+            ..
+        }
+    ));
+
+    // The owner of the accepted socket claims it, p2's cancel changed
+    // nothing, and only p1 hears of the claim.
+    connect(&sock, server_addr).unwrap();
+    let (acc, peer) = l.accept().unwrap();
+    assert_eq!(peer, client);
+    let (r, _) = call(&mut server, &Msg::Claim, &[acc.as_raw_fd()]);
+    assert!(
+        matches!(r, Msg::ClaimOk { ref payload, .. } if payload == b"p"),
+        "{r:?}"
+    );
+    assert!(matches!(
+        recv_msg(&mut p1),
+        Msg::RemoteClaimed { offer_ref: 3, .. }
+    ));
+    p2.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    let e = p2.read(&mut b).expect_err("p2 heard something");
+    assert!(
+        matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        "{e}"
+    );
+}
