@@ -189,3 +189,58 @@ fn sessions_beyond_the_limit_are_refused_alone() {
     let log = std::fs::read_to_string(dir.path("log")).unwrap();
     assert!(log.contains("refusing another"), "{log}");
 }
+
+/// Rings passed with connection reports are mapped by the daemon for its
+/// status counters: a process that shrinks its memfd afterwards (SIGBUS
+/// for a mapping past the end), or fills a sealed one with garbage, must
+/// not crash it, nor hide anyone else's entries.
+#[test]
+fn hostile_ring_memfds_in_reports() {
+    use ringsock_proto::Transport;
+    let d = Daemon::start();
+    let report = |fd: i32, port: u16| Msg::ConnReport {
+        fd,
+        local: format!("127.0.0.1:{port}").parse().unwrap(),
+        peer: "127.0.0.1:6379".parse().unwrap(),
+        transport: Transport::Shm,
+        reason: String::new(),
+        ring: Some(fd as u64),
+    };
+    let mut evil = d.session();
+    // Unsealed, 2 MiB, then truncated to nothing.
+    let shrinking = memfd(2 << 20, false);
+    assert_eq!(
+        call(&mut evil, &report(7, 40007), &[shrinking.as_raw_fd()]).0,
+        Msg::Ok
+    );
+    // SAFETY: truncating our own memfd.
+    assert_eq!(unsafe { libc::ftruncate(shrinking.as_raw_fd(), 0) }, 0);
+    // Sealed against shrinking, full of garbage (counters, geometry).
+    let garbage = memfd(1 << 20, true);
+    let junk: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    pwrite(garbage.as_raw_fd(), &junk, 0);
+    assert_eq!(
+        call(&mut evil, &report(8, 40008), &[garbage.as_raw_fd()]).0,
+        Msg::Ok
+    );
+    // A bystander's report, and status for everyone, several times.
+    let mut good = d.session();
+    assert_eq!(call(&mut good, &report(9, 40009), &[]).0, Msg::Ok);
+    for _ in 0..3 {
+        let (r, _) = call(&mut good, &Msg::Status { after: None }, &[]);
+        let Msg::StatusReply { entries, .. } = r else {
+            panic!("{r:?}")
+        };
+        let fds: Vec<i32> = entries.iter().map(|e| e.fd).collect();
+        assert!([7, 8, 9].iter().all(|f| fds.contains(f)), "entries {fds:?}");
+    }
+    let out = std::process::Command::new(BIN)
+        .args(["status", "--json", "--socket"])
+        .arg(&d.socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    still_serving(&d);
+}
