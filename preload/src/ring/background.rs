@@ -16,7 +16,7 @@
 //! program costs nothing; it is started lazily, and again in a forked child
 //! (threads do not survive fork).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
@@ -63,6 +63,12 @@ static FLUSH: PLock<Vec<Arc<ShmConn>>> = PLock::new(Vec::new(), Vec::new);
 static DIRTY: AtomicUsize = AtomicUsize::new(0);
 static PENDING: PLock<Vec<Weak<ShmConn>>> = PLock::new(Vec::new(), Vec::new);
 static COLLECT: PLock<Vec<u64>> = PLock::new(Vec::new(), Vec::new);
+/// The addresses of each plain-TCP socket reported to the daemon, by fd:
+/// once the peer has reset the connection getpeername fails (ENOTCONN),
+/// and the close must still name the connection the daemon knows, or
+/// status shows it until the process exits or reuses the fd number.
+static TCP_ADDRS: PLock<BTreeMap<RawFd, (SocketAddr, SocketAddr)>> =
+    PLock::new(BTreeMap::new(), BTreeMap::new);
 /// Reports waiting to be sent, with the time they were queued.
 static REPORTS: PLock<VecDeque<(u64, Report)>> = PLock::new(VecDeque::new(), VecDeque::new);
 
@@ -321,6 +327,7 @@ pub fn note_tcp(fd: RawFd, peer: Option<SocketAddr>, reason: TcpReason) {
     ) else {
         return;
     };
+    TCP_ADDRS.lock().insert(fd, (local, peer));
     report(Report::Tcp {
         fd,
         local,
@@ -331,7 +338,10 @@ pub fn note_tcp(fd: RawFd, peer: Option<SocketAddr>, reason: TcpReason) {
 
 /// A tracked plain-TCP socket's last fd is being closed.
 pub fn note_tcp_closed(fd: RawFd) {
-    let (Some(local), Some(peer)) = (sockaddr::query(fd, false), sockaddr::query(fd, true)) else {
+    let known = TCP_ADDRS.lock().remove(&fd);
+    let Some((local, peer)) =
+        known.or_else(|| Some((sockaddr::query(fd, false)?, sockaddr::query(fd, true)?)))
+    else {
         return;
     };
     report(Report::Closed(fd, local, peer));
