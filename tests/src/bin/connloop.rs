@@ -45,9 +45,12 @@ fn usage() -> ! {
     std::process::exit(64);
 }
 
-/// Mappings of ring segments in this process right now. /proc/self/maps
-/// is opened once, up front: at the fd limit no new file can be opened.
-fn ring_maps() -> usize {
+/// The ring segments mapped in this process right now: the inode of each
+/// mapping (a memfd's inode is unique while it exists, so a new ring shows
+/// as a new inode even while an old one is still being unmapped).
+/// /proc/self/maps is opened once, up front: at the fd limit no new file
+/// can be opened.
+fn ring_inodes() -> Vec<u64> {
     static MAPS: std::sync::OnceLock<std::sync::Mutex<std::fs::File>> = std::sync::OnceLock::new();
     let f = MAPS.get_or_init(|| {
         std::sync::Mutex::new(
@@ -62,7 +65,13 @@ fn ring_maps() -> usize {
         .unwrap_or_else(|e| fail(format!("reading /proc/self/maps: {e}")));
     text.lines()
         .filter(|l| l.contains("/memfd:ringsock"))
-        .count()
+        .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
+        .collect()
+}
+
+/// How many ring segments are mapped in this process right now.
+fn ring_maps() -> usize {
+    ring_inodes().len()
 }
 
 struct Opts {
@@ -243,7 +252,7 @@ fn redis(o: &Opts) {
     let mut rings = 0;
     for i in 0..o.n {
         let what = format!("conn {i}");
-        let before = ring_maps();
+        let before = ring_inodes();
         let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, o.port))
             .unwrap_or_else(|e| fail(format!("{what}: connect: {e}")));
         s.set_read_timeout(Some(Duration::from_secs(20))).ok();
@@ -263,7 +272,7 @@ fn redis(o: &Opts) {
                 String::from_utf8_lossy(&r)
             ));
         }
-        if ring_maps() > before {
+        if ring_inodes().iter().any(|i| !before.contains(i)) {
             rings += 1;
         }
         let get = format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len());
