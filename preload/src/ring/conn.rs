@@ -600,6 +600,14 @@ impl ShmConn {
     }
 
     fn arm_inner(&self, interest: Ready, level: bool) -> Ready {
+        if !level {
+            // An epoll set watches the kernel socket edge-triggered: if its
+            // EOF or reset (the peer process died) fired while this
+            // registration was not armed, that edge is spent and will not
+            // come again, so look now, as the ring side's re-check does
+            // after prepare_wait. (Level waiters ppoll the socket itself.)
+            self.check_tcp();
+        }
         let mode = self.settle();
         if mode == MODE_TCP {
             if level {
