@@ -440,10 +440,6 @@ fn ctl_socket_and_directory_modes() {
 }
 
 #[test]
-#[ignore = "shim bug: an end that finds its ring corrupt returns ECONNRESET to that call only; \
-            the kernel TCP connection stays established and the peer is not told, so the other \
-            process (and the detecting process's reader of the other direction) wait forever \
-            (seen: client send fails, its reader thread and the server sleep in ppoll until killed)"]
 fn scribbled_ring_fails_the_connection_not_the_process() {
     require!("python3");
     if !is_root() {

@@ -35,6 +35,9 @@ pub enum Woke {
     Failed(i32),
 }
 
+/// Longest single sleep of a blocking call on a ring (see `wait_conn`).
+const RECHECK_NS: u64 = 1_000_000_000;
+
 /// Converts a relative timeout in ns (0 = none) to an absolute deadline.
 pub fn deadline_after(timeout_ns: u64) -> Option<u64> {
     (timeout_ns != 0).then(|| sys::monotonic_ns().saturating_add(timeout_ns))
@@ -108,7 +111,16 @@ pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Op
             };
             n += 1;
         }
-        let r = sleep(&mut pfds[..n], deadline, None);
+        // Never sleep longer than RECHECK_NS at a time: a ring whose
+        // control words were overwritten (a doorbell flag that says nobody
+        // sleeps, a garbage tail) rings no bell, and only a fresh look at
+        // it finds the damage (then reported as ECONNRESET) or the data.
+        let slice = sys::monotonic_ns().saturating_add(RECHECK_NS);
+        let r = sleep(
+            &mut pfds[..n],
+            Some(deadline.map_or(slice, |d| d.min(slice))),
+            None,
+        );
         conn.disarm(interest);
         match r {
             Ok(_) => {}

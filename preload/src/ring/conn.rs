@@ -461,6 +461,24 @@ impl ShmConn {
         }
     }
 
+    /// The errno for a failed ring call. A corrupt ring is beyond repair:
+    /// both directions end here, and the peer must hear of it or it would
+    /// sleep forever on a ring nobody writes. Shutting the kernel socket
+    /// down sends it a FIN, which its ring layer reads as this end gone
+    /// (EOF after what it already received, EPIPE on send).
+    fn ring_failed(&self, e: &RingError, what: &str) -> Errno {
+        let errno = ring_errno(e, what);
+        if matches!(e, RingError::Corrupt(_)) && !self.peer_gone.swap(true, Ordering::AcqRel) {
+            self.rd_shut.store(true, Ordering::Release);
+            let fd = self.tcp_fd();
+            if fd >= 0 {
+                // SAFETY: shutdown on our own duplicate of the socket.
+                unsafe { libc::syscall(libc::SYS_shutdown, fd, libc::SHUT_RDWR) };
+            }
+        }
+        errno
+    }
+
     /// Pushes batched bytes out (and a deferred end-of-stream mark).
     pub fn flush_ring(&self) {
         let mut tx = lock(&self.tx);
@@ -762,7 +780,7 @@ impl AttachedConn for ShmConn {
                     let _ = e;
                     break;
                 }
-                Err(e) => return Err(ring_errno(&e, "recv")),
+                Err(e) => return Err(self.ring_failed(&e, "recv")),
             }
         }
         Ok(total)
@@ -805,7 +823,7 @@ impl AttachedConn for ShmConn {
                     let _ = e;
                     break;
                 }
-                Err(e) => return Err(ring_errno(&e, "send")),
+                Err(e) => return Err(self.ring_failed(&e, "send")),
             }
         }
         if mode == MODE_PENDING {
