@@ -267,7 +267,22 @@ fn daemon_killed_and_restarted_during_connection_storm() {
         Duration::from_secs(10),
         |p| rounds(p) >= r + 20,
     );
-    // The TCP connection opened meanwhile is not reported as a ring.
+    // The restarted daemon hears again of the connections made before it
+    // (each process re-reports its live connections once a new session
+    // opens): the ring opened before the kill, with both ends, and the
+    // TCP connection opened meanwhile, as TCP.
+    rig.wait_shm_link(long1.pid(), Duration::from_secs(10));
+    let (l2pid, port) = (long2.pid(), rig.port);
+    let tcp_seen = rig.ctl.wait_for(Duration::from_secs(10), |s: &[Conn]| {
+        links(s, port)
+            .iter()
+            .any(|l| l.client.pid == l2pid && l.client.transport == "tcp")
+    });
+    assert!(
+        tcp_seen.is_some(),
+        "the TCP connection opened without a daemon is not in status after the restart:\n{}",
+        show(&rig.ctl.status())
+    );
     for c in rig.ctl.status().iter().filter(|c| c.pid == long2.pid()) {
         assert!(!c.is_shm(), "the connection opened without a daemon: {c}");
     }

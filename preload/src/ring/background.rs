@@ -69,6 +69,11 @@ static COLLECT: PLock<Vec<u64>> = PLock::new(Vec::new(), Vec::new);
 /// status shows it until the process exits or reuses the fd number.
 static TCP_ADDRS: PLock<BTreeMap<RawFd, (SocketAddr, SocketAddr)>> =
     PLock::new(BTreeMap::new(), BTreeMap::new);
+/// What the daemon was last told of each live connection, by fd, with the
+/// session that heard it: a restarted daemon knows nothing, so once a new
+/// session opens, every entry is told again (without the ring's memfd,
+/// which went to the old daemon: those rows show no counters).
+static LIVE: PLock<BTreeMap<RawFd, (u64, Msg)>> = PLock::new(BTreeMap::new(), BTreeMap::new);
 /// Reports waiting to be sent, with the time they were queued.
 static REPORTS: PLock<VecDeque<(u64, Report)>> = PLock::new(VecDeque::new(), VecDeque::new);
 
@@ -155,7 +160,7 @@ fn park(seen: u32, timeout_ns: Option<u64>, long: bool) {
     if pfds[1].revents != 0 {
         // Replies sent ahead, or the daemon closed the session: either way
         // `tend` reads what is there (and reconnects when it is gone).
-        ctl::tend();
+        ctl::tend(reports_stale());
     }
 }
 
@@ -453,7 +458,56 @@ fn send_report(r: Report) {
         Report::Closed(fd, local, peer) => (Msg::ConnClosed { fd, local, peer }, None),
     };
     let fds: Vec<RawFd> = memfd.iter().map(|f| f.as_raw_fd()).collect();
-    let _ = ctl::call(&msg, &fds);
+    let sent = ctl::call(&msg, &fds).is_ok();
+    let session = if sent {
+        ctl::current_session().unwrap_or(0)
+    } else {
+        0
+    };
+    let mut live = LIVE.lock();
+    match msg {
+        Msg::ConnReport { fd, .. } => {
+            live.insert(fd, (session, msg));
+        }
+        Msg::ConnClosed { fd, peer, .. } => {
+            if matches!(live.get(&fd), Some((_, Msg::ConnReport { peer: p, .. })) if *p == peer) {
+                live.remove(&fd);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Tells a daemon that has not heard them (a restarted one, or one that
+/// was absent when they were made) the reports of live connections.
+fn resend_reports() {
+    let Some(session) = ctl::open_session() else {
+        return;
+    };
+    let stale: Vec<(RawFd, Msg)> = LIVE
+        .lock()
+        .iter()
+        .filter(|(_, (s, _))| *s != session)
+        .map(|(fd, (_, m))| (*fd, m.clone()))
+        .collect();
+    for (fd, msg) in stale {
+        if ctl::call(&msg, &[]).is_err() {
+            return;
+        }
+        if let Some(e) = LIVE.lock().get_mut(&fd) {
+            e.0 = session;
+        }
+    }
+}
+
+/// Live connections the current daemon session has not heard of (all of
+/// them while there is no session: the daemon is gone or was never seen).
+fn reports_stale() -> bool {
+    let live = LIVE.lock();
+    match ctl::current_session() {
+        None => !live.is_empty(),
+        Some(n) => live.values().any(|(s, _)| *s != n),
+    }
 }
 
 fn follow_pending(now: u64) {
@@ -555,6 +609,9 @@ fn run() {
             now = sys::monotonic_ns();
         }
         if now >= next_collect {
+            if reports_stale() {
+                resend_reports();
+            }
             collect_accepted();
             if !PENDING.lock().is_empty() {
                 follow_pending(now);
@@ -572,14 +629,19 @@ fn run() {
         } else {
             // Without a daemon session, a process with listeners looks for
             // a (restarted) daemon every second to register them again.
-            let timeout = if ctl::wants_session() {
+            let stale = reports_stale();
+            // Pending handshakes are followed up at their own, shorter
+            // period whatever else is waited for.
+            let timeout = if follow_up {
+                Some(COLLECT_AFTER_NS)
+            } else if ctl::wants_session(stale) || stale {
                 Some(DAEMON_RETRY_NS)
             } else {
-                follow_up.then_some(COLLECT_AFTER_NS)
+                None
             };
             park(seen, timeout, true);
-            if ctl::wants_session() {
-                ctl::tend();
+            if ctl::wants_session(stale) {
+                ctl::tend(stale);
             }
         }
     }

@@ -46,32 +46,27 @@ struct Session {
     /// Replies still to be read for requests sent with `send_only`.
     owed: u32,
     scratch: Vec<u8>,
+    /// Sessions opened so far: a new one means a daemon that may not know
+    /// this process's connections (see `background::resend_reports`).
+    opened: u64,
 }
+
+const FRESH: Session = Session {
+    pid: 0,
+    client: None,
+    retry_at: 0,
+    listeners: Vec::new(),
+    listeners_stale: false,
+    owed: 0,
+    scratch: Vec::new(),
+    opened: 0,
+};
 
 fn fresh() -> Session {
-    Session {
-        pid: 0,
-        client: None,
-        retry_at: 0,
-        listeners: Vec::new(),
-        listeners_stale: false,
-        owed: 0,
-        scratch: Vec::new(),
-    }
+    FRESH
 }
 
-static SESSION: PLock<Session> = PLock::new(
-    Session {
-        pid: 0,
-        client: None,
-        retry_at: 0,
-        listeners: Vec::new(),
-        listeners_stale: false,
-        owed: 0,
-        scratch: Vec::new(),
-    },
-    fresh,
-);
+static SESSION: PLock<Session> = PLock::new(FRESH, fresh);
 
 /// Why a request could not be answered.
 #[derive(Debug)]
@@ -119,6 +114,7 @@ impl Session {
                     log::debug!("ctl session open on {}", path.display());
                     self.client = Some(c);
                     self.listeners_stale = true;
+                    self.opened += 1;
                 }
                 Err(e) => {
                     log::debug!("no ctl daemon at {}: {e}", path.display());
@@ -241,7 +237,7 @@ pub fn session_fd() -> Option<RawFd> {
 /// ahead; a session the daemon closed is dropped and, if this process has
 /// listeners, reopened (the registrations are then made again) as soon as
 /// a daemon answers.
-pub fn tend() {
+pub fn tend(reports: bool) {
     let mut s = SESSION.lock();
     if s.pid != process::pid() {
         return;
@@ -266,15 +262,30 @@ pub fn tend() {
             }
         }
     }
-    if s.client.is_none() && !s.listeners.is_empty() {
+    if s.client.is_none() && (!s.listeners.is_empty() || reports) {
         let _ = s.client();
     }
 }
 
-/// Whether this process would like to hear when a daemon is back.
-pub fn wants_session() -> bool {
+/// Whether this process would like to hear when a daemon is back: it has
+/// listeners to register, or (`reports`) connections to report again.
+pub fn wants_session(reports: bool) -> bool {
     let s = SESSION.lock();
-    s.pid == process::pid() && s.client.is_none() && !s.listeners.is_empty()
+    s.pid == process::pid() && s.client.is_none() && (!s.listeners.is_empty() || reports)
+}
+
+/// Opens a session if there is none (and a daemon answers); its number.
+pub fn open_session() -> Option<u64> {
+    let mut s = SESSION.lock();
+    s.client().ok()?;
+    Some(s.opened)
+}
+
+/// The current session's number (sessions opened so far in this
+/// process), or None while there is no session.
+pub fn current_session() -> Option<u64> {
+    let s = SESSION.lock();
+    (s.pid == process::pid() && s.client.is_some()).then_some(s.opened)
 }
 
 /// Registers listening socket `fd` bound to `addr`, now and after every
