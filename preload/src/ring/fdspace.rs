@@ -8,23 +8,22 @@
 //! would push the program's own sockets to numbers it never sees without
 //! the shim. So every descriptor the shim keeps is moved to the top quarter
 //! of the soft RLIMIT_NOFILE range (capped, so a huge limit does not grow
-//! the kernel's fd table for nothing); when that range is full it stays
-//! where it is.
+//! the kernel's fd table for nothing). When that range is full, a ring's
+//! descriptors are refused (the connection stays TCP) rather than taken
+//! from the numbers the program would get: a program at its limit sees
+//! EMFILE no earlier than without the shim, give or take that quarter. The
+//! few per-process ones (ctl session, background wake-up, epoll sets)
+//! stay where they are instead.
 
-use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
 
 /// Highest base we use, whatever the limit.
 const MAX_BASE: u64 = 1 << 16;
 
-/// Cached base; 0 = not computed yet.
-static BASE: AtomicI32 = AtomicI32::new(0);
-
+/// The start of the shim's range, from the current soft limit: read each
+/// time (one system call per ring descriptor), since programs change it
+/// after they start (nginx's worker_rlimit_nofile, redis' maxclients).
 fn base() -> i32 {
-    let b = BASE.load(Ordering::Relaxed);
-    if b != 0 {
-        return b;
-    }
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -38,9 +37,7 @@ fn base() -> i32 {
         )
     };
     let soft = if r == 0 { lim.rlim_cur } else { 1024 };
-    let b = (soft.min(MAX_BASE * 4) * 3 / 4).clamp(3, MAX_BASE) as i32;
-    BASE.store(b, Ordering::Relaxed);
-    b
+    (soft.min(MAX_BASE * 4) * 3 / 4).clamp(3, MAX_BASE) as i32
 }
 
 /// Moves `fd` (close-on-exec) to the shim's range; returns the new number,
@@ -62,12 +59,28 @@ pub fn high_owned(fd: OwnedFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(raw) }
 }
 
-/// A close-on-exec duplicate of `fd` in the shim's range.
+/// `high` for a ring's descriptor: when the range is full, closes `fd`
+/// and fails with EMFILE instead of leaving it at a low number.
+pub fn high_or_emfile(fd: OwnedFd) -> Result<OwnedFd, i32> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: fcntl on a descriptor we own.
+    let n = unsafe { libc::syscall(libc::SYS_fcntl, raw, libc::F_DUPFD_CLOEXEC, base()) };
+    if n < 0 {
+        return Err(libc::EMFILE);
+    }
+    drop(fd);
+    // SAFETY: fcntl just gave us this new descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(n as RawFd) })
+}
+
+/// A close-on-exec duplicate of `fd` in the shim's range (for a ring);
+/// EMFILE when the range is full.
 pub fn dup_high(fd: RawFd) -> Result<RawFd, i32> {
     // SAFETY: fcntl on a descriptor the caller holds.
     let n = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, base()) };
     if n >= 0 {
-        return Ok(n as RawFd);
+        Ok(n as RawFd)
+    } else {
+        Err(libc::EMFILE)
     }
-    crate::sys::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0)
 }

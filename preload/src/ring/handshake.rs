@@ -62,7 +62,8 @@ fn dup_cloexec(fd: RawFd) -> Result<RawFd, Errno> {
 /// A doorbell of ours, at a high fd number.
 fn new_bell() -> Result<EventFd, ringbuf::RingError> {
     let b = EventFd::new()?;
-    Ok(EventFd::from_owned(fdspace::high_owned(b.into_owned())))
+    let fd = fdspace::high_or_emfile(b.into_owned()).map_err(ringbuf::RingError::Os)?;
+    Ok(EventFd::from_owned(fd))
 }
 
 /// Set once the first "no resources for a ring" line is out: a program at
@@ -128,9 +129,17 @@ pub fn connect(
         let memfd = seg
             .share_fd()
             .map_err(|e| format!("cannot duplicate the segment descriptor: {e}"))?;
-        Ok::<_, String>((seg, cbell, sbell, memfd))
+        // Before the offer: once a server may have claimed the ring, a
+        // client that cannot keep it any more has no way back to TCP.
+        let tcp_dup = dup_cloexec(fd).map_err(|Errno(e)| {
+            format!(
+                "cannot duplicate the socket: {}",
+                std::io::Error::from_raw_os_error(e)
+            )
+        })?;
+        Ok::<_, String>((seg, cbell, sbell, memfd, tcp_dup))
     })();
-    let (mut seg, cbell, sbell, memfd) = match made {
+    let (mut seg, cbell, sbell, memfd, tcp_dup) = match made {
         Ok(m) => m,
         Err(why) => {
             log_no_resources(fd, &why);
@@ -160,13 +169,18 @@ pub fn connect(
             if reason != RefuseReason::NoListener {
                 log::info!("fd {fd}: offer to {dest} refused ({})", reason.as_str());
             }
+            sys::close(tcp_dup);
             return tcp(real_connect);
         }
         Ok((other, _)) => {
             log::warn!("fd {fd}: unexpected reply to an offer: {other:?}");
+            sys::close(tcp_dup);
             return tcp(real_connect);
         }
-        Err(_) => return tcp(real_connect),
+        Err(_) => {
+            sys::close(tcp_dup);
+            return tcp(real_connect);
+        }
     };
     drop(memfd);
     let res = real_connect();
@@ -174,15 +188,12 @@ pub fn connect(
         res,
         Ok(()) | Err(Errno(libc::EINPROGRESS)) | Err(Errno(libc::EINTR))
     );
-    let tcp_dup = if in_progress {
-        dup_cloexec(fd).ok()
-    } else {
-        None
-    };
-    let Some(tcp_dup) = tcp_dup else {
+    if !in_progress {
+        // No connection, so no server can have claimed the offer.
+        sys::close(tcp_dup);
         let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
         return (res, Decision::Tcp(TcpReason::Declined));
-    };
+    }
     let cfg = ring_config();
     let ring0 = seg.ring(0);
     let ring1 = seg.ring(1);
@@ -244,10 +255,17 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         decline(offer_id, "wrong descriptor count");
         return Decision::Tcp(TcpReason::Declined);
     }
-    let sbell = EventFd::from_owned(fdspace::high_owned(fds.pop().expect("3 fds")));
-    let cbell = Arc::new(EventFd::from_owned(fdspace::high_owned(
-        fds.pop().expect("3 fds"),
-    )));
+    let bells = (
+        fdspace::high_or_emfile(fds.pop().expect("3 fds")),
+        fdspace::high_or_emfile(fds.pop().expect("3 fds")),
+    );
+    let (Ok(sbell), Ok(cbell)) = bells else {
+        decline(offer_id, "out of descriptors");
+        log_no_resources(fd, "cannot keep the doorbells: Too many open files");
+        return Decision::Tcp(TcpReason::NoResources);
+    };
+    let sbell = EventFd::from_owned(sbell);
+    let cbell = Arc::new(EventFd::from_owned(cbell));
     let memfd = fds.pop().expect("3 fds");
     let mut seg = match Segment::attach(memfd) {
         Ok(s) if s.rings() == 2 => s,
@@ -284,7 +302,9 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         return refuse(&seg, "ring geometry rejected");
     };
     let Ok(tcp_dup) = dup_cloexec(fd) else {
-        return refuse(&seg, "out of descriptors");
+        refuse(&seg, "out of descriptors");
+        log_no_resources(fd, "cannot duplicate the socket: Too many open files");
+        return Decision::Tcp(TcpReason::NoResources);
     };
     // The answer goes out without waiting for its reply: the daemon reads
     // this session's requests in order, so it handles the Answer right
