@@ -240,7 +240,14 @@ fn wc_error(status: ibv_wc_status::Type) -> RingError {
             "verbs: local protection error (source not in the registered region)"
         }
         IBV_WC_LOC_LEN_ERR => "verbs: local length error",
-        IBV_WC_LOC_QP_OP_ERR => "verbs: local QP operation error",
+        // What Soft-RoCE reports when it cannot route to the peer's GID
+        // from its netdev: rxe (Linux 6.1) routes in the initial network
+        // namespace only, so an rxe device on a netdev moved into another
+        // namespace fails every send this way (scripts/softroce-vm.d/check.sh).
+        IBV_WC_LOC_QP_OP_ERR => {
+            "verbs: local QP operation error (on Soft-RoCE: no route from the device's netdev \
+             to the peer's GID address in the initial network namespace)"
+        }
         IBV_WC_REM_INV_REQ_ERR => "verbs: remote invalid request",
         IBV_WC_REM_OP_ERR => "verbs: remote operation error",
         _ => "verbs: work request failed",
