@@ -18,6 +18,12 @@ use ringsock_integration::{
 };
 
 const CONNLOOP: &str = env!("CARGO_BIN_EXE_connloop");
+/// How long the shims here wait for a daemon reply. These tests make the
+/// daemon answer thousands of requests on 2 shared cores, next to another
+/// test; a reply later than the default budget would end the session
+/// (correctly: connections go on over TCP) and the test would then see
+/// TCP where it checks rings.
+const LOADED_DAEMON_MS: &str = "5000";
 const SHAREDSOCK: &str = env!("CARGO_BIN_EXE_sharedsock");
 
 /// The words after `key` on the first line starting with it.
@@ -197,6 +203,7 @@ fn nginx_1000() {
     let conf_path = prefix.write("nginx.conf", conf.as_bytes());
     let mut nginx = ctl
         .shimmed("nginx")
+        .env("RINGSOCK_CONNECT_TIMEOUT_MS", LOADED_DAEMON_MS)
         .arg("-p")
         .arg(prefix.path())
         .arg("-c")
@@ -240,6 +247,7 @@ fn nginx_1000() {
     let mut wrk = ctl
         .shimmed("wrk")
         .env("RINGSOCK_CLAIM_WAIT_MS", "20000")
+        .env("RINGSOCK_CONNECT_TIMEOUT_MS", LOADED_DAEMON_MS)
         .args([
             "-c",
             &CONNS.to_string(),
@@ -342,6 +350,7 @@ fn redis_10000_short_connections() {
     let port = free_port();
     let mut redis: Server = ctl
         .shimmed("redis-server")
+        .env("RINGSOCK_CONNECT_TIMEOUT_MS", LOADED_DAEMON_MS)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
         .args(["--save", "", "--appendonly", "no", "--dir"])
         .arg(dir.path())
@@ -357,6 +366,7 @@ fn redis_10000_short_connections() {
     // Every 1000th connection stays open 50 ms, long enough for status.
     let mut client = ctl
         .shimmed(CONNLOOP)
+        .env("RINGSOCK_CONNECT_TIMEOUT_MS", LOADED_DAEMON_MS)
         .args(["redis", "--port", &port.to_string(), "--n", &N.to_string()])
         .args(["--hold-every", "1000", "--hold-ms", "50"])
         .spawn();

@@ -51,7 +51,8 @@ pub struct Config {
     pub gamma: u32,
     /// RINGSOCK_SPIN_US (50): spin budget before sleeping, 0..=100000.
     pub spin_us: u32,
-    /// RINGSOCK_CONNECT_TIMEOUT_MS (200): ring handshake budget, 1..=60000.
+    /// RINGSOCK_CONNECT_TIMEOUT_MS (1000): ring handshake budget (the
+    /// longest a daemon reply is awaited), 1..=60000.
     pub connect_timeout_ms: u32,
     /// RINGSOCK_CLAIM_WAIT_MS (1000): how long a client waits for the
     /// server to take its ring before it withdraws the offer and stays on
@@ -76,7 +77,7 @@ impl Default for Config {
             beta: 8,
             gamma: 64,
             spin_us: 50,
-            connect_timeout_ms: 200,
+            connect_timeout_ms: 1000,
             claim_wait_ms: 1000,
         }
     }
@@ -374,7 +375,7 @@ mod tests {
         assert_eq!(c.slot_size, defaults.slot_size);
         assert_eq!((c.alpha, c.beta, c.gamma), (16, 8, 64));
         assert_eq!(c.spin_us, 50);
-        assert_eq!(c.connect_timeout_ms, 200);
+        assert_eq!(c.connect_timeout_ms, 1000);
         assert!(c.include_ports.is_empty());
         for (var, _) in cases {
             let diag = d.iter().find(|x| x.var == *var).expect(var);
