@@ -94,7 +94,7 @@ SRV=10.8.0.1
 echo "SHAPE netns"
 
 # Counters that show where the bytes went.
-cnt() { # NAME: rxe hw counters and veth tx bytes, one "k=v" each
+cnt() { # rxe hw counters and veth tx bytes, one "k=v" each
   for d in rxeA rxeB; do
     echo "${d}_sent=$(cat /sys/class/infiniband/$d/ports/1/hw_counters/sent_pkts)"
     echo "${d}_rcvd=$(cat /sys/class/infiniband/$d/ports/1/hw_counters/rcvd_pkts)"
@@ -147,7 +147,8 @@ grep -q 'via rxeA' /tmp/vsrv.log || { echo "CHECK FAILED: the server in A is not
 # least that, and each rxe device must have sent and received packets. Over
 # rxe loopback (one device, or a path through lo) these do not move.
 for k in rxeA_sent rxeA_rcvd rxeB_sent rxeB_rcvd vethA_tx vethB_tx; do
-  d=$(( $(val "$after" $k) - $(val "$before" $k) ))
+  a=$(val "$after" $k); b=$(val "$before" $k)
+  d=$(( ${a:-0} - ${b:-0} ))
   echo "WIRE $k +$d"
   case $k in
     veth*) min=$((MIB * 1048576)) ;;
