@@ -281,10 +281,26 @@ impl Drop for Server {
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a server to
+/// listen on. Taken below the kernel's ephemeral range (32768.. by
+/// default): a port the kernel picked for `bind(0)` is exactly what the
+/// next client connect() of a test running beside this one may take
+/// before our server binds it ("Address already in use").
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binding port 0");
-    l.local_addr().expect("local_addr").port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Spread test processes apart by pid, then walk.
+    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    for _ in 0..SPAN {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + (start + k * 37) % SPAN) as u16;
+        if TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {LOW}..{}", LOW + SPAN);
 }
 
 /// Waits until 127.0.0.1:`port` accepts connections; panics with the
