@@ -502,10 +502,6 @@ fn redis_benchmark_killed_server_keeps_serving() {
 }
 
 #[test]
-#[ignore = "shim bug, about 1 run in 8 beside another test: after redis-server's SIGKILL, \
-            redis-benchmark (-P 16 -c 4) can spin in its write handler (cliWriteConn, no \
-            system call, send never called) instead of exiting; with kernel TCP it exits in 60 \
-            of 60 runs. Reproduce: run this test in a loop next to a CPU hog"]
 fn redis_server_killed_benchmark_exits() {
     require!("redis-server", "redis-benchmark", "redis-cli");
     let mut r = Redis::start();

@@ -791,8 +791,17 @@ impl AttachedConn for ShmConn {
         if mode == MODE_TCP {
             return self.tcp_send(bufs);
         }
-        if self.wr_shut.load(Ordering::Relaxed) || self.peer_gone.load(Ordering::Acquire) {
+        if self.wr_shut.load(Ordering::Relaxed) {
             return Err(Errno(libc::EPIPE));
+        }
+        if self.peer_gone.load(Ordering::Acquire) {
+            // The peer process closed its socket or died: send on the
+            // kernel socket (now in CLOSE_WAIT), so the program sees what
+            // kernel TCP would show it: the first write accepted, the
+            // peer's reset, then ECONNRESET/EPIPE. Failing the first write
+            // at once is not the same: redis-benchmark retries a failed
+            // write forever when its write handler meets it.
+            return self.tcp_send(bufs);
         }
         let mut budget = usize::MAX;
         if mode == MODE_PENDING {
