@@ -190,6 +190,11 @@ impl Ctl {
         self.daemon = Some(daemon);
     }
 
+    /// The running daemon's pid (None while none runs).
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(Server::pid)
+    }
+
     /// The control socket path (the programs' RINGSOCK_CTL_SOCK).
     pub fn sock(&self) -> &Path {
         &self.sock

@@ -58,6 +58,25 @@ pub fn payload(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// The words after `key` on the first line of a helper's output that
+/// starts with it (`key v1 v2 ...`); panics with the output if none does.
+pub fn out_field(out: &str, key: &str) -> Vec<String> {
+    out.lines()
+        .find(|l| l.starts_with(&format!("{key} ")) || *l == key)
+        .unwrap_or_else(|| panic!("no `{key}` line in:\n{out}"))
+        .split_whitespace()
+        .skip(1)
+        .map(str::to_string)
+        .collect()
+}
+
+/// The number after `key` in a helper's output (see `out_field`).
+pub fn out_num(out: &str, key: &str) -> u64 {
+    out_field(out, key)[0]
+        .parse()
+        .unwrap_or_else(|_| panic!("`{key}` is not a number in:\n{out}"))
+}
+
 /// Panics if the shim complained on `stderr`: in pass-through mode, with
 /// the default log level, it must stay silent.
 pub fn assert_shim_silent(what: &str, stderr: &str) {

@@ -23,22 +23,7 @@ const SECCOMP_RUN: &str = env!("CARGO_BIN_EXE_seccomp_run");
 /// The reason status gives for a ring that could not be built.
 const NO_RESOURCES: &str = "no memory or descriptors for a ring";
 
-/// The words after `key` on the first stdout line starting with it.
-fn field(out: &str, key: &str) -> Vec<String> {
-    out.lines()
-        .find(|l| l.starts_with(&format!("{key} ")) || *l == key)
-        .unwrap_or_else(|| panic!("no `{key}` line in:\n{out}"))
-        .split_whitespace()
-        .skip(1)
-        .map(str::to_string)
-        .collect()
-}
-
-fn num(out: &str, key: &str) -> u64 {
-    field(out, key)[0]
-        .parse()
-        .unwrap_or_else(|_| panic!("`{key}` is not a number in:\n{out}"))
-}
+use ringsock_integration::{out_field as field, out_num as num};
 
 /// The shim's log lines in `stderr`.
 fn shim_lines(stderr: &str) -> Vec<&str> {

@@ -249,17 +249,6 @@ fn rings_of(pid: u32) -> (Vec<i32>, Vec<String>) {
     (fds, ranges)
 }
 
-/// The pid of the daemon serving `ctl` (its command line names the socket).
-fn daemon_pid(ctl: &Ctl) -> Option<u32> {
-    let sock = ctl.sock().to_string_lossy().into_owned();
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        (cmd.contains("daemon") && cmd.contains(&sock)).then_some(pid)
-    })
-}
-
 fn run_intruder(args: &[String], uid: Option<u32>) -> String {
     let mut cmd = Command::new(INTRUDER);
     cmd.args(args).env_remove("LD_PRELOAD");
@@ -302,7 +291,7 @@ fn other_uid_cannot_reach_rings_or_offers() {
     // Everything the victims and the daemon hold of their rings.
     let mut args = Vec::new();
     let mut targets = pair.pids().to_vec();
-    let dpid = daemon_pid(&ctl).expect("the daemon's pid");
+    let dpid = ctl.daemon_pid().expect("the daemon's pid");
     targets.push(dpid);
     let mut want = Vec::new();
     for &pid in &targets {

@@ -26,22 +26,7 @@ const CONNLOOP: &str = env!("CARGO_BIN_EXE_connloop");
 const LOADED_DAEMON_MS: &str = "5000";
 const SHAREDSOCK: &str = env!("CARGO_BIN_EXE_sharedsock");
 
-/// The words after `key` on the first line starting with it.
-fn field(out: &str, key: &str) -> Vec<String> {
-    out.lines()
-        .find(|l| l.starts_with(&format!("{key} ")) || *l == key)
-        .unwrap_or_else(|| panic!("no `{key}` line in:\n{out}"))
-        .split_whitespace()
-        .skip(1)
-        .map(str::to_string)
-        .collect()
-}
-
-fn num(out: &str, key: &str) -> u64 {
-    field(out, key)[0]
-        .parse()
-        .unwrap_or_else(|_| panic!("`{key}` is not a number in:\n{out}"))
-}
+use ringsock_integration::{out_field as field, out_num as num};
 
 /// Polls `pid`'s holdings until `ok` accepts them or `timeout` passes;
 /// returns the last reading.
@@ -87,18 +72,6 @@ fn assert_machine_rings_back(base: (usize, usize), ours: &[u32], timeout: Durati
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-/// The pid of the ringsock-ctl daemon serving `ctl` (found by its socket
-/// path on its command line).
-fn daemon_pid(ctl: &Ctl) -> Option<u32> {
-    let sock = ctl.sock().to_string_lossy().into_owned();
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
-        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        (cmd.contains("daemon") && cmd.contains(&sock)).then_some(pid)
-    })
 }
 
 /// `Ctl::watch`, sampling every 250 ms: with 2,000 connection ends a
@@ -324,7 +297,7 @@ fn nginx_1000() {
         "descriptor leak: {after:?} vs {base:?}"
     );
     let mut ours = vec![nginx.pid(), worker];
-    ours.extend(daemon_pid(&ctl));
+    ours.extend(ctl.daemon_pid());
     assert_machine_rings_back(machine, &ours, Duration::from_secs(20));
     let status_left = ctl.wait_for(Duration::from_secs(10), |s| links(s, port).is_empty());
     assert!(
@@ -441,7 +414,7 @@ fn redis_10000_short_connections() {
         after.rss_kib
     );
     let mut ours = vec![redis.pid()];
-    ours.extend(daemon_pid(&ctl));
+    ours.extend(ctl.daemon_pid());
     assert_machine_rings_back(machine, &ours, Duration::from_secs(10));
     let (_, _, serr) = redis.stop();
     assert_shim_silent("redis-server", &serr);
