@@ -431,6 +431,14 @@ impl VerbsConn {
         self.shared.region.huge
     }
 
+    /// The fd of the doorbell `connect` will return (the completion
+    /// channel): known before the connection is, so a caller can hand a
+    /// fixed set of fds to pollers from the start.
+    pub fn doorbell_fd(&self) -> std::os::fd::RawFd {
+        // SAFETY: the channel lives as long as self.
+        unsafe { (*self.shared.channel).fd }
+    }
+
     /// Brings the queue pair to RTS towards `peer` (INIT -> RTR -> RTS) and
     /// builds the two ring ends. The peer must use our geometry for the
     /// rings we share: its incoming ring is our outgoing one and vice versa.
