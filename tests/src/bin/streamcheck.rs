@@ -3,10 +3,11 @@
 //!
 //! ```text
 //! streamcheck server --seed S --mib M [--conns C] [--mode block|nonblock|mixed] [--pause-ms P] [--timeout-s T]
-//! streamcheck client --port PORT (same options)
+//! streamcheck client --port PORT [--host ADDR] (same options)
 //! ```
 //!
-//! The server listens on 127.0.0.1:0 and prints `listening PORT`. The client
+//! The server listens on 127.0.0.1:0 (`--host ADDR`: ADDR, an IPv4 address,
+//! for runs between hosts) and prints `listening PORT`. The client
 //! opens C connections (each starts with a 4-byte connection index). On
 //! every connection both sides at once send M MiB of seeded pseudo-random
 //! bytes (a writer thread) and verify, byte for byte, what they receive (a
@@ -41,6 +42,7 @@ const MAX_IO: usize = 256 * 1024;
 struct Opts {
     server: bool,
     port: u16,
+    host: std::net::Ipv4Addr,
     seed: u64,
     mib: usize,
     conns: u32,
@@ -50,7 +52,7 @@ struct Opts {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: streamcheck server|client [--port P] [--seed S] [--mib M] [--conns C] [--mode block|nonblock|mixed] [--pause-ms P] [--timeout-s T]");
+    eprintln!("usage: streamcheck server|client [--port P] [--host A] [--seed S] [--mib M] [--conns C] [--mode block|nonblock|mixed] [--pause-ms P] [--timeout-s T]");
     std::process::exit(64);
 }
 
@@ -64,6 +66,7 @@ fn parse() -> Opts {
             _ => usage(),
         },
         port: 0,
+        host: std::net::Ipv4Addr::LOCALHOST,
         seed: 1,
         mib: 4,
         conns: 1,
@@ -76,6 +79,7 @@ fn parse() -> Opts {
         let num = || v.parse::<u64>().unwrap_or_else(|_| usage());
         match k.as_str() {
             "--port" => o.port = num() as u16,
+            "--host" => o.host = v.parse().unwrap_or_else(|_| usage()),
             "--seed" => o.seed = num(),
             "--mib" => o.mib = num() as usize,
             "--conns" => o.conns = num() as u32,
@@ -528,12 +532,12 @@ fn set_nonblocking(fd: RawFd, on: bool) {
     }
 }
 
-fn sockaddr(port: u16) -> libc::sockaddr_in {
+fn sockaddr(host: std::net::Ipv4Addr, port: u16) -> libc::sockaddr_in {
     libc::sockaddr_in {
         sin_family: libc::AF_INET as u16,
         sin_port: port.to_be(),
         sin_addr: libc::in_addr {
-            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+            s_addr: u32::from(host).to_be(),
         },
         sin_zero: [0; 8],
     }
@@ -667,7 +671,7 @@ fn main() {
                 (&one as *const libc::c_int).cast(),
                 4,
             );
-            let a = sockaddr(o.port);
+            let a = sockaddr(o.host, o.port);
             if libc::bind(l, (&a as *const libc::sockaddr_in).cast(), 16) != 0
                 || libc::listen(l, 64) != 0
             {
@@ -720,7 +724,7 @@ fn main() {
                 if nb {
                     set_nonblocking(fd, true);
                 }
-                let a = sockaddr(o.port);
+                let a = sockaddr(o.host, o.port);
                 if libc::connect(fd, (&a as *const libc::sockaddr_in).cast(), 16) != 0 {
                     if errno() != libc::EINPROGRESS || !nb {
                         fail(format!("connect: errno {}", errno()));
