@@ -23,7 +23,7 @@ use crate::hostid::host_id;
 use crate::peer::PeerConfig;
 use crate::proof::SysEnv;
 use crate::registry::Limits;
-use crate::ring::SegmentStats;
+use crate::ring::AnyRingStats;
 use crate::server::Server;
 use crate::sys;
 
@@ -168,7 +168,7 @@ fn serve(cfg: &DaemonConfig, listener: OwnedFd) -> Result<(), StartError> {
         ..Limits::default()
     };
     let max_sessions = (nofile / 4).max(4);
-    let handler = Handler::new(SysEnv::new(Box::new(SegmentStats)), limits, host_id());
+    let handler = Handler::new(SysEnv::new(Box::new(AnyRingStats)), limits, host_id());
     // The inter-host path is optional: a port that cannot be had costs
     // incoming offers from other hosts, never the local service.
     let peer_listener = match cfg.peer.port {

@@ -1,8 +1,10 @@
 //! Ring memfds passed with connection reports: mapped read-only so status
 //! can show live counters, plus the hook that turns a ring into counters.
 //!
-//! `SegmentStats` reads the counters of the shim's segments (layout from
-//! the ring crate); `MemfdStats` is what the daemon can see for itself. A
+//! `SegmentStats` reads the counters of the shim's segments and
+//! `VerbsStats` those of a verbs connection end's region (layouts from the
+//! ring crate; `AnyRingStats` picks one by magic); `MemfdStats` is what
+//! the daemon can see for itself. A
 //! hostile process must not be able to crash the daemon through the
 //! mapping: the memfd is mapped
 //! only if it is sealed against shrinking (F_SEAL_SHRINK), because reading
@@ -130,8 +132,9 @@ impl RingView<'_> {
     }
 }
 
-/// Turns a ring into status counters; the daemon picks the provider at
-/// start (`SegmentStats` for the shim's segments).
+/// Turns a ring into status counters; the daemon uses `AnyRingStats`,
+/// which picks `SegmentStats` (shm segments) or `VerbsStats` (verbs
+/// regions) by the memfd's magic.
 pub trait RingStats {
     fn stats(&self, ring: &RingView<'_>) -> Vec<RingStat>;
 }
@@ -249,6 +252,123 @@ impl RingStats for SegmentStats {
             );
         }
         out
+    }
+}
+
+/// One end of a verbs connection (`ringbuf::transport::verbs`): the memfd
+/// starts with a `VerbsHeader` page (magic "RSVERBS1", version, offsets of
+/// the end's two control blocks, geometry, device, and the transport's
+/// verbs counters). As with segments, every field is untrusted: magic,
+/// version and header length are checked, every control-block offset is
+/// bounds-checked by `load_u64`, and a header that fails a check yields
+/// fewer counters, never a crash.
+///
+/// Directions are the reporting end's view: `out_*` come from the sender
+/// counters of its outgoing ring's control block, `in_*` from the receiver
+/// counters of its incoming ring's. A status entry carries at most
+/// `MAX_RING_STATS` (16) counters, so the list is chosen: six ring
+/// counters, then the ten verbs counters (`VERBS_COUNTERS`).
+pub struct VerbsStats;
+
+/// The verbs counters a header carries, in report order.
+pub const VERBS_COUNTERS: [(&str, usize); 10] = {
+    use ringbuf::transport::verbs_stats::offsets as o;
+    [
+        ("wr_posted", o::WR_POSTED),
+        ("wr_signaled", o::WR_SIGNALED),
+        ("wr_inline", o::WR_INLINE),
+        ("slot_writes", o::SLOT_WRITES),
+        ("slot_bytes", o::SLOT_BYTES),
+        ("word_writes", o::WORD_WRITES),
+        ("kicks_sent", o::KICKS_SENT),
+        ("rings_received", o::RINGS_RECEIVED),
+        ("completions", o::COMPLETIONS),
+        ("cq_errors", o::CQ_ERRORS),
+    ]
+};
+
+mod vlayout {
+    use ringbuf::layout::{ReceiverCounters, RingControl, SenderCounters};
+    use std::mem::offset_of;
+
+    pub const TAIL: usize = offset_of!(RingControl, tail);
+    /// In a verbs sender copy the peer's receiver WRITEs its head here.
+    pub const LOCAL_HEAD: usize = offset_of!(RingControl, local_head);
+    const TX: usize = offset_of!(RingControl, tx_stats);
+    const RX: usize = offset_of!(RingControl, rx_stats);
+    pub const TX_BYTES: usize = TX + offset_of!(SenderCounters, bytes);
+    pub const TX_RECORDS: usize = TX + offset_of!(SenderCounters, records);
+    pub const TX_SLEEPS: usize = TX + offset_of!(SenderCounters, sleeps);
+    pub const RX_BYTES: usize = RX + offset_of!(ReceiverCounters, bytes);
+    pub const RX_SLEEPS: usize = RX + offset_of!(ReceiverCounters, sleeps);
+}
+
+impl VerbsStats {
+    /// Whether the memfd starts with a verbs header this daemon can read.
+    fn recognizes(ring: &RingView<'_>) -> bool {
+        use ringbuf::transport::verbs_stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
+        let Some(vl) = ring.load_u64(offsets::VERSION_LEN) else {
+            return false;
+        };
+        let (version, len) = (vl as u32, (vl >> 32) as usize);
+        ring.load_u64(offsets::MAGIC) == Some(VERBS_MAGIC)
+            && version == VERBS_VERSION
+            && (std::mem::size_of::<VerbsHeader>()..=4096).contains(&len)
+    }
+}
+
+impl RingStats for VerbsStats {
+    fn stats(&self, ring: &RingView<'_>) -> Vec<RingStat> {
+        use ringbuf::transport::verbs_stats::offsets;
+        if !Self::recognizes(ring) {
+            return MemfdStats.stats(ring);
+        }
+        let mut out = Vec::new();
+        let mut put = |name: &str, v: Option<u64>| {
+            if let Some(value) = v {
+                out.push(RingStat {
+                    name: name.to_owned(),
+                    value,
+                });
+            }
+        };
+        // A control block's counter: its offset comes from the header, so
+        // it is added with overflow checks and read only inside the map.
+        let at = |base: Option<u64>, off: usize| {
+            let base = usize::try_from(base?).ok()?;
+            ring.load_u64(base.checked_add(off)?)
+        };
+        let out_ctrl = ring.load_u64(offsets::OUT_CTRL);
+        let in_ctrl = ring.load_u64(offsets::IN_CTRL);
+        put("out_bytes", at(out_ctrl, vlayout::TX_BYTES));
+        put("out_records", at(out_ctrl, vlayout::TX_RECORDS));
+        let occ = at(out_ctrl, vlayout::TAIL)
+            .zip(at(out_ctrl, vlayout::LOCAL_HEAD))
+            .map(|(t, h)| t.saturating_sub(h));
+        put("out_occupancy", occ);
+        put("out_sleeps", at(out_ctrl, vlayout::TX_SLEEPS));
+        put("in_bytes", at(in_ctrl, vlayout::RX_BYTES));
+        put("in_sleeps", at(in_ctrl, vlayout::RX_SLEEPS));
+        for (name, off) in VERBS_COUNTERS {
+            put(name, ring.load_u64(off));
+        }
+        out
+    }
+}
+
+/// What the daemon uses: picks the provider by the memfd's magic (a shim
+/// segment or a verbs region), else what it knows without reading.
+pub struct AnyRingStats;
+
+impl RingStats for AnyRingStats {
+    fn stats(&self, ring: &RingView<'_>) -> Vec<RingStat> {
+        if SegmentStats::geometry(ring).is_some() {
+            SegmentStats.stats(ring)
+        } else if VerbsStats::recognizes(ring) {
+            VerbsStats.stats(ring)
+        } else {
+            MemfdStats.stats(ring)
+        }
     }
 }
 
@@ -394,5 +514,184 @@ mod tests {
         let r = RingMap::open(a);
         assert!(!r.view().is_mapped());
         assert_eq!(r.view().size(), 0);
+    }
+
+    mod verbs {
+        use super::*;
+        use ringbuf::transport::verbs_stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
+
+        const OUT: u64 = 4096;
+        const IN: u64 = 8192;
+
+        /// A sealed memfd with a valid verbs header, both control blocks
+        /// and counter values that name their counter.
+        fn region(size: i64) -> (OwnedFd, OwnedFd) {
+            let fd = memfd(size, true);
+            let dup = fd.try_clone().unwrap();
+            let hl = std::mem::size_of::<VerbsHeader>() as u64;
+            write_at(&dup, offsets::MAGIC as i64, VERBS_MAGIC);
+            write_at(
+                &dup,
+                offsets::VERSION_LEN as i64,
+                u64::from(VERBS_VERSION) | hl << 32,
+            );
+            write_at(&dup, offsets::OUT_CTRL as i64, OUT);
+            write_at(&dup, offsets::IN_CTRL as i64, IN);
+            for (i, (_, off)) in VERBS_COUNTERS.iter().enumerate() {
+                write_at(&dup, *off as i64, 100 + i as u64);
+            }
+            (fd, dup)
+        }
+
+        fn write_ctrl(dup: &OwnedFd) {
+            write_at(dup, (OUT as usize + vlayout::TX_BYTES) as i64, 5000);
+            write_at(dup, (OUT as usize + vlayout::TX_RECORDS) as i64, 50);
+            write_at(dup, (OUT as usize + vlayout::TAIL) as i64, 9);
+            write_at(dup, (OUT as usize + vlayout::LOCAL_HEAD) as i64, 7);
+            write_at(dup, (OUT as usize + vlayout::TX_SLEEPS) as i64, 3);
+            write_at(dup, (IN as usize + vlayout::RX_BYTES) as i64, 6000);
+            write_at(dup, (IN as usize + vlayout::RX_SLEEPS) as i64, 4);
+        }
+
+        fn get(stats: &[RingStat], n: &str) -> Option<u64> {
+            stats.iter().find(|s| s.name == n).map(|s| s.value)
+        }
+
+        #[test]
+        fn a_valid_header_gives_ring_and_verbs_counters() {
+            let (fd, dup) = region(3 * 4096);
+            write_ctrl(&dup);
+            let map = RingMap::open(fd);
+            let stats = AnyRingStats.stats(&map.view());
+            assert_eq!(stats.len(), ringsock_proto::MAX_RING_STATS, "{stats:?}");
+            assert_eq!(get(&stats, "out_bytes"), Some(5000));
+            assert_eq!(get(&stats, "out_records"), Some(50));
+            assert_eq!(get(&stats, "out_occupancy"), Some(2));
+            assert_eq!(get(&stats, "out_sleeps"), Some(3));
+            assert_eq!(get(&stats, "in_bytes"), Some(6000));
+            assert_eq!(get(&stats, "in_sleeps"), Some(4));
+            for (i, (name, _)) in VERBS_COUNTERS.iter().enumerate() {
+                assert_eq!(get(&stats, name), Some(100 + i as u64), "{name}");
+            }
+            assert!(stats
+                .iter()
+                .all(|s| s.name.len() <= ringsock_proto::MAX_STAT_NAME));
+            // Counters move while the map is held: they are read live.
+            write_at(&dup, offsets::CQ_ERRORS as i64, 1);
+            assert_eq!(get(&VerbsStats.stats(&map.view()), "cq_errors"), Some(1));
+        }
+
+        #[test]
+        fn wrong_magic_version_or_length_is_not_a_verbs_region() {
+            for (off, v) in [
+                (offsets::MAGIC, 0x4141_4141_4141_4141u64),
+                (offsets::VERSION_LEN, 2 | 400 << 32),
+                (offsets::VERSION_LEN, u64::from(VERBS_VERSION) | 8 << 32),
+                (offsets::VERSION_LEN, u64::from(VERBS_VERSION) | 5000 << 32),
+            ] {
+                let (fd, dup) = region(3 * 4096);
+                write_ctrl(&dup);
+                write_at(&dup, off as i64, v);
+                let stats = AnyRingStats.stats(&RingMap::open(fd).view());
+                assert_eq!(stats[0].name, "memfd_size", "{off} {v:#x}");
+                assert_eq!(stats.len(), 2);
+            }
+        }
+
+        #[test]
+        fn garbage_offsets_give_fewer_counters_not_a_crash() {
+            let hostile = [
+                u64::MAX,
+                u64::MAX - 7,
+                usize::MAX as u64 - 64,
+                3 * 4096 - 8,
+                3 * 4096,
+                1 << 40,
+                4095,
+                4097,
+                0,
+            ];
+            for &o in &hostile {
+                for &i in &hostile {
+                    let (fd, dup) = region(3 * 4096);
+                    write_at(&dup, offsets::OUT_CTRL as i64, o);
+                    write_at(&dup, offsets::IN_CTRL as i64, i);
+                    let stats = AnyRingStats.stats(&RingMap::open(fd).view());
+                    // The header's own counters are always there.
+                    for (name, _) in VERBS_COUNTERS {
+                        assert!(get(&stats, name).is_some(), "{o:#x} {i:#x}: {name}");
+                    }
+                    assert!(stats.len() <= ringsock_proto::MAX_RING_STATS);
+                    if o >= 3 * 4096 {
+                        assert!(
+                            stats.iter().all(|s| !s.name.starts_with("out_")),
+                            "{o:#x}: {stats:?}"
+                        );
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn random_header_bytes_never_crash() {
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            for round in 0..200 {
+                let (fd, dup) = region(3 * 4096);
+                // Keep magic/version valid in half the rounds so the
+                // offsets and counters behind them are garbage too.
+                let from = if round % 2 == 0 { 16 } else { 0 };
+                for off in (from..512).step_by(8) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    write_at(&dup, off, x);
+                }
+                let stats = AnyRingStats.stats(&RingMap::open(fd).view());
+                assert!(stats.len() <= ringsock_proto::MAX_RING_STATS);
+            }
+        }
+
+        #[test]
+        fn truncated_regions_give_what_fits() {
+            // Header page only: the control blocks lie past the end.
+            let (fd, _dup) = region(4096);
+            let stats = AnyRingStats.stats(&RingMap::open(fd).view());
+            assert!(stats.iter().all(|s| !s.name.starts_with("out_")));
+            assert!(stats.iter().all(|s| !s.name.starts_with("in_")));
+            assert_eq!(stats.len(), VERBS_COUNTERS.len(), "{stats:?}");
+            // Ends inside the out control block: a counter beyond the end
+            // of the file is not read (the mapping covers the file only).
+            let (fd, dup) = region(4096 + 64);
+            write_at(&dup, (OUT as usize + vlayout::TAIL) as i64, 9);
+            let stats = AnyRingStats.stats(&RingMap::open(fd).view());
+            assert_eq!(get(&stats, "out_bytes"), None);
+            assert_eq!(get(&stats, "out_occupancy"), None);
+            // Shorter than the header: magic and version fit, the counters
+            // do not.
+            let fd = memfd(64, true);
+            let dup = fd.try_clone().unwrap();
+            let hl = std::mem::size_of::<VerbsHeader>() as u64;
+            write_at(&dup, 0, VERBS_MAGIC);
+            write_at(&dup, 8, u64::from(VERBS_VERSION) | hl << 32);
+            let stats = AnyRingStats.stats(&RingMap::open(fd).view());
+            assert!(stats.is_empty(), "{stats:?}");
+        }
+
+        #[test]
+        fn unsealed_regions_are_not_read() {
+            let fd = memfd(3 * 4096, false);
+            write_at(&fd, 0, VERBS_MAGIC);
+            let stats = AnyRingStats.stats(&RingMap::open(fd).view());
+            assert_eq!(get(&stats, "mapped"), Some(0));
+        }
+
+        #[test]
+        fn segments_still_go_to_the_segment_provider() {
+            let cfg = ringbuf::RingConfig::default();
+            let seg = ringbuf::Segment::create(&cfg, 2).unwrap();
+            let map = RingMap::open(seg.share_fd().unwrap());
+            let stats = AnyRingStats.stats(&map.view());
+            assert!(get(&stats, "c2s_bytes").is_some(), "{stats:?}");
+        }
     }
 }

@@ -12,6 +12,7 @@
 pub mod shm;
 #[cfg(all(feature = "verbs", not(loom)))]
 pub mod verbs;
+pub mod verbs_stats;
 
 use crate::error::RingError;
 

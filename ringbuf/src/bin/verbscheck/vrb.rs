@@ -19,6 +19,63 @@ fn e2s(e: RingError) -> String {
     e.to_string()
 }
 
+/// This end's verbs counters as `ringsock-ctl status` would see them: read
+/// through a read-only mapping of `share_fd` (the memfd the shim hands the
+/// daemon), checked against the in-process view. `key=value` pairs for a
+/// RESULT line.
+fn shared_counters(c: &Connected) -> Result<String, String> {
+    use ringbuf::transport::verbs_stats::{offsets as o, VERBS_MAGIC};
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let fd = c.share_fd().map_err(e2s)?;
+    // SAFETY: read-only shared mapping of one page of a sealed memfd that
+    // is at least that long; unmapped below.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(format!(
+            "mmap of share_fd: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: 8-aligned offsets inside the mapped page; the owner updates
+    // the words atomically.
+    let at = |off: usize| unsafe {
+        (*(p.cast::<u8>().add(off) as *const AtomicU64)).load(Ordering::Relaxed)
+    };
+    let mine = c.verbs_counters();
+    let pairs = [
+        ("wr_posted", at(o::WR_POSTED)),
+        ("wr_signaled", at(o::WR_SIGNALED)),
+        ("wr_inline", at(o::WR_INLINE)),
+        ("slot_writes", at(o::SLOT_WRITES)),
+        ("slot_bytes", at(o::SLOT_BYTES)),
+        ("word_writes", at(o::WORD_WRITES)),
+        ("kicks_sent", at(o::KICKS_SENT)),
+        ("rings_received", at(o::RINGS_RECEIVED)),
+        ("completions", at(o::COMPLETIONS)),
+        ("cq_errors", at(o::CQ_ERRORS)),
+    ];
+    let ok = at(o::MAGIC) == VERBS_MAGIC
+        && pairs[0].1 == mine.wr_posted
+        && pairs[4].1 == mine.slot_bytes;
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(p, 4096) };
+    let mut out = format!("stats_fd_ok={}", ok as u8);
+    for (k, v) in pairs {
+        out.push_str(&format!(" {k}={v}"));
+    }
+    Ok(out)
+}
+
 pub fn info() -> Result<(), String> {
     let dev = Device::open().map_err(e2s)?;
     let g = dev.gid();
@@ -330,11 +387,12 @@ pub fn stream(o: &Opts) -> Result<(), String> {
     let ok = peer_tx == rx_fnv && peer_rx == tx_fnv && got == total && peer_got == total;
     let st = end.c.tx.stats();
     let rs = end.c.rx.stats();
+    let vc = shared_counters(&end.c)?;
     println!(
         "RESULT transport=verbs test=stream device={} huge={} bytes_each_way={} secs={:.3} \
          mbps_both={:.1} tx_fnv={:016x} peer_rx_fnv={:016x} rx_fnv={:016x} peer_tx_fnv={:016x} \
          ring_tx_bytes={} ring_tx_records={} ring_tail_writes={} ring_rx_bytes={} \
-         sleeps={} wakeups={} lost_wakeups={} peer_lost_wakeups={} ok={}",
+         sleeps={} wakeups={} lost_wakeups={} peer_lost_wakeups={} ok={} {vc}",
         dev.name(),
         end.c.tx.transport_mut().huge_pages() as u8,
         total,

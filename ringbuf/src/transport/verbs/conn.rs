@@ -10,9 +10,14 @@ use crate::layout::{RingControl, CONTROL_BYTES};
 use crate::memory::RingMem;
 use crate::receiver::Receiver;
 use crate::sender::Sender;
+use crate::transport::verbs_stats::{
+    bump, VerbsCounters, VerbsHeader, VERBS_FLAG_HUGE, VERBS_HEADER_PAGE, VERBS_MAGIC,
+    VERBS_VERSION,
+};
 use crate::transport::{PeerWord, Transport, Visibility};
 use rdma_sys::*;
 use std::mem::offset_of;
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -28,50 +33,69 @@ const RQ_DEPTH: u32 = 64;
 const STAGING_WORDS: usize = PAGE / 8;
 const _: () = assert!(SQ_DEPTH as usize <= STAGING_WORDS);
 
-/// Anonymous memory for one connection end: huge pages when the system
-/// has free ones, 4 KiB pages otherwise.
+/// The memory of one connection end: a sealed memfd (so `share_fd` can
+/// hand it to the ctl daemon, which maps the header page read-only for
+/// `status`), on huge pages when the system has free ones, 4 KiB pages
+/// otherwise. Mapped shared: a fork does not turn the registered pages
+/// copy-on-write under the device.
 struct Region {
     base: *mut u8,
     len: usize,
     huge: bool,
+    fd: OwnedFd,
 }
 
 // SAFETY: plain memory; all access goes through RingMem (atomics and
-// bounds-checked copies) or the device.
+// bounds-checked copies), the header's atomics, or the device.
 unsafe impl Send for Region {}
 // SAFETY: as above.
 unsafe impl Sync for Region {}
 
 impl Region {
     fn new(len: usize) -> Result<Region, RingError> {
-        let huge_len = len.div_ceil(HUGE) * HUGE;
-        // SAFETY: anonymous private mapping, no address hint.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                huge_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_HUGETLB,
-                -1,
-                0,
-            )
-        };
-        if p != libc::MAP_FAILED {
-            return Ok(Region {
-                base: p.cast(),
-                len: huge_len,
-                huge: true,
-            });
+        if let Ok(r) = Region::memfd(len.div_ceil(HUGE) * HUGE, true) {
+            return Ok(r);
         }
-        let len = len.div_ceil(PAGE) * PAGE;
-        // SAFETY: as above, 4 KiB pages.
+        Region::memfd(len.div_ceil(PAGE) * PAGE, false)
+    }
+
+    /// memfd of `len` bytes, sealed against shrinking and growing, mapped
+    /// shared. Every failure path closes what it opened (the fd by
+    /// `OwnedFd`, the mapping is the last step).
+    fn memfd(len: usize, huge: bool) -> Result<Region, RingError> {
+        let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+        if huge {
+            flags |= libc::MFD_HUGETLB;
+        }
+        // SAFETY: a constant C string name; the new fd is owned below.
+        let raw = unsafe { libc::memfd_create(c"ringsock-verbs".as_ptr(), flags) };
+        if raw < 0 {
+            return Err(RingError::last_os());
+        }
+        // SAFETY: raw is a fresh fd nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: plain syscalls on our fd.
+        if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0
+            || unsafe {
+                libc::fcntl(
+                    raw,
+                    libc::F_ADD_SEALS,
+                    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
+                )
+            } != 0
+        {
+            return Err(RingError::last_os());
+        }
+        // SAFETY: shared mapping of the whole (sealed) file, no address
+        // hint. On hugetlbfs the mapping reserves the huge pages, so it is
+        // what fails when there are no free ones.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
+                libc::MAP_SHARED,
+                raw,
                 0,
             )
         };
@@ -81,25 +105,38 @@ impl Region {
         Ok(Region {
             base: p.cast(),
             len,
-            huge: false,
+            huge,
+            fd,
         })
     }
 
     fn addr(&self, off: usize) -> u64 {
         self.base as u64 + off as u64
     }
+
+    /// The header page (written once in `VerbsConn::new`, before anything
+    /// else can see the region).
+    fn header(&self) -> &VerbsHeader {
+        // SAFETY: the region starts with a page-aligned header page, at
+        // least size_of::<VerbsHeader>() long; zero bytes are a valid
+        // VerbsHeader (plain integers and atomics); only atomics in it
+        // change after `init_header`.
+        unsafe { &*self.base.cast::<VerbsHeader>() }
+    }
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
-        // SAFETY: mapped in `new` with this length; the memory region that
-        // registered it is deregistered before (Shared holds an Arc).
+        // SAFETY: mapped in `memfd` with this length; the memory region
+        // that registered it is deregistered before (Shared holds an Arc).
+        // The fd closes after (OwnedFd).
         unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
 
-/// Where things are in a region: `[out ctrl | out slots | in ctrl | in
-/// slots | staging]`, every part page-aligned.
+/// Where things are in a region: `[header | out ctrl | out slots | in ctrl
+/// | in slots | staging]`, every part page-aligned. Only `[out ctrl ..
+/// end)` is registered: the peer's rkey does not reach the header.
 #[derive(Clone, Copy)]
 struct Layout {
     out_ctrl: usize,
@@ -116,12 +153,13 @@ impl Layout {
     fn new(out: &RingConfig, inn: &RingConfig) -> Layout {
         let out_bytes = out.ring_bytes() as usize;
         let in_bytes = inn.ring_bytes() as usize;
-        let out_slots = CONTROL_BYTES;
+        let out_ctrl = VERBS_HEADER_PAGE;
+        let out_slots = out_ctrl + CONTROL_BYTES;
         let in_ctrl = out_slots + out_bytes.div_ceil(PAGE) * PAGE;
         let in_slots = in_ctrl + CONTROL_BYTES;
         let staging = in_slots + in_bytes.div_ceil(PAGE) * PAGE;
         Layout {
-            out_ctrl: 0,
+            out_ctrl,
             out_slots,
             out_bytes,
             in_ctrl,
@@ -254,6 +292,38 @@ fn wc_error(status: ibv_wc_status::Type) -> RingError {
     })
 }
 
+/// Writes the header page of a fresh region: nothing else has seen the
+/// region yet (the memfd is shared and registered only afterwards).
+fn init_header(region: &Region, l: &Layout, out: &RingConfig, inn: &RingConfig, dev: &Device) {
+    let mut device = [0u8; 16];
+    let name = dev.name().as_bytes();
+    let n = name.len().min(device.len());
+    device[..n].copy_from_slice(&name[..n]);
+    let h = VerbsHeader {
+        magic: VERBS_MAGIC,
+        version: VERBS_VERSION,
+        header_len: std::mem::size_of::<VerbsHeader>() as u32,
+        region_len: region.len as u64,
+        out_ctrl: l.out_ctrl as u64,
+        out_slots: l.out_slots as u64,
+        in_ctrl: l.in_ctrl as u64,
+        in_slots: l.in_slots as u64,
+        out_slot_count: out.slots,
+        out_slot_size: out.slot_size,
+        in_slot_count: inn.slots,
+        in_slot_size: inn.slot_size,
+        device,
+        port: u32::from(dev.port),
+        gid_index: u32::from(dev.gid_index),
+        flags: if region.huge { VERBS_FLAG_HUGE } else { 0 },
+        sq: Default::default(),
+        rq: Default::default(),
+    };
+    // SAFETY: the header page is mapped, writable, page-aligned and not
+    // referenced by anyone yet.
+    unsafe { std::ptr::write(region.base.cast::<VerbsHeader>(), h) };
+}
+
 /// A 24-bit initial packet sequence number, different per connection.
 fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
@@ -296,6 +366,7 @@ impl VerbsConn {
         in_cfg.validate()?;
         let layout = Layout::new(&out_cfg, &in_cfg);
         let region = Arc::new(Region::new(layout.total)?);
+        init_header(&region, &layout, &out_cfg, &in_cfg, dev);
         let sq_depth = SQ_DEPTH.min(dev.max_qp_wr).min(dev.max_cqe).max(2);
         let rq_depth = RQ_DEPTH.min(dev.max_qp_wr).min(dev.max_cqe).max(1);
         // Built field by field; Drop frees whatever was created if a later
@@ -321,9 +392,12 @@ impl VerbsConn {
         let access = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
             .0 as i32;
-        // SAFETY: pd is open; the region is mapped for its whole length and
+        // Everything but the header page: the peer's rkey must not reach
+        // the counters, and nothing is sent from there.
+        let (mr_off, mr_len) = (layout.out_ctrl, s.region.len - layout.out_ctrl);
+        // SAFETY: pd is open; the range lies inside the region, which
         // outlives the registration (Shared holds the Arc, Drop deregisters).
-        s.mr = unsafe { ibv_reg_mr(dev.pd, s.region.base.cast(), s.region.len, access) };
+        s.mr = unsafe { ibv_reg_mr(dev.pd, s.region.base.add(mr_off).cast(), mr_len, access) };
         if s.mr.is_null() {
             return Err(RingError::Config(
                 "verbs: ibv_reg_mr failed (RLIMIT_MEMLOCK too low?)",
@@ -439,6 +513,19 @@ impl VerbsConn {
         unsafe { (*self.shared.channel).fd }
     }
 
+    /// A close-on-exec duplicate of the region's memfd, for the ctl daemon:
+    /// it maps the header read-only and reads the counters
+    /// (`transport::verbs_stats`). The memfd is sealed against shrinking
+    /// and growing, so a mapping of it can never fault.
+    pub fn share_fd(&self) -> Result<OwnedFd, RingError> {
+        self.shared.share_fd()
+    }
+
+    /// This end's verbs counters (also readable through `share_fd`).
+    pub fn verbs_counters(&self) -> VerbsCounters {
+        self.shared.region.header().counters()
+    }
+
     /// Brings the queue pair to RTS towards `peer` (INIT -> RTR -> RTS) and
     /// builds the two ring ends. The peer must use our geometry for the
     /// rings we share: its incoming ring is our outgoing one and vice versa.
@@ -475,7 +562,7 @@ impl VerbsConn {
         let base = shared.region.base;
         let owner = || Box::new(shared.region.clone());
         // SAFETY: both ranges lie inside the region (Layout), control
-        // blocks are page-aligned and zeroed (fresh anonymous mapping), and
+        // blocks are page-aligned and zeroed (fresh memfd), and
         // the region lives as long as the RingMem's owner Arc.
         let (out_mem, in_mem) = unsafe {
             (
@@ -517,7 +604,34 @@ impl VerbsConn {
     }
 }
 
+impl Connected {
+    /// See `VerbsConn::share_fd`.
+    pub fn share_fd(&self) -> Result<OwnedFd, RingError> {
+        self.bell.shared.share_fd()
+    }
+
+    /// This end's verbs counters (both rings share one queue pair).
+    pub fn verbs_counters(&self) -> VerbsCounters {
+        self.bell.shared.region.header().counters()
+    }
+}
+
 impl Shared {
+    fn share_fd(&self) -> Result<OwnedFd, RingError> {
+        self.region
+            .fd
+            .try_clone()
+            .map_err(|e| RingError::Os(e.raw_os_error().unwrap_or(libc::EIO)))
+    }
+
+    fn counters(&self) -> &crate::transport::verbs_stats::SqCounters {
+        &self.region.header().sq
+    }
+
+    fn rq_counters(&self) -> &crate::transport::verbs_stats::RqCounters {
+        &self.region.header().rq
+    }
+
     fn modify(
         &self,
         attr: &mut ibv_qp_attr,
@@ -635,14 +749,19 @@ impl Shared {
                 st.failed = Some(e.clone());
                 return Err(e);
             }
-            for w in &wc[..n as usize] {
+            for (i, w) in wc[..n as usize].iter().enumerate() {
                 if w.status != ibv_wc_status::IBV_WC_SUCCESS {
+                    bump(&self.counters().completions, i as u64);
+                    self.rq_counters()
+                        .cq_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let e = wc_error(w.status);
                     st.failed = Some(e.clone());
                     return Err(e);
                 }
                 st.done = st.done.max(w.wr_id);
             }
+            bump(&self.counters().completions, n as u64);
             if (n as usize) < wc.len() {
                 return Ok(());
             }
@@ -743,6 +862,14 @@ impl Shared {
         }
         st.posted = seq;
         st.unsignaled = if signaled { 0 } else { st.unsignaled + 1 };
+        // Under the send-queue lock: single writer (see `bump`).
+        let c = self.counters();
+        bump(&c.wr_posted, 1);
+        bump(&c.wr_signaled, u64::from(signaled));
+        bump(
+            &c.wr_inline,
+            u64::from(flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0),
+        );
         Ok(seq)
     }
 }
@@ -779,6 +906,16 @@ impl VerbsTransport {
         self.shared.region.huge
     }
 
+    /// See `VerbsConn::share_fd`.
+    pub fn share_fd(&self) -> Result<OwnedFd, RingError> {
+        self.shared.share_fd()
+    }
+
+    /// The connection's verbs counters (shared by both ends).
+    pub fn verbs_counters(&self) -> VerbsCounters {
+        self.shared.region.header().counters()
+    }
+
     fn word_addr(&self, word: PeerWord) -> u64 {
         let r = &self.shared.remote;
         match word {
@@ -811,6 +948,8 @@ impl Transport for VerbsTransport {
             s.remote.in_slots + off,
             false,
         )?;
+        bump(&s.counters().slot_writes, 1);
+        bump(&s.counters().slot_bytes, len);
         Ok(())
     }
 
@@ -831,6 +970,7 @@ impl Transport for VerbsTransport {
         let r = self.role as usize;
         st.last_word[r] = seq;
         st.unreported[r] += 1;
+        bump(&s.counters().word_writes, 1);
         Ok(Visibility::AtCompletion)
     }
 
@@ -860,6 +1000,7 @@ impl Transport for VerbsTransport {
             s.remote.in_ctrl,
             false,
         )?;
+        bump(&s.counters().kicks_sent, 1);
         Ok(())
     }
 }
@@ -929,9 +1070,14 @@ impl Doorbell {
             }
             for w in &wc[..n as usize] {
                 if w.status != ibv_wc_status::IBV_WC_SUCCESS {
+                    s.rq_counters()
+                        .cq_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     return Err(wc_error(w.status));
                 }
             }
+            // Under the receive-queue lock: single writer.
+            bump(&s.rq_counters().rings_received, n as u64);
             s.post_recvs(n as u32)?;
             total += n as u32;
             if (n as usize) < wc.len() {

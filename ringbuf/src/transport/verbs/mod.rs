@@ -2,9 +2,13 @@
 //!
 //! Each end of a connection registers one region holding its two ring
 //! copies: the *sender copy* of the ring it sends on and the *receiver
-//! copy* of the ring it receives on (`[out ctrl | out slots | in ctrl | in
-//! slots | staging]`, huge pages when the system has free ones, else 4 KiB
-//! pages). One RC queue pair per connection end carries both rings:
+//! copy* of the ring it receives on (`[header | out ctrl | out slots | in
+//! ctrl | in slots | staging]`, a sealed memfd on huge pages when the
+//! system has free ones, else 4 KiB pages). The header page
+//! (`transport::verbs_stats::VerbsHeader`: layout and counters) is not
+//! registered; `share_fd` hands the memfd to the ctl daemon, which reads
+//! the counters for `status`. One RC queue pair per connection end carries
+//! both rings:
 //!
 //! - `write_slots` is an RDMA WRITE of the slot range from our sender copy
 //!   into the peer's receiver copy (remote address + rkey);
@@ -99,6 +103,7 @@ mod conn;
 mod device;
 mod params;
 
+pub use crate::transport::verbs_stats::VerbsCounters;
 pub use conn::{Connected, Doorbell, VerbsConn, VerbsTransport};
 pub use device::{is_ipv4_mapped, Device, DeviceChoice};
 pub use params::{QpParams, RingDesc, PARAMS_LEN, PARAMS_MAGIC, PARAMS_VERSION};
