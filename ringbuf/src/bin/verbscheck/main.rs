@@ -3,12 +3,17 @@
 //!
 //! ```text
 //! verbscheck info                                   device, port, GID chosen
+//! verbscheck pick ADDR...                           device chosen by the route to each ADDR
 //! verbscheck serve     --listen ADDR                verbs server (QP parameters over TCP)
 //! verbscheck tcp-serve --listen ADDR                TCP server (raw libc sockets)
 //! verbscheck stream    --connect ADDR [--tcp] --mib N [--seed S]
 //! verbscheck pingpong  --connect ADDR [--tcp] [--sizes 64,4096,65536] [--iters N]
 //!                      [--bw-mib M] [--reps R]
 //! ```
+//!
+//! The verbs modes pick their device with `Device::open_for` on the
+//! control connection's peer address (`--via ADDR`: the route to ADDR
+//! instead); `RINGSOCK_DEVICE` / `RINGSOCK_GID_INDEX` override.
 //!
 //! `stream`: both ends send N MiB of seeded pseudo-random bytes in random
 //! write sizes (1 B..64 KiB) at the same time, a ring each way; each end
@@ -138,6 +143,8 @@ pub struct Opts {
     pub bw_mib: u64,
     pub reps: usize,
     pub spin: Duration,
+    /// Pick the verbs device by the route to this address.
+    pub via: Option<std::net::IpAddr>,
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
@@ -151,6 +158,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         bw_mib: 8,
         reps: 3,
         spin: Duration::from_micros(2000),
+        via: None,
     };
     let mut i = 0;
     while i < args.len() {
@@ -166,6 +174,13 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         match a {
             "--listen" | "--connect" => o.addr = val()?,
             "--tcp" => o.tcp = true,
+            "--via" => {
+                let v = val()?;
+                o.via = Some(
+                    v.parse()
+                        .map_err(|_| format!("--via: not an IP address: {v}"))?,
+                )
+            }
             "--mib" => o.mib = num(val()?)?,
             "--seed" => o.seed = num(val()?)?,
             "--iters" => o.iters = num(val()?)?,
@@ -188,9 +203,10 @@ fn parse(args: &[String]) -> Result<Opts, String> {
     Ok(o)
 }
 
-const USAGE: &str = "usage: verbscheck info | serve --listen ADDR | tcp-serve --listen ADDR | \
+const USAGE: &str =
+    "usage: verbscheck info | pick ADDR... | serve --listen ADDR | tcp-serve --listen ADDR | \
 stream --connect ADDR [--tcp] [--mib N] [--seed S] | pingpong --connect ADDR [--tcp] \
-[--sizes 64,4096,65536] [--iters N] [--bw-mib M] [--reps R] [--spin-us U]";
+[--sizes 64,4096,65536] [--iters N] [--bw-mib M] [--reps R] [--spin-us U] [--via ADDR]";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -198,6 +214,13 @@ fn main() {
         eprintln!("{USAGE}");
         std::process::exit(2);
     };
+    if cmd == "pick" {
+        if let Err(e) = vrb::pick(&args[1..]) {
+            eprintln!("verbscheck pick: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let opts = match parse(&args[1..]) {
         Ok(o) => o,
         Err(e) => {

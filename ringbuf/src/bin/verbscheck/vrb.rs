@@ -7,7 +7,7 @@ use crate::{
 use ringbuf::transport::verbs::{settle, Connected, Device, QpParams, VerbsConn, PARAMS_LEN};
 use ringbuf::{RingConfig, RingError};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -89,6 +89,40 @@ pub fn info() -> Result<(), String> {
             .collect::<Vec<_>>()
             .join(":")
     );
+    Ok(())
+}
+
+/// `pick ADDR...`: which device `Device::open_for` chooses for each peer,
+/// what the route lookup found, and whether a second call shares the
+/// first one's device (the per-process cache).
+pub fn pick(addrs: &[String]) -> Result<(), String> {
+    for a in addrs {
+        let peer: IpAddr = a.parse().map_err(|_| format!("not an IP address: {a}"))?;
+        let route = match Device::route(peer) {
+            Some(r) => format!(
+                "source={} netdev={} route_device={} route_port={} route_gid_index={}",
+                r.source, r.netdev, r.device, r.port, r.gid_index
+            ),
+            None => {
+                let src = ringbuf::transport::verbs::route_source(peer);
+                let nd = src.and_then(ringbuf::transport::verbs::netdev_of);
+                format!(
+                    "source={} netdev={} route_device=none",
+                    src.map_or("none".into(), |s| s.to_string()),
+                    nd.as_deref().unwrap_or("none")
+                )
+            }
+        };
+        let d1 = Device::open_for(peer).map_err(e2s)?;
+        let d2 = Device::open_for(peer).map_err(e2s)?;
+        println!(
+            "PICK peer={peer} {route} device={} port={} gid_index={} shared={}",
+            d1.name(),
+            d1.port(),
+            d1.gid_index(),
+            Arc::ptr_eq(&d1, &d2) as u8
+        );
+    }
     Ok(())
 }
 
@@ -330,14 +364,29 @@ fn session(dev: &Arc<Device>, mut ctl: TcpStream, spin: Duration) -> Result<(), 
     Ok(())
 }
 
+/// The device for a connection whose control peer is `peer`: chosen by
+/// the route to `--via` when given, else to the peer
+/// (`Device::open_for`; `RINGSOCK_DEVICE` still wins).
+fn device_for(o: &Opts, peer: IpAddr) -> Result<Arc<Device>, String> {
+    Device::open_for(o.via.unwrap_or(peer)).map_err(e2s)
+}
+
 pub fn serve(o: &Opts) -> Result<(), String> {
-    let dev = Device::open().map_err(e2s)?;
     let l = TcpListener::bind(&o.addr).map_err(|e| format!("bind {}: {e}", o.addr))?;
+    let local = l.local_addr().map_err(|e| e.to_string())?.ip();
+    // Named at start for the log (and to fail early without a device);
+    // each session then picks by its peer's route.
+    let dev = device_for(o, local)?;
     println!("verbscheck: serving verbs on {} via {}", o.addr, dev.name());
     for s in l.incoming() {
         match s {
             Ok(s) => {
-                if let Err(e) = session(&dev, s, o.spin) {
+                let r = s
+                    .peer_addr()
+                    .map_err(|e| e.to_string())
+                    .and_then(|p| device_for(o, p.ip()))
+                    .and_then(|dev| session(&dev, s, o.spin));
+                if let Err(e) = r {
                     eprintln!("verbscheck serve: session failed: {e}");
                 }
             }
@@ -347,11 +396,12 @@ pub fn serve(o: &Opts) -> Result<(), String> {
     Ok(())
 }
 
-fn client(dev: &Arc<Device>, o: &Opts, h: Header) -> Result<(End, TcpStream), String> {
+fn client(o: &Opts, h: Header) -> Result<(End, TcpStream, Arc<Device>), String> {
     let mut ctl = TcpStream::connect(&o.addr).map_err(|e| format!("connect {}: {e}", o.addr))?;
     ctl.set_nodelay(true).map_err(|e| e.to_string())?;
+    let dev = device_for(o, ctl.peer_addr().map_err(|e| e.to_string())?.ip())?;
     ctl.write_all(&h.encode()).map_err(|e| e.to_string())?;
-    let c = setup(dev, &mut ctl, true)?;
+    let c = setup(&dev, &mut ctl, true)?;
     Ok((
         End {
             c,
@@ -359,6 +409,7 @@ fn client(dev: &Arc<Device>, o: &Opts, h: Header) -> Result<(End, TcpStream), St
             waits: Waits::default(),
         },
         ctl,
+        dev,
     ))
 }
 
@@ -367,7 +418,6 @@ fn finish(ctl: &mut TcpStream) {
 }
 
 pub fn stream(o: &Opts) -> Result<(), String> {
-    let dev = Device::open().map_err(e2s)?;
     let total = o.mib << 20;
     let h = Header {
         mode: MODE_STREAM,
@@ -375,7 +425,7 @@ pub fn stream(o: &Opts) -> Result<(), String> {
         count: total,
         seed: o.seed,
     };
-    let (mut end, mut ctl) = client(&dev, o, h)?;
+    let (mut end, mut ctl, dev) = client(o, h)?;
     let t = Instant::now();
     let (tx_fnv, rx_fnv, got) = end.stream(total, o.seed).map_err(e2s)?;
     let secs = t.elapsed().as_secs_f64();
@@ -419,7 +469,6 @@ pub fn stream(o: &Opts) -> Result<(), String> {
 }
 
 pub fn pingpong(o: &Opts) -> Result<(), String> {
-    let dev = Device::open().map_err(e2s)?;
     for &size in &o.sizes {
         let warm = (o.iters / 10).max(1);
         let h = Header {
@@ -428,7 +477,7 @@ pub fn pingpong(o: &Opts) -> Result<(), String> {
             count: o.iters + warm,
             seed: 0,
         };
-        let (mut end, mut ctl) = client(&dev, o, h)?;
+        let (mut end, mut ctl, _) = client(o, h)?;
         let mut buf = vec![0x5au8; size as usize];
         let mut rtts = Vec::with_capacity(o.iters as usize);
         for i in 0..h.count {
@@ -458,7 +507,7 @@ pub fn pingpong(o: &Opts) -> Result<(), String> {
                 count: total,
                 seed: 0,
             };
-            let (mut end, mut ctl) = client(&dev, o, h)?;
+            let (mut end, mut ctl, _) = client(o, h)?;
             let buf = vec![0xa5u8; size as usize];
             let t = Instant::now();
             let mut left = total;

@@ -105,7 +105,10 @@ mod params;
 
 pub use crate::transport::verbs_stats::VerbsCounters;
 pub use conn::{Connected, Doorbell, VerbsConn, VerbsTransport};
-pub use device::{is_ipv4_mapped, Device, DeviceChoice};
+pub use device::{
+    find_roce_gid, gid_of, is_ipv4_mapped, netdev_of, parse_gid, route_source, Device,
+    DeviceChoice, DeviceRoute,
+};
 pub use params::{QpParams, RingDesc, PARAMS_LEN, PARAMS_MAGIC, PARAMS_VERSION};
 
 use crate::error::RingError;
