@@ -4,6 +4,7 @@
 //! ```text
 //! verbscheck info                                   device, port, GID chosen
 //! verbscheck pick ADDR...                           device chosen by the route to each ADDR
+//! verbscheck conn-loop [--iters N]                  create/drop N connection ends, count leaks
 //! verbscheck serve     --listen ADDR                verbs server (QP parameters over TCP)
 //! verbscheck tcp-serve --listen ADDR                TCP server (raw libc sockets)
 //! verbscheck stream    --connect ADDR [--tcp] --mib N [--seed S]
@@ -204,7 +205,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
 }
 
 const USAGE: &str =
-    "usage: verbscheck info | pick ADDR... | serve --listen ADDR | tcp-serve --listen ADDR | \
+    "usage: verbscheck info | pick ADDR... | conn-loop [--iters N] | serve --listen ADDR | tcp-serve --listen ADDR | \
 stream --connect ADDR [--tcp] [--mib N] [--seed S] | pingpong --connect ADDR [--tcp] \
 [--sizes 64,4096,65536] [--iters N] [--bw-mib M] [--reps R] [--spin-us U] [--via ADDR]";
 
@@ -228,13 +229,14 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let needs_addr = cmd != "info";
+    let needs_addr = cmd != "info" && cmd != "conn-loop";
     if needs_addr && opts.addr.is_empty() {
         eprintln!("verbscheck: --listen/--connect missing\n{USAGE}");
         std::process::exit(2);
     }
     let r: Result<(), String> = match (cmd.as_str(), opts.tcp) {
         ("info", _) => vrb::info(),
+        ("conn-loop", _) => vrb::conn_loop(&opts),
         ("serve", _) => vrb::serve(&opts),
         ("tcp-serve", _) => tcp::serve(&opts),
         ("stream", false) => vrb::stream(&opts),

@@ -92,6 +92,52 @@ pub fn info() -> Result<(), String> {
     Ok(())
 }
 
+/// `conn-loop --iters N`: creates and drops N unconnected connection ends
+/// (region, registration, CQs, QP) and counts descriptors and mappings
+/// before and after: a failing setup (e.g. a registration over
+/// RLIMIT_MEMLOCK) must release everything it had created, like a
+/// successful one that is dropped.
+pub fn conn_loop(o: &Opts) -> Result<(), String> {
+    let fds = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
+    let maps = || std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let dev = Device::open().map_err(e2s)?;
+    let cfg = RingConfig::default();
+    let mut first_err = None;
+    let (mut ok, mut failed) = (0u64, 0u64);
+    let mut attempt = || match VerbsConn::new(&dev, cfg, cfg) {
+        Ok(c) => {
+            ok += 1;
+            drop(c);
+        }
+        Err(e) => {
+            failed += 1;
+            first_err.get_or_insert(e.to_string());
+        }
+    };
+    // One round first: the library opens what it keeps for the process
+    // (e.g. its async event fd) on first use.
+    attempt();
+    let (f0, m0) = (fds(), maps().lines().count());
+    for _ in 1..o.iters.max(1) {
+        attempt();
+    }
+    let (f1, m) = (fds(), maps());
+    let region_maps = m.lines().filter(|l| l.contains("ringsock-verbs")).count();
+    println!(
+        "RESULT test=conn-loop device={} iters={} ok={ok} failed={failed} fds_before={f0} \
+         fds_after={f1} maps_before={m0} maps_after={} region_maps_after={region_maps} \
+         leak={}",
+        dev.name(),
+        o.iters.max(1),
+        m.lines().count(),
+        u8::from(f1 != f0 || m.lines().count() != m0 || region_maps != 0)
+    );
+    if let Some(e) = first_err {
+        println!("ERROR {e}");
+    }
+    Ok(())
+}
+
 /// `pick ADDR...`: which device `Device::open_for` chooses for each peer,
 /// what the route lookup found, and whether a second call shares the
 /// first one's device (the per-process cache).

@@ -324,6 +324,50 @@ fn init_header(region: &Region, l: &Layout, out: &RingConfig, inn: &RingConfig, 
     unsafe { std::ptr::write(region.base.cast::<VerbsHeader>(), h) };
 }
 
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// "Cannot allocate memory (errno 12)".
+fn os_text(e: i32) -> String {
+    let t = std::io::Error::from_raw_os_error(e).to_string();
+    // std appends " (os error N)"; say it once, as errno.
+    let t = t.split(" (os error").next().unwrap_or_default();
+    format!("{t} (errno {e})")
+}
+
+/// The error of a failed memory registration: how many bytes, the errno,
+/// and the usual cause. Registration pins the pages, which counts against
+/// RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK.
+fn reg_mr_error(len: usize, e: i32) -> RingError {
+    detailed(format!(
+        "verbs: ibv_reg_mr of {len} bytes failed: {}; the usual cause is RLIMIT_MEMLOCK \
+         (ulimit -l) below what the rings pin (raise it, or grant CAP_IPC_LOCK)",
+        os_text(e)
+    ))
+}
+
+/// `RingError::Config` carries a `&'static str`: a message with numbers in
+/// it is interned (leaked once per distinct text). Distinct texts are few
+/// (region sizes x errnos) and capped, so a process that fails in a loop
+/// does not grow; past the cap the generic text stands in.
+fn detailed(msg: String) -> RingError {
+    static SEEN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    RingError::Config(intern(&mut lock(&SEEN), 64, msg))
+}
+
+fn intern(seen: &mut Vec<&'static str>, cap: usize, msg: String) -> &'static str {
+    if let Some(m) = seen.iter().find(|m| **m == msg) {
+        return m;
+    }
+    if seen.len() >= cap {
+        return "verbs: a verbs setup call failed (details suppressed: too many distinct errors)";
+    }
+    let m: &'static str = Box::leak(msg.into_boxed_str());
+    seen.push(m);
+    m
+}
+
 /// A 24-bit initial packet sequence number, different per connection.
 fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
@@ -399,9 +443,9 @@ impl VerbsConn {
         // outlives the registration (Shared holds the Arc, Drop deregisters).
         s.mr = unsafe { ibv_reg_mr(dev.pd, s.region.base.add(mr_off).cast(), mr_len, access) };
         if s.mr.is_null() {
-            return Err(RingError::Config(
-                "verbs: ibv_reg_mr failed (RLIMIT_MEMLOCK too low?)",
-            ));
+            // `s` (and with it the region: mapping and memfd) is released
+            // on return; nothing else was created yet.
+            return Err(reg_mr_error(mr_len, errno()));
         }
         // SAFETY: context open.
         s.channel = unsafe { ibv_create_comp_channel(dev.ctx) };
@@ -440,7 +484,10 @@ impl VerbsConn {
         s.recv_cq =
             unsafe { ibv_create_cq(dev.ctx, rq_depth as i32, std::ptr::null_mut(), s.channel, 0) };
         if s.send_cq.is_null() || s.recv_cq.is_null() {
-            return Err(RingError::Config("verbs: ibv_create_cq failed"));
+            return Err(detailed(format!(
+                "verbs: ibv_create_cq failed: {}",
+                os_text(errno())
+            )));
         }
         for inline in [64u32, 0] {
             // SAFETY: zeroed is a valid init attr; the fields we need are set.
@@ -462,7 +509,10 @@ impl VerbsConn {
             }
         }
         if s.qp.is_null() {
-            return Err(RingError::Config("verbs: ibv_create_qp failed"));
+            return Err(detailed(format!(
+                "verbs: ibv_create_qp failed: {}",
+                os_text(errno())
+            )));
         }
         Ok(VerbsConn {
             shared: s,
@@ -1117,5 +1167,41 @@ impl Doorbell {
             return Err(RingError::last_os());
         }
         self.drain()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reg_mr_errors_name_size_errno_and_memlock() {
+        let e = reg_mr_error(2_105_344, libc::ENOMEM);
+        let RingError::Config(m) = e else {
+            panic!("{e:?}")
+        };
+        assert!(m.contains("2105344 bytes"), "{m}");
+        assert!(m.contains("errno 12"), "{m}");
+        assert!(
+            m.contains("RLIMIT_MEMLOCK") && m.contains("ulimit -l"),
+            "{m}"
+        );
+        // The same failure again reuses the interned text.
+        let RingError::Config(m2) = reg_mr_error(2_105_344, libc::ENOMEM) else {
+            unreachable!()
+        };
+        assert!(std::ptr::eq(m, m2));
+    }
+
+    #[test]
+    fn interned_texts_are_capped() {
+        let mut seen = Vec::new();
+        for round in 0..3 {
+            for i in 0..10 {
+                let m = intern(&mut seen, 4, format!("verbs: text {i}"));
+                assert_eq!(m.contains("suppressed"), i >= 4, "{round} {i}: {m}");
+            }
+        }
+        assert_eq!(seen.len(), 4);
     }
 }
