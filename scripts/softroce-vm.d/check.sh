@@ -10,38 +10,11 @@
 # verbs stream between A and B fails, the script FAILS (exit 3 for setup,
 # 1 for checks).
 #
-# Why the topology looks the way it does (measured on Debian's 6.1 kernel):
-# rdma_rxe there works in the initial network namespace only. It routes its
-# packets with ip_route_output_key(&init_net, oif = its netdev) and listens
-# on UDP 4791 in init_net. An rxe device on a veth end moved into a
-# namespace cannot send: dmesg (dynamic debug) says "rxeA: qp#17
-# rxe_find_route4: no route to 10.9.0.2" / "prepare4: Host not reachable",
-# every QP goes to error with IBV_WC_LOC_QP_OP_ERR, ib_write_lat hangs, and
-# hw_counters/sent_pkts stays 0. Exclusive rdma netns mode does not help
-# (`rdma dev set rxeX netns X`: Operation not supported for rxe), nor do
-# VRFs (rxe finds its device from skb->dev, which the VRF rewrites to the
-# VRF master: packets arrive, rcvd_pkts stays 0). So:
-# - the RDMA wire is a veth pair vethA (10.9.0.1) <-> vethB (10.9.0.2) in
-#   the root namespace, rxeA on vethA and rxeB on vethB. Both addresses are
-#   local there, yet rxe's packets cross the wire: rxe routes with its own
-#   netdev as the flow's output interface, and the FIB lookup skips routes
-#   whose nexthop is another device, so the local route to the other end
-#   (on the other veth) does not match and the connected route out of the
-#   device's own veth does (`ip route get 10.9.0.2 from 10.9.0.1 oif
-#   vethA` says dev vethA). accept_local=1 lets each end take packets (ARP
-#   included) whose source address is local: without it the peer's ARP
-#   request is dropped as a martian, ib_core cannot resolve the peer's MAC
-#   and ibv_modify_qp to RTR fails;
-# - the programs run in namespaces A and B. rdma is in shared netns mode
-#   (the default), so both devices are visible in both; RINGSOCK_DEVICE
-#   and -d pick rxeA in A and rxeB in B;
-# - their TCP (verbscheck's control connection, the kernel TCP comparison,
-#   perftest's exchange) goes over a second veth pair ctlA (10.8.0.1, in A)
-#   <-> ctlB (10.8.0.2, in B): a host's management network next to its
-#   RDMA NIC.
-# rsocket resolves addresses with rdma_cm in the caller's namespace, where
-# no rxe netdev lives, so it cannot run A<->B on this kernel; its numbers
-# come from the root namespace, both ends on rxeA (rxe loopback).
+# The topology, and why it looks the way it does, is in twohosts.sh
+# (sourced below): rxe works in the guest kernel's initial network
+# namespace only, so the RDMA wire vethA<->vethB lives there and the
+# programs run in namespaces A and B with RINGSOCK_DEVICE=rxeA / rxeB,
+# their TCP going over ctlA 10.8.0.1 <-> ctlB 10.8.0.2.
 #
 # Knobs (kernel command line cannot pass them; edit here): sizes of the runs.
 MIB=8            # stream: MiB each way
@@ -50,58 +23,11 @@ BW_MIB=2         # bw: MiB per transfer (median of 3)
 SIZES=64,4096,65536
 RSPRELOAD=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
 
-# busybox sh runs its own applets before PATH: call iproute2 by path.
-IP=/usr/sbin/ip; [ -x $IP ] || IP=/sbin/ip
-RDMA=/usr/bin/rdma; [ -x $RDMA ] || RDMA=/usr/sbin/rdma
-
 fail=0
-step() { echo; echo "=== $*"; }
 t0=$(cut -d' ' -f1 /proc/uptime)
-
-step "two hosts: namespaces A and B, RDMA wire vethA<->vethB, control wire ctlA<->ctlB"
-# Any setup step failing fails the run (exit 3): there is no fallback.
-must() { "$@" || { echo "SETUP FAILED: $*"; exit 3; }; }
-must $IP netns add A
-must $IP netns add B
-must $IP link add ctlA type veth peer name ctlB
-must $IP link set ctlA netns A
-must $IP link set ctlB netns B
-must $IP -n A addr add 10.8.0.1/24 dev ctlA
-must $IP -n B addr add 10.8.0.2/24 dev ctlB
-for n in A B; do must $IP -n $n link set lo up; must $IP -n $n link set ctl$n up; done
-must $IP link add vethA type veth peer name vethB
-must $IP addr add 10.9.0.1/24 dev vethA
-must $IP addr add 10.9.0.2/24 dev vethB
-must $IP link set vethA up
-must $IP link set vethB up
-for d in all vethA vethB; do
-  must sysctl -q -w net.ipv4.conf.$d.accept_local=1
-  must sysctl -q -w net.ipv4.conf.$d.rp_filter=0
-done
-must $RDMA link add rxeA type rxe netdev vethA
-must $RDMA link add rxeB type rxe netdev vethB
+. /guest.d/twohosts.sh
 $RDMA system show
-$RDMA link show
 $IP route get 10.9.0.2 from 10.9.0.1 oif vethA
-for d in rxeA rxeB; do
-  g=/sys/class/infiniband/$d/ports/1
-  for i in 0 1; do echo "$d gid[$i] $(cat $g/gids/$i) $(cat $g/gid_attrs/types/$i) $(cat $g/gid_attrs/ndevs/$i)"; done
-done
-
-A="$IP netns exec A env RINGSOCK_DEVICE=rxeA"
-B="$IP netns exec B env RINGSOCK_DEVICE=rxeB"
-SRV=10.8.0.1
-echo "SHAPE netns"
-
-# Counters that show where the bytes went.
-cnt() { # rxe hw counters and veth tx bytes, one "k=v" each
-  for d in rxeA rxeB; do
-    echo "${d}_sent=$(cat /sys/class/infiniband/$d/ports/1/hw_counters/sent_pkts)"
-    echo "${d}_rcvd=$(cat /sys/class/infiniband/$d/ports/1/hw_counters/rcvd_pkts)"
-  done
-  for d in vethA vethB; do echo "${d}_tx=$(cat /sys/class/net/$d/statistics/tx_bytes)"; done
-}
-val() { echo "$1" | sed -n "s/^$2=//p"; }
 
 step "ibv_devinfo, verbscheck info"
 ibv_devinfo -d rxeA | head -n 20

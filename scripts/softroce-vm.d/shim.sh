@@ -1,0 +1,415 @@
+# Guest script for scripts/softroce-vm (busybox sh, run as /guest.sh):
+# libringsock.so between two hosts over RDMA verbs. Two "hosts" A and B
+# (network namespaces, twohosts.sh), a ringsock-ctl daemon in each (they
+# forward offers to each other on TCP 7471 over the ctlA<->ctlB wire), and
+# UNMODIFIED programs under the shim, server in A, client in B:
+#   streamcheck (checksummed stream both ways, 2 connections), iperf3 (B->A
+#   and A->B with -R), sockperf ping-pong, redis-server + redis-benchmark +
+#   redis-cli (request counts, a sha256-checked value).
+# Each of these must be on transport "rdma" in both daemons' status
+# (sampled every 0.2 s while it runs; a single "tcp" or "shm" report of one
+# of its connections fails), its data must be right, and its bytes must
+# have crossed the RDMA wire (vethA/vethB tx bytes at least the payload,
+# rxe hw counters moving) and not the TCP wire (ctlA/ctlB tx bytes below
+# half the payload).
+# Then the fallbacks, which must be on "tcp" with correct data, their bytes
+# on the ctl wire:
+#   - a shimmed client in B to servers in A that are not shimmed
+#     (streamcheck, iperf3);
+#   - a shimmed client in B that may not lock memory for its rings (no
+#     CAP_IPC_LOCK, RLIMIT_MEMLOCK 64 KiB), to a shimmed server in A: a
+#     shim log line must name the locked-memory limit. First verbscheck
+#     (the verbs library alone) shows that the limit really stops a
+#     registration there.
+# One "CHECK PASS|FAIL name: ..." line per check; exit 1 if any failed.
+#
+# iperf3's sender and receiver byte counts agree only in -R mode with -n
+# (the client is the receiver and reads to the end): in the forward
+# direction the server stops counting when the client's TEST_END arrives,
+# even on kernel TCP (host loopback, -n 8M: 8388608 sent, 4587520 to
+# 7929856 counted received). The forward run checks 0 < received <= sent.
+SHIM=/opt/ringsock/libringsock.so
+IPERF_BYTES=8M      # per iperf3 run
+SC_MIB=4            # streamcheck: MiB each way per connection
+SC_CONNS=2
+FB_MIB=2            # fallback streams: MiB each way
+PP_SECS=3           # sockperf ping-pong seconds
+PP_SIZE=64
+REDIS_N=1000        # redis-benchmark requests per test
+REDIS_D=1024        # its value size
+MEMLOCK_KB=64       # the low RLIMIT_MEMLOCK of the locked-memory check
+
+fail=0
+npass=0
+nfail=0
+t0=$(cut -d' ' -f1 /proc/uptime)
+. /guest.d/twohosts.sh
+
+pass() { echo "CHECK PASS $*"; npass=$((npass + 1)); }
+bad() { echo "CHECK FAIL $*"; nfail=$((nfail + 1)); fail=1; }
+
+# Generous bounds everywhere: under TCG a ring set up between two daemons
+# takes far longer than on hardware. The shim waits up to 15 s for its
+# daemon (which waits up to 10 s for the other host's), and a client waits
+# 5 s for the server to take its ring.
+SHIMENV="LD_PRELOAD=$SHIM RINGSOCK_CONNECT_TIMEOUT_MS=15000 RINGSOCK_CLAIM_WAIT_MS=5000 RINGSOCK_LOG=info"
+SA="$A RINGSOCK_CTL_SOCK=/tmp/ctlA.sock RINGSOCK_LOG_FILE=/tmp/shimA.log $SHIMENV"
+SB="$B RINGSOCK_CTL_SOCK=/tmp/ctlB.sock RINGSOCK_LOG_FILE=/tmp/shimB.log $SHIMENV"
+# The same hosts without the shim.
+PA="$A"
+PB="$B"
+: > /tmp/shimA.log
+: > /tmp/shimB.log
+
+step "ringsock-ctl daemons in A and B (peer port 7471 on the ctl wire)"
+for h in A B; do
+  $IP netns exec $h ringsock-ctl daemon --socket /tmp/ctl$h.sock --foreground --log-level info \
+    --peer-timeout-ms 10000 --peer-retry-ms 1000 > /tmp/ctl$h.log 2>&1 &
+  eval ctlpid$h=$!
+done
+
+# wait_listen HOST PORT: until something listens on TCP PORT in HOST (no
+# connection made: a probe would show in the status samples).
+wait_listen() {
+  i=0
+  while [ $i -lt 100 ]; do
+    $IP netns exec $1 netstat -ltn 2>/dev/null | grep -q ":$2 " && return 0
+    sleep 0.1; i=$((i + 1))
+  done
+  echo "nothing listens on $1:$2 after 10 s"
+  return 1
+}
+for h in A B; do
+  if wait_listen $h 7471 && ringsock-ctl status --socket /tmp/ctl$h.sock > /dev/null 2>&1; then
+    echo "daemon $h up"
+  else
+    echo "SETUP FAILED: ringsock-ctl daemon in $h"; cat /tmp/ctl$h.log; exit 3
+  fi
+done
+
+stop() { # PID...: ends a server and reaps it
+  kill "$@" 2>/dev/null
+  sleep 0.2
+  kill -9 "$@" 2>/dev/null
+  wait "$@" 2>/dev/null
+}
+
+# Status sampling: both daemons every 0.2 s into /tmp/st.NAME.{A,B}.
+sample_start() { # NAME
+  rm -f /tmp/st.$1.A /tmp/st.$1.B
+  ( while :; do
+      for h in A B; do
+        ringsock-ctl status --json --socket /tmp/ctl$h.sock >> /tmp/st.$1.$h 2>&1
+        echo >> /tmp/st.$1.$h
+      done
+      sleep 0.2
+    done ) &
+  smppid=$!
+}
+sample_stop() { # NAME: one last sample, then the sampler ends
+  kill $smppid 2>/dev/null
+  wait $smppid 2>/dev/null
+  for h in A B; do ringsock-ctl status --json --socket /tmp/ctl$h.sock >> /tmp/st.$1.$h 2>&1; echo >> /tmp/st.$1.$h; done
+}
+
+# conns FILE PORT: the reported connections whose local or peer port is
+# PORT, one "transport local peer pid=N reason=..." line each, unique.
+conns() {
+  awk -v want=":$2\"" '
+    function str(s, k) { if (match(s, "\"" k "\":\"[^\"]*\"")) return substr(s, RSTART + length(k) + 4, RLENGTH - length(k) - 5); return "-" }
+    function num(s, k) { if (match(s, "\"" k "\":[0-9]+")) return substr(s, RSTART + length(k) + 3, RLENGTH - length(k) - 3); return "-" }
+    { n = split($0, c, "\"session\":")
+      for (i = 2; i <= n; i++)
+        if (index(c[i], want))
+          print str(c[i], "transport"), str(c[i], "local"), str(c[i], "peer"), "pid=" num(c[i], "pid"), "reason=" str(c[i], "reason") }' "$1" | sort -u
+}
+
+# last_sample NAME PORT: what the daemons last said about PORT's
+# connections, ring counters included (for a run that failed).
+last_sample() {
+  for h in A B; do
+    grep connections /tmp/st.$1.$h | tail -n 1 \
+      | awk -v want=":$2\"" '{ n = split($0, c, "\"session\":"); for (i = 2; i <= n; i++) if (index(c[i], want)) print "    last status '$h': " substr(c[i], 1, 900) }'
+  done
+}
+
+# transports NAME PORT WANT HOST...: every connection on PORT that HOST's
+# daemon reported in any sample was on WANT, and there was at least one.
+transports() {
+  name=$1; port=$2; want=$3; shift 3
+  for h in "$@"; do
+    conns /tmp/st.$name.$h $port > /tmp/cn.$name.$h
+    n=$(wc -l < /tmp/cn.$name.$h)
+    other=$(grep -vc "^$want " /tmp/cn.$name.$h)
+    sed "s/^/    status $h: /" /tmp/cn.$name.$h | head -n 12
+    if [ "$n" -eq 0 ]; then
+      bad "$name transport $h: daemon $h reported no connection on port $port ($(grep -c connections /tmp/st.$name.$h) samples; last: $(grep connections /tmp/st.$name.$h | tail -n 1 | cut -c1-300))"
+    elif [ "$other" -ne 0 ]; then
+      bad "$name transport $h: $other of $n reports on port $port not \"$want\": $(grep -v "^$want " /tmp/cn.$name.$h | head -n 3 | tr '\n' ';')"
+    else
+      pass "$name transport $h: all $n reports on port $port are \"$want\""
+    fi
+  done
+}
+
+# wire NAME BEFORE AFTER A2B B2A MODE: the payload (bytes A->B, B->A)
+# crossed the RDMA wire (MODE rdma) or the TCP wire (MODE tcp).
+wire() {
+  name=$1; b4=$2; af=$3; a2b=$4; b2a=$5; mode=$6
+  vA=$(delta "$b4" "$af" vethA_tx); vB=$(delta "$b4" "$af" vethB_tx)
+  cA=$(delta "$b4" "$af" ctlA_tx); cB=$(delta "$b4" "$af" ctlB_tx)
+  sA=$(delta "$b4" "$af" rxeA_sent); rA=$(delta "$b4" "$af" rxeA_rcvd)
+  sB=$(delta "$b4" "$af" rxeB_sent); rB=$(delta "$b4" "$af" rxeB_rcvd)
+  echo "    wire $name: payload A->B $a2b B->A $b2a; RDMA wire vethA_tx +$vA vethB_tx +$vB (rxeA sent +$sA rcvd +$rA, rxeB sent +$sB rcvd +$rB); TCP wire ctlA_tx +$cA ctlB_tx +$cB"
+  if [ $mode = rdma ]; then
+    ok=1
+    [ $vA -ge $a2b ] && [ $vB -ge $b2a ] || ok=0
+    if [ $a2b -gt 0 ]; then [ $sA -gt 0 ] && [ $rB -gt 0 ] || ok=0; fi
+    if [ $b2a -gt 0 ]; then [ $sB -gt 0 ] && [ $rA -gt 0 ] || ok=0; fi
+    if [ $ok = 1 ]; then pass "$name wire: the payload crossed the RDMA wire"; else
+      bad "$name wire: the RDMA wire (vethA/vethB, rxe counters) carried less than the payload"; fi
+    # The TCP wire must not have carried the payload (checked where the
+    # payload dwarfs the daemons' and the handshakes' bytes).
+    if [ $a2b -ge 262144 ] || [ $b2a -ge 262144 ]; then
+      if [ $((cA * 2)) -lt $a2b ] || [ $a2b -lt 262144 ]; then
+        if [ $((cB * 2)) -lt $b2a ] || [ $b2a -lt 262144 ]; then
+          pass "$name wire: the TCP wire carried less than half the payload"
+        else bad "$name wire: ctlB sent $cB bytes, the payload B->A was $b2a: it went over TCP"; fi
+      else bad "$name wire: ctlA sent $cA bytes, the payload A->B was $a2b: it went over TCP"; fi
+    fi
+  else
+    if [ $cA -ge $a2b ] && [ $cB -ge $b2a ]; then pass "$name wire: the payload crossed the TCP wire"
+    else bad "$name wire: the TCP wire (ctlA/ctlB) carried less than the payload"; fi
+  fi
+}
+
+# streamcheck's hashes: the client's sent bytes are the server's received
+# ones and back, connection by connection, and both printed "ok".
+sc_verdict() { # NAME SERVERLOG CLIENTLOG CONNS MIB
+  n=$(awk 'FNR == NR { if ($1 == "conn") s[$2] = $4 " " $5 " " $7 " " $8; next }
+           $1 == "conn" && ($2 in s) && s[$2] == $7 " " $8 " " $4 " " $5 && $4 == want && $7 == want { n++ }
+           END { print n + 0 }' want=$(($5 * 1048576)) "$2" "$3")
+  if grep -qx ok "$2" && grep -qx ok "$3" && [ "$n" -eq "$4" ]; then
+    pass "$1 data: $4 connections x $5 MiB each way, FNV-1a hashes match both ways"
+  else
+    bad "$1 data: streamcheck failed or hashes differ ($n of $4 connections matched)"
+    echo "    server:"; tail -n 5 "$2" | sed 's/^/      /'
+    echo "    client:"; tail -n 5 "$3" | sed 's/^/      /'
+  fi
+}
+
+# streamcheck server in A (SRVENV), client in B (CLIENT prefix): one run.
+sc_run() { # NAME PORT MIB CONNS SERVER-PREFIX CLIENT-PREFIX...
+  name=$1; port=$2; mib=$3; nconn=$4; sp=$5; shift 5
+  $sp streamcheck server --host $SRV --port $port --mib $mib --conns $nconn --pause-ms 1000 --timeout-s 30 \
+    > /tmp/sc.$name.srv 2>&1 &
+  spid=$!
+  wait_listen A $port || bad "$name: server did not listen"
+  sample_start $name
+  before=$(cnt)
+  timeout 40 "$@" streamcheck client --host $SRV --port $port --mib $mib --conns $nconn --pause-ms 1000 \
+    --timeout-s 30 > /tmp/sc.$name.cli 2>&1
+  rc=$?
+  echo "    client exit $rc [t=$(uptime_s)]"
+  [ $rc -eq 0 ] || last_sample $name $port
+  # A server whose client never came would wait for its watchdog: 10 s.
+  i=0
+  while kill -0 $spid 2>/dev/null && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
+  kill -0 $spid 2>/dev/null && { echo "    server still running 10 s after its client: killed"; stop $spid; }
+  wait $spid
+  echo "    server exit $?"
+  after=$(cnt)
+  sample_stop $name
+  sc_verdict $name /tmp/sc.$name.srv /tmp/sc.$name.cli $nconn $mib
+}
+
+# iperf3's JSON: the "bytes" of the end section's sum_sent / sum_received.
+jbytes() { # FILE KEY
+  awk -v k="\"$2\"" 'index($0, k) { f = 1 } f && /"bytes":/ { gsub(/[^0-9]/, "", $2); print $2; exit }' "$1"
+}
+
+# ---------------------------------------------------------------- RDMA
+step "streamcheck, shim both ends: $SC_CONNS connections, $SC_MIB MiB each way each, checksummed"
+sc_run stream 7201 $SC_MIB $SC_CONNS "$SA" $SB
+pay=$((SC_MIB * SC_CONNS * 1048576))
+transports stream 7201 rdma A B
+wire stream "$before" "$after" $pay $pay rdma
+
+step "iperf3, shim both ends: server in A, client in B, $IPERF_BYTES B->A then A->B (-R)"
+$SA iperf3 -s -B $SRV -p 7202 > /tmp/iperf.srv 2>&1 &
+ipid=$!
+wait_listen A 7202 || bad "iperf3: server did not listen"
+for dir in fwd rev; do
+  name=iperf3-$dir
+  flag=; [ $dir = rev ] && flag=-R
+  sample_start $name
+  before=$(cnt)
+  timeout 30 $SB iperf3 -c $SRV -p 7202 -n $IPERF_BYTES -l 64K -J $flag > /tmp/$name.json 2>&1
+  rc=$?
+  echo "    client exit $rc [t=$(uptime_s)]"
+  [ $rc -eq 0 ] || last_sample $name 7202
+  after=$(cnt)
+  sample_stop $name
+  sent=$(jbytes /tmp/$name.json sum_sent); recv=$(jbytes /tmp/$name.json sum_received)
+  echo "    iperf3 $dir: sender ${sent:-?} bytes, receiver ${recv:-?} bytes"
+  if grep '"error"' /tmp/$name.json; then
+    bad "$name data: iperf3 reported an error (exit $rc)"
+  elif [ -z "$sent" ] || [ -z "$recv" ] || [ "$recv" -eq 0 ]; then
+    bad "$name data: no byte counts (or 0 received)"; tail -n 5 /tmp/$name.json; recv=0
+  elif [ $dir = rev ] && [ "$sent" -ne "$recv" ]; then
+    bad "$name data: sender $sent bytes != receiver $recv"
+  elif [ "$recv" -gt "$sent" ]; then
+    bad "$name data: receiver $recv bytes > sender $sent"
+  else
+    pass "$name data: sender $sent, receiver $recv bytes$( [ $dir = rev ] && echo ' (equal)')"
+  fi
+  transports $name 7202 rdma A B
+  if [ $dir = fwd ]; then wire $name "$before" "$after" 0 $recv rdma; else wire $name "$before" "$after" $recv 0 rdma; fi
+done
+stop $ipid
+
+step "sockperf ping-pong, shim both ends: $PP_SIZE B, $PP_SECS s"
+$SA sockperf server --tcp -i $SRV -p 7203 > /tmp/pp.srv 2>&1 &
+ppid=$!
+wait_listen A 7203 || bad "sockperf: server did not listen"
+sample_start pingpong
+before=$(cnt)
+timeout 30 $SB sockperf ping-pong --tcp -i $SRV -p 7203 -t $PP_SECS -m $PP_SIZE > /tmp/pp.cli 2>&1
+rc=$?
+echo "    client exit $rc [t=$(uptime_s)]"
+[ $rc -eq 0 ] || last_sample pingpong 7203
+after=$(cnt)
+sample_stop pingpong
+stop $ppid
+grep -E 'Total Run|Valid Duration|dropped|percentile 50.000|avg-latency' /tmp/pp.cli | sed 's/\x1b\[[0-9;]*m//g; s/^/    /'
+tot=$(sed -n 's/.*\[Total Run\].*ReceivedMessages=\([0-9]*\).*/\1/p' /tmp/pp.cli)
+vs=$(sed -n 's/.*\[Valid Duration\].*SentMessages=\([0-9]*\);.*/\1/p' /tmp/pp.cli)
+vr=$(sed -n 's/.*\[Valid Duration\].*ReceivedMessages=\([0-9]*\).*/\1/p' /tmp/pp.cli)
+p50=$(sed -n 's/.*percentile 50.000 = *\([0-9.]*\).*/\1/p' /tmp/pp.cli)
+if [ -n "$p50" ] && [ -n "$vr" ] && [ "${vr:-0}" -gt 0 ] && [ "$vs" = "$vr" ] \
+   && grep -q 'dropped messages = 0; # duplicated messages = 0; # out-of-order messages = 0' /tmp/pp.cli \
+   && ! grep -qi 'error' /tmp/pp.cli; then
+  pass "pingpong data: $vr round trips (sent = received), none dropped, duplicated or out of order, RTT p50 $p50 usec"
+else
+  bad "pingpong data: no latency figures, lost messages or an error"; tail -n 8 /tmp/pp.cli | sed 's/^/    /'
+fi
+transports pingpong 7203 rdma A B
+pp=$(( ${tot:-0} * PP_SIZE ))
+wire pingpong "$before" "$after" $pp $pp rdma
+
+step "redis-server in A, redis-benchmark and redis-cli in B, shim everywhere"
+$SA redis-server --bind $SRV --port 7204 --save '' --appendonly no --protected-mode no > /tmp/redis.log 2>&1 &
+rpid=$!
+wait_listen A 7204 || bad "redis: server did not listen"
+head -c 49152 /dev/urandom | base64 | tr -d '\n' > /tmp/val
+sample_start redis
+before=$(cnt)
+timeout 45 $SB redis-benchmark -h $SRV -p 7204 -t set,get -n $REDIS_N -c 4 -d $REDIS_D > /tmp/rb.out 2>&1
+rc=$?
+echo "    redis-benchmark exit $rc [t=$(uptime_s)]"
+[ $rc -eq 0 ] || last_sample redis 7204
+tr '\r' '\n' < /tmp/rb.out | awk '/^====== / { t = $2 } /requests completed/ { print "    " t ": " $0 }'
+done_set=$(tr '\r' '\n' < /tmp/rb.out | awk '/^====== / { t = $2 } /requests completed/ && t == "SET" { print $1 }' | tail -n 1)
+done_get=$(tr '\r' '\n' < /tmp/rb.out | awk '/^====== / { t = $2 } /requests completed/ && t == "GET" { print $1 }' | tail -n 1)
+stats=$(timeout 15 $SB redis-cli -h $SRV -p 7204 info commandstats 2>&1 | tr -d '\r')
+calls_set=$(echo "$stats" | sed -n 's/^cmdstat_set:calls=\([0-9]*\),.*/\1/p')
+calls_get=$(echo "$stats" | sed -n 's/^cmdstat_get:calls=\([0-9]*\),.*/\1/p')
+echo "    server counted SET ${calls_set:-?} GET ${calls_get:-?}"
+if [ "$done_set" = $REDIS_N ] && [ "$done_get" = $REDIS_N ] && [ "$calls_set" = $REDIS_N ] && [ "$calls_get" = $REDIS_N ]; then
+  pass "redis data: redis-benchmark completed $REDIS_N SET and $REDIS_N GET, the server counted exactly those"
+else
+  bad "redis data: benchmark SET ${done_set:-?} GET ${done_get:-?}, server SET ${calls_set:-?} GET ${calls_get:-?} (want $REDIS_N each)"
+  tail -n 5 /tmp/rb.out | sed 's/^/    /'; echo "$stats" | head -n 5
+fi
+setr=$(timeout 15 $SB redis-cli -h $SRV -p 7204 -x set rsval < /tmp/val 2>&1)
+timeout 15 $SB redis-cli -h $SRV -p 7204 --raw get rsval > /tmp/got 2>&1
+want=$({ cat /tmp/val; echo; } | sha256sum | cut -d' ' -f1)
+got=$(sha256sum < /tmp/got | cut -d' ' -f1)
+if [ "$setr" = OK ] && [ "$want" = "$got" ]; then
+  pass "redis value: a $(wc -c < /tmp/val) B value SET and GET back by redis-cli, sha256 ${want%${want#????????????}}... matches"
+else
+  bad "redis value: SET said '$setr', GET's sha256 $got, want $want ($(wc -c < /tmp/got) B back)"
+fi
+after=$(cnt)
+sample_stop redis
+stop $rpid
+transports redis 7204 rdma A B
+wire redis "$before" "$after" $((REDIS_N * REDIS_D)) $((REDIS_N * REDIS_D)) rdma
+
+# ---------------------------------------------------------------- fallbacks
+step "fallback: shimmed client in B, streamcheck server in A without the shim"
+sc_run plainsrv 7205 $FB_MIB 1 "$PA" $SB
+transports plainsrv 7205 tcp B
+pay=$((FB_MIB * 1048576))
+wire plainsrv "$before" "$after" $pay $pay tcp
+
+# -b 32M: about 2 s, so that the status samples see the connection.
+step "fallback: shimmed iperf3 client in B, iperf3 server in A without the shim ($IPERF_BYTES at 32 Mbit/s, -R)"
+$PA iperf3 -s -1 -B $SRV -p 7206 > /tmp/iperf-plain.srv 2>&1 &
+ipid=$!
+wait_listen A 7206 || bad "plain iperf3: server did not listen"
+sample_start iperf3-plain
+before=$(cnt)
+timeout 30 $SB iperf3 -c $SRV -p 7206 -n $IPERF_BYTES -b 32M -l 64K -J -R > /tmp/iperf3-plain.json 2>&1
+echo "    client exit $?"
+after=$(cnt)
+sample_stop iperf3-plain
+stop $ipid
+sent=$(jbytes /tmp/iperf3-plain.json sum_sent); recv=$(jbytes /tmp/iperf3-plain.json sum_received)
+if ! grep -q '"error"' /tmp/iperf3-plain.json && [ -n "$recv" ] && [ "$recv" -gt 0 ] && [ "$sent" = "$recv" ]; then
+  pass "iperf3-plain data: sender $sent = receiver $recv bytes"
+else
+  bad "iperf3-plain data: sender ${sent:-?}, receiver ${recv:-?} bytes"; grep '"error"' /tmp/iperf3-plain.json; recv=0
+fi
+transports iperf3-plain 7206 tcp B
+wire iperf3-plain "$before" "$after" ${recv:-0} 0 tcp
+
+step "locked memory: a client without CAP_IPC_LOCK and RLIMIT_MEMLOCK $MEMLOCK_KB KiB"
+# Root ignores RLIMIT_MEMLOCK through CAP_IPC_LOCK: drop it from the
+# inheritable and bounding sets, so the program exec'd below has it nowhere.
+NOLOCK="/opt/ringsock/setpriv --inh-caps=-ipc_lock --bounding-set=-ipc_lock"
+if [ -x /opt/ringsock/setpriv ]; then
+  $IP netns exec B $NOLOCK sh -c "ulimit -l $MEMLOCK_KB; echo \"    under the limit: \$(grep CapEff /proc/self/status), ulimit -l \$(ulimit -l)\""
+  # Precondition: the verbs library alone cannot register a ring there.
+  $A verbscheck serve --listen $SRV:7207 > /tmp/vs.srv 2>&1 &
+  vpid=$!
+  wait_listen A 7207
+  timeout 30 $IP netns exec B $NOLOCK sh -c "ulimit -l $MEMLOCK_KB; exec env RINGSOCK_DEVICE=rxeB verbscheck stream --connect $SRV:7207 --mib 1" > /tmp/vs.cli 2>&1
+  vrc=$?
+  stop $vpid
+  sed 's/^/    verbscheck: /' /tmp/vs.cli | tail -n 3
+  if [ $vrc -ne 0 ] && ! grep -q ' ok=1' /tmp/vs.cli; then
+    pass "memlock precondition: verbscheck cannot set a verbs ring up under the limit (exit $vrc)"
+  else
+    bad "memlock precondition: verbscheck ran a verbs ring under the limit: the limit is not reproduced"
+  fi
+  l0=$(wc -l < /tmp/shimB.log)
+  sc_run memlock 7208 $FB_MIB 1 "$SA" $IP netns exec B $NOLOCK sh -c \
+    "ulimit -l $MEMLOCK_KB; exec env RINGSOCK_DEVICE=rxeB RINGSOCK_CTL_SOCK=/tmp/ctlB.sock RINGSOCK_LOG_FILE=/tmp/shimB.log $SHIMENV \"\$0\" \"\$@\""
+  transports memlock 7208 tcp A B
+  pay=$((FB_MIB * 1048576))
+  wire memlock "$before" "$after" $pay $pay tcp
+  tail -n +$((l0 + 1)) /tmp/shimB.log > /tmp/shimB.memlock
+  line=$(grep -i 'memlock\|locked memory\|lock memory' /tmp/shimB.memlock | head -n 1)
+  if [ -n "$line" ]; then
+    pass "memlock log: $line"
+  else
+    bad "memlock log: no shim log line in B names the locked-memory limit; its log during the run:"
+    head -n 8 /tmp/shimB.memlock | sed 's/^/    /'
+  fi
+else
+  bad "memlock: no setpriv in the guest (pass /usr/bin/setpriv to scripts/softroce-vm)"
+fi
+
+# ---------------------------------------------------------------- end
+step "logs"
+for h in A B; do
+  echo "--- ctl $h (last 6 lines)"; tail -n 6 /tmp/ctl$h.log
+  echo "--- shim $h: $(wc -l < /tmp/shim$h.log) lines, last 6:"; tail -n 6 /tmp/shim$h.log
+done
+stop $ctlpidA $ctlpidB
+t1=$(cut -d' ' -f1 /proc/uptime)
+echo "GUEST-SECONDS from=$t0 to=$t1"
+echo "SHIM-CHECK $npass passed, $nfail failed"
+[ $fail -eq 0 ] && echo "SHIM-CHECK PASSED" || echo "SHIM-CHECK FAILED"
+exit $fail
