@@ -1,184 +1,162 @@
 # Guest script for scripts/softroce-vm (busybox sh, run as /guest.sh), used
-# by scripts/bench-softroce: unmodified sockperf and iperf3 on kernel TCP,
-# under ringsock (libringsock.so + a ringsock-ctl daemon) and under
-# rsocket's preload, all inside one guest with one rxe device, alternating
-# the three systems run by run. Prints one machine-readable line per run:
+# by scripts/bench-softroce: unmodified sockperf and iperf3, and
+# verbscheck's raw send/recv test, on three systems in one guest,
+# alternating them run by run:
+#   kernel    kernel TCP between hosts A and B (namespaces, twohosts.sh),
+#             over the ctlA<->ctlB veth wire;
+#   ringsock  the same programs under libringsock.so between A and B, a
+#             ringsock-ctl daemon in each host: RDMA verbs over rxeA/rxeB
+#             and the vethA<->vethB wire;
+#   rsocket   the same programs under rsocket's preload, both ends in the
+#             root namespace on rxeA (rsocket resolves addresses with
+#             rdma_cm in the caller's namespace, where namespaces A and B
+#             have no rxe netdev: it cannot run A<->B on this kernel);
+#   verbs     (raw test only) ringsock's verbs ring library itself between
+#             A and B, no shim and no socket calls, for reference.
+# Prints one machine-readable line per run:
 #   ROW <workload> <system> <rep> <value> <unit> <transport-check>
-# and exits 0 only if every run produced a number (a system that cannot
-# run a program prints value FAIL, which counts as a finding, not an error).
-#
-# Both ends are in one guest, so ringsock uses its shared-memory ring there
-# (same host); rsocket needs the RDMA device and runs over rxe. Under TCG
-# only ratios within one run mean anything.
+# where the check is, for ringsock, the transports both daemons reported
+# for the run's connections ("rdma=N,tcp=M,shm=K"; anything but rdma means
+# the run did not measure the verbs ring). A system that cannot run a
+# program prints value FAIL (a finding, not an error) and is not tried
+# again on that workload in later repetitions (SKIP). Exit 0 unless the
+# setup failed. Under TCG only ratios within one run mean anything.
 #
 # Knobs (the kernel command line cannot pass them; edit here).
 REPS=3
 SECS=3
 # sockperf refuses messages over 65507 B: its "64 KiB" is 65000 B.
 PP_SIZES="64 4096 65000"
+IPERF_SIZES="64 4096 65536"
 RAW_SIZES=64,4096,65536
 RAW_ITERS=300
 RAW_MIB=4
-TP_SIZES="64 1400"
 RSPRELOAD=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
-SHIM=/opt/ringsock/libringsock.so
-SRV=10.0.0.1
 
-IP=/usr/sbin/ip; [ -x $IP ] || IP=/sbin/ip
-RDMA=/usr/bin/rdma; [ -x $RDMA ] || RDMA=/usr/sbin/rdma
+. /guest.d/twohosts.sh
+. /guest.d/shimhosts.sh
+# Benchmarks log warnings only.
+SA=$(echo "$SA" | sed 's/RINGSOCK_LOG=info/RINGSOCK_LOG=warn/')
+SB=$(echo "$SB" | sed 's/RINGSOCK_LOG=info/RINGSOCK_LOG=warn/')
 
-$IP link add rsdummy0 type dummy && $IP addr add $SRV/24 dev rsdummy0 \
-  && $IP link set rsdummy0 up && $RDMA link add rxe0 type rxe netdev rsdummy0 \
-  || { echo "rxe0 setup failed"; exit 3; }
-sleep 1
-
-ringsock-ctl daemon --socket /tmp/ctl.sock --foreground > /tmp/ctl.log 2>&1 &
-ctlpid=$!
-sleep 1
-
-# env prefix for each system
-sysenv() {
+# server and client prefixes, and the server address, per system
+srvenv() {
   case $1 in
-    kernel) echo "env" ;;
-    ringsock) echo "env LD_PRELOAD=$SHIM RINGSOCK_CTL_SOCK=/tmp/ctl.sock" ;;
+    kernel) echo "$PA" ;;
+    ringsock) echo "$SA" ;;
     rsocket) echo "env LD_PRELOAD=$RSPRELOAD" ;;
   esac
 }
-
-# What carried the connection: for ringsock, the transports the daemon
-# saw mid-run; for the others, the name of the system.
-check_mid_run() { # SYSTEM
-  if [ "$1" = ringsock ]; then
-    st=$(ringsock-ctl status --json --socket /tmp/ctl.sock 2>&1)
-    shm=$(echo "$st" | grep -o '"transport":"shm"' | wc -l)
-    tcp=$(echo "$st" | grep -o '"transport":"tcp"' | wc -l)
-    echo "shm=$shm,tcp=$tcp"
-  else
-    echo "-"
-  fi
+clienv() {
+  case $1 in
+    kernel) echo "$PB" ;;
+    ringsock) echo "$SB" ;;
+    rsocket) echo "env LD_PRELOAD=$RSPRELOAD" ;;
+  esac
 }
+srvaddr() { [ $1 = rsocket ] && echo 10.9.0.1 || echo $SRV; }
+srvhost() { [ $1 = rsocket ] && echo root || echo A; }
 
 port=7100
 next_port() { port=$((port + 1)); }
 
+# A system that failed a workload is not tried on it again.
+failed() { [ -e /tmp/failed.$1.$2 ]; }
+mark_failed() { touch /tmp/failed.$1.$2; }
+
 start_server() { # SYSTEM CMD...
   s=$1; shift
-  $(sysenv $s) "$@" > /tmp/server.log 2>&1 &
+  $(srvenv $s) "$@" > /tmp/server.log 2>&1 &
   srvpid=$!
-  sleep 1
+  if [ $(srvhost $s) = root ]; then sleep 1; else wait_listen A $port > /dev/null; fi
 }
 
-stop_server() {
-  kill $srvpid 2>/dev/null
-  sleep 0.2
-  kill -9 $srvpid 2>/dev/null
-  wait $srvpid 2>/dev/null
+check_of() { # SYSTEM NAME
+  if [ $1 = ringsock ]; then tally $2 $port; else echo "-"; fi
 }
 
 pingpong() { # SYSTEM SIZE REP
+  w=pingpong-$2
+  if failed $w $1; then echo "ROW $w $1 $3 SKIP usec -"; return; fi
   next_port
-  start_server $1 sockperf server --tcp -i $SRV -p $port
-  ( sleep $((SECS / 2 + 1)); check_mid_run $1 > /tmp/check ) &
-  chkpid=$!
-  out=$(timeout $((SECS + 30)) $(sysenv $1) sockperf ping-pong --tcp -i $SRV -p $port -t $SECS -m $2 --full-rtt 2>&1)
-  wait $chkpid
+  start_server $1 sockperf server --tcp -i $(srvaddr $1) -p $port
+  sample_start $w
+  out=$(timeout $((SECS + 30)) $(clienv $1) sockperf ping-pong --tcp -i $(srvaddr $1) -p $port -t $SECS -m $2 --full-rtt 2>&1)
+  sample_stop $w
   v=$(echo "$out" | sed -n 's/.*percentile 50.000 = *\([0-9.]*\).*/\1/p' | head -n 1)
-  [ -n "$v" ] || { v=FAIL; echo "$out" | tail -n 3; }
-  echo "ROW pingpong-$2 $1 $3 $v usec $(cat /tmp/check)"
-  stop_server
+  [ -n "$v" ] || { v=FAIL; mark_failed $w $1; echo "$out" | tail -n 3; }
+  echo "ROW $w $1 $3 $v usec $(check_of $1 $w)"
+  stop $srvpid
 }
 
-throughput() { # SYSTEM SIZE REP
+iperf() { # SYSTEM SIZE REP
+  w=iperf3-$2
+  if failed $w $1; then echo "ROW $w $1 $3 SKIP Mbit/s -"; return; fi
   next_port
-  start_server $1 sockperf server --tcp -i $SRV -p $port
-  ( sleep $((SECS / 2 + 1)); check_mid_run $1 > /tmp/check ) &
-  chkpid=$!
-  out=$(timeout $((SECS + 30)) $(sysenv $1) sockperf throughput --tcp -i $SRV -p $port -t $SECS -m $2 2>&1)
-  wait $chkpid
-  v=$(echo "$out" | sed -n 's/.*Message Rate is \([0-9.]*\).*/\1/p' | head -n 1)
-  [ -n "$v" ] || { v=FAIL; echo "$out" | tail -n 3; }
-  echo "ROW throughput-$2 $1 $3 $v msg/s $(cat /tmp/check)"
-  stop_server
-}
-
-iperf() { # SYSTEM REP
-  next_port
-  start_server $1 iperf3 -s -B $SRV -p $port
-  ( sleep $((SECS / 2 + 1)); check_mid_run $1 > /tmp/check ) &
-  chkpid=$!
-  out=$(timeout $((SECS + 30)) $(sysenv $1) iperf3 -c $SRV -p $port -t $SECS 2>&1)
-  wait $chkpid
-  # The receiver's line: what arrived, not what was queued.
-  v=$(echo "$out" | grep 'receiver' | tail -n 1 | awk '{for (i = 1; i < NF; i++) if ($(i+1) ~ /bits\/sec/) {print $i " " $(i+1)}}')
-  case "$v" in
-    *Gbits/sec) v=$(echo "$v" | awk '{print $1 * 1000}') ;;
-    *Mbits/sec) v=$(echo "$v" | awk '{print $1}') ;;
-    *Kbits/sec) v=$(echo "$v" | awk '{print $1 / 1000}') ;;
-    *) v="" ;;
-  esac
-  # 0 bits received is a failure of the system, not a measurement.
-  case "$v" in ""|0|0.0|0.00) v=FAIL; echo "$out" | tail -n 4 ;; esac
-  echo "ROW iperf3 $1 $2 $v Mbit/s $(cat /tmp/check)"
-  stop_server
+  start_server $1 iperf3 -s -B $(srvaddr $1) -p $port
+  sample_start $w
+  timeout $((SECS + 30)) $(clienv $1) iperf3 -c $(srvaddr $1) -p $port -t $SECS -l $2 -J > /tmp/iperf.json 2>&1
+  sample_stop $w
+  # The receiver's rate: what arrived, not what was queued.
+  v=$(awk 'index($0, "\"sum_received\"") { f = 1 } f && /"bits_per_second":/ { gsub(/[^0-9.]/, "", $2); printf "%.2f\n", $2 / 1e6; exit }' /tmp/iperf.json)
+  # No rate, an error, or 0 bits received is a failure of the system, not
+  # a measurement.
+  if [ -z "$v" ] || grep -q '"error"' /tmp/iperf.json || [ "$v" = 0.00 ]; then
+    grep '"error"' /tmp/iperf.json | head -n 1
+    v=FAIL; mark_failed $w $1
+  fi
+  echo "ROW $w $1 $3 $v Mbit/s $(check_of $1 $w)"
+  stop $srvpid
 }
 
 # verbscheck's raw-socket ping-pong and bulk test (plain send/recv, the
-# calls rsocket's preload supports): under kernel, ringsock and rsocket;
-# "verbs" is ringsock's verbs ring itself (the library over rxe0, no shim,
-# no socket calls), for reference.
+# calls rsocket's preload supports), and the verbs ring library itself.
 raw() { # SYSTEM REP
   next_port
+  w=raw
   if [ $1 = verbs ]; then
-    env RINGSOCK_DEVICE=rxe0 verbscheck serve --listen $SRV:$port > /tmp/server.log 2>&1 &
-    srvpid=$!; sleep 1
-    out=$(timeout 120 env RINGSOCK_DEVICE=rxe0 verbscheck pingpong --connect $SRV:$port \
+    $A verbscheck serve --listen $SRV:$port > /tmp/server.log 2>&1 &
+    srvpid=$!
+    wait_listen A $port > /dev/null
+    out=$(timeout 150 $B verbscheck pingpong --connect $SRV:$port \
       --sizes $RAW_SIZES --iters $RAW_ITERS --bw-mib $RAW_MIB --reps 1 2>&1)
     chk="-"
   else
-    start_server $1 verbscheck tcp-serve --listen $SRV:$port
-    # verbscheck opens one short connection per size and test: sample
-    # status every 0.2 s while it runs and keep the sample with the most
-    # connections.
-    ( best=-; bestn=0; i=0
-      while [ $i -lt 40 ]; do
-        c=$(check_mid_run $1)
-        n=$(echo "$c" | sed -n 's/shm=\([0-9]*\),tcp=\([0-9]*\)/\1 \2/p' | awk '{print $1 + $2}')
-        if [ -n "$n" ] && [ "$n" -gt "$bestn" ]; then best=$c; bestn=$n; fi
-        echo "$best" > /tmp/check
-        sleep 0.2; i=$((i + 1))
-      done ) &
-    chkpid=$!
-    out=$(timeout 120 $(sysenv $1) verbscheck pingpong --tcp --connect $SRV:$port \
+    start_server $1 verbscheck tcp-serve --listen $(srvaddr $1):$port
+    sample_start $w
+    out=$(timeout 150 $(clienv $1) verbscheck pingpong --tcp --connect $(srvaddr $1):$port \
       --sizes $RAW_SIZES --iters $RAW_ITERS --bw-mib $RAW_MIB --reps 1 2>&1)
-    kill $chkpid 2>/dev/null; wait $chkpid 2>/dev/null
-    chk=$(cat /tmp/check)
+    sample_stop $w
+    chk=$(check_of $1 $w)
   fi
+  nf=0
   for size in $(echo $RAW_SIZES | tr , ' '); do
     v=$(echo "$out" | sed -n "s/.*test=pingpong size=$size .*rtt_med_us=\([0-9.]*\).*/\1/p" | head -n 1)
-    [ -n "$v" ] || v=FAIL
+    [ -n "$v" ] || { v=FAIL; nf=1; }
     echo "ROW rawpp-$size $1 $2 $v usec $chk"
     v=$(echo "$out" | sed -n "s/.*test=bw size=$size .*mbps_med=\([0-9.]*\).*/\1/p" | head -n 1)
-    [ -n "$v" ] || v=FAIL
+    [ -n "$v" ] || { v=FAIL; nf=1; }
     echo "ROW rawbw-$size $1 $2 $v MB/s $chk"
   done
-  echo "$out" | grep -q RESULT || echo "$out" | tail -n 3
-  stop_server
+  [ $nf = 0 ] || echo "$out" | grep -v RESULT | tail -n 3
+  stop $srvpid
 }
 
-echo "GUEST cpus=$(grep -c ^processor /proc/cpuinfo) kernel=$(uname -r)"
+echo "GUEST cpus=$(grep -c ^processor /proc/cpuinfo) kernel=$(uname -r) topology=A<->B(ringsock,kernel),root-rxeA-loopback(rsocket)"
 rep=1
 while [ $rep -le $REPS ]; do
+  step "repetition $rep"
   for size in $PP_SIZES; do
     for s in kernel ringsock rsocket; do pingpong $s $size $rep; done
   done
-  for size in $TP_SIZES; do
-    for s in kernel ringsock rsocket; do throughput $s $size $rep; done
+  for size in $IPERF_SIZES; do
+    for s in kernel ringsock rsocket; do iperf $s $size $rep; done
   done
-  for s in kernel ringsock rsocket; do iperf $s $rep; done
   for s in kernel ringsock rsocket verbs; do raw $s $rep; done
   rep=$((rep + 1))
 done
 
-kill $ctlpid 2>/dev/null
-wait $ctlpid 2>/dev/null
+step "shim logs (warnings)"
+tail -n 5 /tmp/shimA.log /tmp/shimB.log
+stop $ctlpidA $ctlpidB
 exit 0
