@@ -82,10 +82,12 @@ pub struct WaitFd {
     pub events: i16,
 }
 
-/// Up to two fds a waiter sleeps on: typically the doorbell (an eventfd the
-/// peer writes after publishing, or a verbs completion channel) and the
-/// kernel TCP socket (its EOF/RST tells that the peer process died).
-pub type WaitFds = [Option<WaitFd>; 2];
+/// Up to three fds a waiter sleeps on: typically the doorbell (an eventfd
+/// the peer writes after publishing, or a verbs completion channel), on
+/// verbs also an eventfd of the connection's own (the end of its
+/// handshake), and the kernel TCP socket (its EOF/RST tells that the peer
+/// process died).
+pub type WaitFds = [Option<WaitFd>; 3];
 
 /// How the last fd of a connection went away in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

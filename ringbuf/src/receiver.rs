@@ -176,7 +176,14 @@ impl<T: Transport> Receiver<T> {
             self.current = cur.current;
             self.consumed = cur.consumed;
             self.eof = eos;
-            self.maybe_push()?;
+            if let Err(e) = self.maybe_push() {
+                // The bytes are copied and consumed: deliver them. A
+                // transport that failed (a verbs peer that went away) says
+                // so again at the next call that needs it.
+                if done == 0 && !eos {
+                    return Err(e);
+                }
+            }
         }
         Ok((done, eos))
     }

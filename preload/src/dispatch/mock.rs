@@ -294,6 +294,7 @@ impl AttachedConn for MockConn {
                 fd: self.tx.room_bell,
                 events: libc::POLLIN,
             }),
+            None,
         ]
     }
 

@@ -101,7 +101,7 @@ pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Op
             fd: -1,
             events: 0,
             revents: 0,
-        }; 2];
+        }; 3];
         let mut n = 0;
         for w in conn.wait_fds(fd, interest).into_iter().flatten() {
             pfds[n] = libc::pollfd {

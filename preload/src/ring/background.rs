@@ -24,9 +24,9 @@ use std::sync::{Arc, Weak};
 
 use ringsock_proto::{Msg, Transport};
 
-use super::conn::ShmConn;
 use super::ctl;
 use super::plock::PLock;
+use super::tracked::Tracked;
 use crate::attached::TcpReason;
 use crate::hook::guard;
 use crate::{process, sockaddr, sys};
@@ -47,9 +47,9 @@ const DAEMON_RETRY_NS: u64 = 1_000_000_000;
 const REPORT_DELAY_NS: u64 = 5_000_000;
 
 enum Report {
-    Ring(Arc<ShmConn>, RawFd, Option<OwnedFd>),
-    RingClosed(Arc<ShmConn>),
-    Fallback(Arc<ShmConn>),
+    Ring(Arc<dyn Tracked>, RawFd, Option<OwnedFd>),
+    RingClosed(Arc<dyn Tracked>),
+    Fallback(Arc<dyn Tracked>),
     Tcp {
         fd: RawFd,
         local: SocketAddr,
@@ -59,9 +59,12 @@ enum Report {
     Closed(RawFd, SocketAddr, SocketAddr),
 }
 
-static FLUSH: PLock<Vec<Arc<ShmConn>>> = PLock::new(Vec::new(), Vec::new);
+static FLUSH: PLock<Vec<Arc<dyn Tracked>>> = PLock::new(Vec::new(), Vec::new);
 static DIRTY: AtomicUsize = AtomicUsize::new(0);
-static PENDING: PLock<Vec<Weak<ShmConn>>> = PLock::new(Vec::new(), Vec::new);
+static PENDING: PLock<Vec<Weak<dyn Tracked>>> = PLock::new(Vec::new(), Vec::new);
+/// Pending handshakes among PENDING that only the daemon can settle
+/// (verbs): followed up every tick instead of every COLLECT_EVERY_NS.
+static URGENT: AtomicUsize = AtomicUsize::new(0);
 static COLLECT: PLock<Vec<u64>> = PLock::new(Vec::new(), Vec::new);
 /// The addresses of each plain-TCP socket reported to the daemon, by fd:
 /// once the peer has reset the connection getpeername fails (ENOTCONN),
@@ -209,7 +212,7 @@ pub fn start() {
 }
 
 /// Queues `conn` for a timed flush.
-pub fn queue_flush(conn: Arc<ShmConn>) {
+pub fn queue_flush(conn: Arc<dyn Tracked>) {
     FLUSH.lock().push(conn);
     if DIRTY.fetch_add(1, Ordering::AcqRel) == 0 {
         ensure_thread();
@@ -295,14 +298,24 @@ fn report(r: Report) {
 /// A ring was attached to `fd` (client or server side).
 /// `memfd` (a descriptor of the ring's segment) goes to the daemon for
 /// its counters and is closed once sent.
-pub fn note_ring(fd: RawFd, conn: &Arc<ShmConn>, memfd: Option<OwnedFd>) {
-    conn.report_fd.store(fd, Ordering::Relaxed);
-    report(Report::Ring(conn.clone(), fd, memfd));
+pub fn note_ring(fd: RawFd, conn: Arc<dyn Tracked>, memfd: Option<OwnedFd>) {
+    conn.report_state().fd.store(fd, Ordering::Relaxed);
+    report(Report::Ring(conn, fd, memfd));
 }
 
 /// A client started waiting for the server's decision.
-pub fn note_pending(conn: &Arc<ShmConn>) {
-    PENDING.lock().push(Arc::downgrade(conn));
+pub fn note_pending(conn: &Arc<dyn Tracked>) {
+    {
+        let mut pending = PENDING.lock();
+        if conn.urgent_follow_up() {
+            URGENT.fetch_add(1, Ordering::AcqRel);
+        }
+        pending.push(Arc::downgrade(conn));
+    }
+    if conn.urgent_follow_up() {
+        ensure_thread();
+        wake();
+    }
 }
 
 /// The server took the ring: let the daemon forget the offer.
@@ -311,17 +324,13 @@ pub fn note_accepted(offer_id: u64) {
 }
 
 /// A pending client fell back to TCP.
-pub fn note_fallback(conn: &ShmConn) {
-    if let Some(me) = conn.this() {
-        report(Report::Fallback(me));
-    }
+pub fn note_fallback(conn: Arc<dyn Tracked>) {
+    report(Report::Fallback(conn));
 }
 
 /// The connection's last fd in this process is gone.
-pub fn note_closed(conn: &ShmConn) {
-    if let Some(me) = conn.this() {
-        report(Report::RingClosed(me));
-    }
+pub fn note_closed(conn: Arc<dyn Tracked>) {
+    report(Report::RingClosed(conn));
 }
 
 /// A tracked socket stays plain TCP.
@@ -368,20 +377,15 @@ fn reason_text(r: TcpReason) -> &'static str {
 fn send_report(r: Report) {
     let (msg, memfd) = match r {
         Report::RingClosed(conn) => {
-            if !conn.reported.load(Ordering::Acquire) {
+            let st = conn.report_state();
+            if !st.reported.load(Ordering::Acquire) {
                 return;
             }
-            let fd = conn.report_fd.load(Ordering::Relaxed);
-            let local = conn
-                .reported_local
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .unwrap_or(conn.local);
             (
                 Msg::ConnClosed {
-                    fd,
-                    local,
-                    peer: conn.peer,
+                    fd: st.fd.load(Ordering::Relaxed),
+                    local: st.local_or(conn.local()),
+                    peer: conn.peer(),
                 },
                 None,
             )
@@ -390,48 +394,41 @@ fn send_report(r: Report) {
             if conn.is_released() {
                 return;
             }
-            conn.reported.store(true, Ordering::Release);
+            let st = conn.report_state();
+            st.reported.store(true, Ordering::Release);
             // A client offered from a wildcard address; by now the kernel
             // has picked the real one.
             let local = match sockaddr::query(fd, false) {
-                Some(a) if conn.local.ip().is_unspecified() && a.port() == conn.local.port() => a,
-                _ => conn.local,
+                Some(a)
+                    if conn.local().ip().is_unspecified() && a.port() == conn.local().port() =>
+                {
+                    a
+                }
+                _ => conn.local(),
             };
-            *conn
-                .reported_local
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = Some(local);
-            let transport = if conn.is_tcp() {
-                Transport::Tcp
-            } else {
-                Transport::Shm
-            };
+            *st.local.lock().unwrap_or_else(|p| p.into_inner()) = Some(local);
             (
                 Msg::ConnReport {
                     fd,
                     local,
-                    peer: conn.peer,
-                    transport,
-                    reason: String::new(),
-                    ring: Some(conn.offer_id),
+                    peer: conn.peer(),
+                    transport: conn.transport(),
+                    reason: conn.ring_detail(),
+                    ring: Some(conn.offer_id()),
                 },
                 memfd,
             )
         }
         Report::Fallback(conn) => {
-            if !conn.reported.load(Ordering::Acquire) {
+            let st = conn.report_state();
+            if !st.reported.load(Ordering::Acquire) {
                 return;
             }
-            let local = conn
-                .reported_local
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .unwrap_or(conn.local);
             (
                 Msg::ConnReport {
-                    fd: conn.report_fd.load(Ordering::Relaxed),
-                    local,
-                    peer: conn.peer,
+                    fd: st.fd.load(Ordering::Relaxed),
+                    local: st.local_or(conn.local()),
+                    peer: conn.peer(),
                     transport: Transport::Tcp,
                     reason: "server declined the ring".into(),
                     ring: None,
@@ -511,20 +508,21 @@ fn reports_stale() -> bool {
 }
 
 fn follow_pending(now: u64) {
-    let list: Vec<Weak<ShmConn>> = std::mem::take(&mut *PENDING.lock());
+    let list: Vec<Weak<dyn Tracked>> = std::mem::take(&mut *PENDING.lock());
     let mut keep = Vec::new();
     for w in list {
         let Some(c) = w.upgrade() else { continue };
         if !c.still_pending() || c.is_released() {
             continue;
         }
-        let age = now.saturating_sub(c.born_ns.load(Ordering::Relaxed));
-        if age < COLLECT_AFTER_NS {
+        let urgent = c.urgent_follow_up();
+        let age = now.saturating_sub(c.report_state().born_ns());
+        if age < COLLECT_AFTER_NS && !urgent {
             keep.push(w);
             continue;
         }
         if age >= u64::from(crate::config::get().claim_wait_ms) * 1_000_000
-            && c.offer_pid == process::pid()
+            && c.report_state().offer_pid == process::pid()
         {
             // Nobody took the ring in time (an unshimmed process accepted,
             // or one that cannot reach the daemon): withdraw the offer. The
@@ -532,39 +530,57 @@ fn follow_pending(now: u64) {
             // server that took the ring is never contradicted.
             match ctl::call(
                 &Msg::Cancel {
-                    offer_id: c.offer_id,
+                    offer_id: c.offer_id(),
                 },
                 &[],
             ) {
-                Ok((Msg::Ok, _)) | Err(_) => c.decline_from_ctl(),
-                Ok(_) => keep.push(w),
+                Ok((Msg::Ok, _)) | Err(_) => {
+                    c.decline_from_ctl(None);
+                    continue;
+                }
+                // Claimed (or answered) meanwhile: the server took it, so
+                // its decision is on the way; ask for it below.
+                Ok(_) => {}
             }
-            continue;
         }
         match ctl::call(
             &Msg::Collect {
-                offer_id: c.offer_id,
+                offer_id: c.offer_id(),
             },
             &[],
         )
         .ok()
         {
-            Some((Msg::Pending, _)) | Some((Msg::Answered { .. }, _)) => keep.push(w),
+            Some((Msg::Answered { payload }, _)) => {
+                if !c.answered(&payload) {
+                    keep.push(w);
+                }
+            }
+            Some((Msg::Pending, _)) => keep.push(w),
+            Some((Msg::Declined { reason }, _)) if c.report_state().offer_pid == process::pid() => {
+                c.decline_from_ctl(Some(&reason))
+            }
             Some((Msg::Declined { .. }, _))
             | Some((Msg::Expired, _))
             | Some((Msg::Error { .. }, _)) => {
-                if c.offer_pid == process::pid() {
-                    c.decline_from_ctl();
+                if c.report_state().offer_pid == process::pid() {
+                    c.decline_from_ctl(None);
                 } else {
                     keep.push(w);
                 }
             }
             // The session is gone (daemon restart): the offer died with it.
-            None => c.decline_from_ctl(),
+            None => c.decline_from_ctl(None),
             Some(_) => keep.push(w),
         }
     }
-    PENDING.lock().extend(keep);
+    let mut pending = PENDING.lock();
+    pending.extend(keep);
+    let urgent = pending
+        .iter()
+        .filter(|w| w.upgrade().is_some_and(|c| c.urgent_follow_up()))
+        .count();
+    URGENT.store(urgent, Ordering::Release);
 }
 
 fn collect_accepted() {
@@ -617,9 +633,13 @@ fn run() {
                 follow_pending(now);
             }
             next_collect = now + COLLECT_EVERY_NS;
+        } else if URGENT.load(Ordering::Acquire) > 0 {
+            follow_pending(now);
         }
         let follow_up = !PENDING.lock().is_empty() || !COLLECT.lock().is_empty();
-        if idle < IDLE_TICKS {
+        if URGENT.load(Ordering::Acquire) > 0 {
+            park(seen, Some(FLUSH_NS), false);
+        } else if idle < IDLE_TICKS {
             // Ticking: batches written meanwhile are flushed at the next
             // tick without anyone waking us.
             idle += 1;

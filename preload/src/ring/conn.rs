@@ -30,13 +30,16 @@
 use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use libc::c_int;
 use ringbuf::{EventFd, Notify, Receiver, RingError, RingMem, Segment, Sender, ShmTransport};
+use ringsock_proto::Transport;
 
 use super::background;
+use super::sockio::{self, lock, poll_one, ring_errno, send_all_bounded, sys_recv};
+use super::tracked::{ReportState, Tracked};
 use crate::attached::{AttachedConn, Errno, Ready, ReleaseKind, WaitFd, WaitFds};
 use crate::{process, sys};
 
@@ -115,16 +118,8 @@ pub struct ShmConn {
     pub(super) dirty: AtomicBool,
     waiters: Mutex<Waiters>,
     released: AtomicBool,
-    /// When the client started waiting for the server's decision.
-    pub born_ns: AtomicU64,
-    /// The fd number under which the connection was reported to the daemon.
-    pub report_fd: AtomicI32,
-    /// The process that made the offer (only it can ask the daemon).
-    pub offer_pid: i32,
-    /// The daemon was told about this connection (so it must hear of its
-    /// end), with this local address.
-    pub reported: AtomicBool,
-    pub reported_local: Mutex<Option<SocketAddr>>,
+    /// Status report bookkeeping (background thread).
+    pub report: ReportState,
     this: Weak<ShmConn>,
 }
 
@@ -139,97 +134,6 @@ pub struct Parts {
     pub rx: Receiver<ShmTransport>,
     pub bell: EventFd,
     pub tcp: RawFd,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // panic = "abort": a poisoned lock cannot be observed; recover anyway.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Errno for a ring failure the program sees on its socket.
-fn ring_errno(e: &RingError, what: &str) -> Errno {
-    match e {
-        RingError::WouldBlock => Errno(libc::EAGAIN),
-        RingError::PeerClosed | RingError::Closed => Errno(libc::EPIPE),
-        RingError::Corrupt(c) => {
-            log::error!("{what}: corrupt ring ({c:?}); the connection is reset");
-            Errno(libc::ECONNRESET)
-        }
-        RingError::Os(e) => Errno(*e),
-        RingError::Config(m) => {
-            log::error!("{what}: {m}");
-            Errno(libc::EINVAL)
-        }
-    }
-}
-
-fn poll_one(fd: RawFd, events: i16) -> i16 {
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout; raw syscall (never our hook).
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_ppoll,
-            &mut p as *mut libc::pollfd,
-            1,
-            &libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            } as *const libc::timespec,
-            std::ptr::null::<libc::sigset_t>(),
-            8,
-        )
-    };
-    if r > 0 {
-        p.revents
-    } else {
-        0
-    }
-}
-
-/// recv(2) on the kernel socket, never blocking, never our hook.
-fn sys_recv(fd: RawFd, buf: &mut [u8], flags: c_int) -> Result<usize, Errno> {
-    // SAFETY: buf is valid for its length.
-    let n = unsafe {
-        libc::syscall(
-            libc::SYS_recvfrom,
-            fd,
-            buf.as_mut_ptr(),
-            buf.len(),
-            flags | libc::MSG_DONTWAIT,
-            std::ptr::null_mut::<libc::sockaddr>(),
-            std::ptr::null_mut::<libc::socklen_t>(),
-        )
-    };
-    if n < 0 {
-        Err(Errno(sys::errno()))
-    } else {
-        Ok(n as usize)
-    }
-}
-
-/// send(2) on the kernel socket, never blocking, never raising SIGPIPE.
-fn sys_send(fd: RawFd, buf: &[u8]) -> Result<usize, Errno> {
-    // SAFETY: buf is valid for its length.
-    let n = unsafe {
-        libc::syscall(
-            libc::SYS_sendto,
-            fd,
-            buf.as_ptr(),
-            buf.len(),
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            std::ptr::null::<libc::sockaddr>(),
-            0,
-        )
-    };
-    if n < 0 {
-        Err(Errno(sys::errno()))
-    } else {
-        Ok(n as usize)
-    }
 }
 
 fn pid_alive(pid: i32) -> bool {
@@ -277,11 +181,7 @@ impl ShmConn {
             dirty: AtomicBool::new(false),
             waiters: Mutex::new(Waiters::default()),
             released: AtomicBool::new(false),
-            born_ns: AtomicU64::new(sys::monotonic_ns()),
-            report_fd: AtomicI32::new(-1),
-            offer_pid: process::pid(),
-            reported: AtomicBool::new(false),
-            reported_local: Mutex::new(None),
+            report: ReportState::new(),
             this: this.clone(),
         })
     }
@@ -296,30 +196,6 @@ impl ShmConn {
 
     fn tcp_fd(&self) -> RawFd {
         self.tcp.load(Ordering::Acquire)
-    }
-
-    pub fn is_pending(&self) -> bool {
-        self.mode.load(Ordering::Acquire) == MODE_PENDING
-    }
-
-    /// Looks at the server's decision; true while there is none.
-    pub fn still_pending(&self) -> bool {
-        self.settle() == MODE_PENDING
-    }
-
-    pub fn is_tcp(&self) -> bool {
-        self.mode.load(Ordering::Acquire) == MODE_TCP
-    }
-
-    pub fn is_released(&self) -> bool {
-        self.released.load(Ordering::Acquire)
-    }
-
-    /// The daemon reports that the server declined (or never claimed) the
-    /// offer: fall back, and wake whoever sleeps on us.
-    pub fn decline_from_ctl(&self) {
-        self.ctl_declined.store(true, Ordering::Release);
-        let _ = self.bell.notify();
     }
 
     /// Resolves `Pending` from what the server wrote in the segment (or the
@@ -383,7 +259,9 @@ impl ShmConn {
             self.peer,
             spill.len()
         );
-        background::note_fallback(self);
+        if let Some(me) = self.this() {
+            background::note_fallback(me);
+        }
     }
 
     /// Closing while the server has not decided: the bytes in ring 0 are
@@ -480,14 +358,14 @@ impl ShmConn {
     }
 
     /// Pushes batched bytes out (and a deferred end-of-stream mark).
-    pub fn flush_ring(&self) {
+    fn flush_now(&self) {
         let mut tx = lock(&self.tx);
         self.flush_locked(&mut tx);
     }
 
     /// Background variant: skips a connection another thread is using (it
     /// will flush by itself before blocking). Returns false if skipped.
-    pub fn try_flush_ring(&self) -> bool {
+    fn try_flush(&self) -> bool {
         match self.tx.try_lock() {
             Ok(mut tx) => {
                 self.flush_locked(&mut tx);
@@ -566,16 +444,7 @@ impl ShmConn {
     }
 
     fn tcp_readiness(&self) -> Ready {
-        let fd = self.tcp_fd();
-        let re = poll_one(
-            fd,
-            libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP | libc::POLLPRI,
-        );
-        let mut r = Ready(re as u16 as u32);
-        if self.error.load(Ordering::Acquire) != 0 {
-            r = r | Ready::ERR;
-        }
-        r
+        sockio::tcp_readiness(self.tcp_fd(), self.error.load(Ordering::Acquire))
     }
 
     fn tcp_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
@@ -583,38 +452,11 @@ impl ShmConn {
         if e != 0 {
             return Err(Errno(e));
         }
-        let flags = if peek { libc::MSG_PEEK } else { 0 };
-        let mut total = 0;
-        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
-            match sys_recv(self.tcp_fd(), b, flags) {
-                Ok(n) => {
-                    total += n;
-                    if n < b.len() || peek {
-                        break;
-                    }
-                }
-                Err(e) if total == 0 => return Err(e),
-                Err(_) => break,
-            }
-        }
-        Ok(total)
+        sockio::recv_vec(self.tcp_fd(), bufs, peek)
     }
 
     fn tcp_send(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
-        let mut total = 0;
-        for b in bufs.iter().filter(|b| !b.is_empty()) {
-            match sys_send(self.tcp_fd(), b) {
-                Ok(n) => {
-                    total += n;
-                    if n < b.len() {
-                        break;
-                    }
-                }
-                Err(e) if total == 0 => return Err(e),
-                Err(_) => break,
-            }
-        }
-        Ok(total)
+        sockio::send_vec(self.tcp_fd(), bufs)
     }
 
     fn arm_inner(&self, interest: Ready, level: bool) -> Ready {
@@ -698,41 +540,52 @@ impl ShmConn {
     }
 }
 
-/// Sends `buf` whole on a possibly full socket, waiting at most a few
-/// seconds in total (a server that turned the ring down reads its socket).
-fn send_all_bounded(fd: RawFd, mut buf: &[u8]) -> Result<(), Errno> {
-    let deadline = sys::monotonic_ns() + 5_000_000_000;
-    while !buf.is_empty() {
-        match sys_send(fd, buf) {
-            Ok(n) => buf = &buf[n..],
-            Err(Errno(libc::EAGAIN)) | Err(Errno(libc::EINTR)) => {
-                if sys::monotonic_ns() > deadline {
-                    return Err(Errno(libc::ETIMEDOUT));
-                }
-                let mut p = libc::pollfd {
-                    fd,
-                    events: libc::POLLOUT,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd; 10 ms timeout.
-                unsafe {
-                    libc::syscall(
-                        libc::SYS_ppoll,
-                        &mut p as *mut libc::pollfd,
-                        1,
-                        &libc::timespec {
-                            tv_sec: 0,
-                            tv_nsec: 10_000_000,
-                        } as *const libc::timespec,
-                        std::ptr::null::<libc::sigset_t>(),
-                        8,
-                    )
-                };
-            }
-            Err(e) => return Err(e),
+impl Tracked for ShmConn {
+    fn offer_id(&self) -> u64 {
+        self.offer_id
+    }
+
+    fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    fn report_state(&self) -> &ReportState {
+        &self.report
+    }
+
+    fn transport(&self) -> Transport {
+        if self.mode.load(Ordering::Acquire) == MODE_TCP {
+            Transport::Tcp
+        } else {
+            Transport::Shm
         }
     }
-    Ok(())
+
+    fn flush_ring(&self) {
+        self.flush_now();
+    }
+
+    fn try_flush_ring(&self) -> bool {
+        self.try_flush()
+    }
+
+    fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
+    fn still_pending(&self) -> bool {
+        self.settle() == MODE_PENDING
+    }
+
+    /// Fall back, and wake whoever sleeps on us.
+    fn decline_from_ctl(&self, _reason: Option<&str>) {
+        self.ctl_declined.store(true, Ordering::Release);
+        let _ = self.bell.notify();
+    }
 }
 
 impl AttachedConn for ShmConn {
@@ -891,6 +744,7 @@ impl AttachedConn for ShmConn {
                     events: ev,
                 }),
                 None,
+                None,
             ];
         }
         [
@@ -902,6 +756,7 @@ impl AttachedConn for ShmConn {
                 fd: tcp,
                 events: libc::POLLIN | libc::POLLRDHUP,
             }),
+            None,
         ]
     }
 
@@ -945,7 +800,7 @@ impl AttachedConn for ShmConn {
             // The kernel socket stays untouched: its FIN would read as the
             // peer process dying. The end-of-stream mark says it instead.
             self.eos_owed.store(true, Ordering::Release);
-            self.flush_ring();
+            self.flush_now();
         }
         if self.mode.load(Ordering::Acquire) == MODE_TCP && self.wr_shut.load(Ordering::Acquire) {
             // Declined while we were closing: fall_back did the SHUT_WR.
@@ -1017,7 +872,9 @@ impl AttachedConn for ShmConn {
             sys::close(fd);
         }
         if kind != ReleaseKind::Stale {
-            background::note_closed(self);
+            if let Some(me) = self.this() {
+                background::note_closed(me);
+            }
         }
     }
 }

@@ -23,6 +23,7 @@ use ringbuf::{EventFd, Notify, Receiver, RingConfig, Segment, Sender, ShmTranspo
 use ringsock_proto::{Msg, RefuseReason};
 
 use super::conn::{Parts, PeerBell, ShmConn, Side, STATE_ACCEPTED, STATE_DECLINED, WORD_STATE};
+use super::tracked::Tracked;
 use super::{background, ctl, fdspace};
 use crate::attached::{Decision, Errno, TcpReason};
 use crate::{config, sockaddr, sys};
@@ -40,7 +41,7 @@ pub fn ring_config() -> RingConfig {
 
 /// Our batching knobs on a geometry (ours, or one chosen by the peer and
 /// never trusted: the result is validated by the ring constructors).
-fn config_for(slots: u32, slot_size: u32) -> RingConfig {
+pub(super) fn config_for(slots: u32, slot_size: u32) -> RingConfig {
     let c = config::get();
     let half = (slots / 2).max(1);
     let alpha = c.alpha.min(half);
@@ -55,12 +56,12 @@ fn config_for(slots: u32, slot_size: u32) -> RingConfig {
     }
 }
 
-fn dup_cloexec(fd: RawFd) -> Result<RawFd, Errno> {
+pub(super) fn dup_cloexec(fd: RawFd) -> Result<RawFd, Errno> {
     fdspace::dup_high(fd).map_err(Errno)
 }
 
 /// A doorbell of ours, at a high fd number.
-fn new_bell() -> Result<EventFd, ringbuf::RingError> {
+pub(super) fn new_bell() -> Result<EventFd, ringbuf::RingError> {
     let b = EventFd::new()?;
     let fd = fdspace::high_or_emfile(b.into_owned()).map_err(ringbuf::RingError::Os)?;
     Ok(EventFd::from_owned(fd))
@@ -72,7 +73,7 @@ static NO_RESOURCES_LOGGED: AtomicBool = AtomicBool::new(false);
 
 /// One warning per process when a ring cannot be built (fd limit, no
 /// memfd, no memory); later connections say it at info level.
-fn log_no_resources(fd: RawFd, why: &str) {
+pub(super) fn log_no_resources(fd: RawFd, why: &str) {
     if NO_RESOURCES_LOGGED.swap(true, Ordering::Relaxed) {
         log::info!("fd {fd}: no ring ({why}); plain TCP");
     } else {
@@ -92,7 +93,7 @@ fn wildcard(dest: &SocketAddr, family: i32) -> SocketAddr {
 
 /// Makes sure `fd` has a local port (an unbound socket gets one the way
 /// connect would have picked it: any address, ephemeral port).
-fn ensure_bound(fd: RawFd, dest: &SocketAddr) -> Option<SocketAddr> {
+pub(super) fn ensure_bound(fd: RawFd, dest: &SocketAddr) -> Option<SocketAddr> {
     let local = sockaddr::query(fd, false)?;
     if local.port() != 0 {
         return Some(local);
@@ -226,8 +227,9 @@ pub fn connect(
         bell: cbell,
         tcp: tcp_dup,
     });
-    background::note_pending(&conn);
-    background::note_ring(fd, &conn, report_memfd);
+    let tracked: Arc<dyn Tracked> = conn.clone();
+    background::note_pending(&tracked);
+    background::note_ring(fd, tracked, report_memfd);
     (res, Decision::Ring(conn))
 }
 
@@ -337,11 +339,11 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         bell: sbell,
         tcp: tcp_dup,
     });
-    background::note_ring(fd, &conn, report_memfd);
+    background::note_ring(fd, conn.clone(), report_memfd);
     Decision::Ring(conn)
 }
 
-fn decline(offer_id: u64, reason: &str) {
+pub(super) fn decline(offer_id: u64, reason: &str) {
     let _ = ctl::call(
         &Msg::Decline {
             offer_id,

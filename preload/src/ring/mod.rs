@@ -18,6 +18,10 @@ pub mod fdspace;
 mod handshake;
 mod local;
 mod plock;
+#[cfg(feature = "verbs")]
+mod rdma;
+mod sockio;
+mod tracked;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -27,7 +31,27 @@ use crate::attached::{Attacher, Decision, Errno, TcpReason};
 pub use conn::ShmConn;
 pub use handshake::{ring_config, PAYLOAD};
 
-/// Same-host rings over shared memory.
+/// Another host: a verbs ring when the transport is built in.
+#[cfg(feature = "verbs")]
+fn remote_connect(
+    fd: RawFd,
+    dest: SocketAddr,
+    connect: &mut dyn FnMut() -> Result<(), Errno>,
+) -> (Result<(), Errno>, Decision) {
+    rdma::connect(fd, dest, connect)
+}
+
+/// Another host without the verbs transport: TCP, no daemon round trip.
+#[cfg(not(feature = "verbs"))]
+fn remote_connect(
+    _fd: RawFd,
+    _dest: SocketAddr,
+    connect: &mut dyn FnMut() -> Result<(), Errno>,
+) -> (Result<(), Errno>, Decision) {
+    (connect(), Decision::Tcp(TcpReason::NoTransport))
+}
+
+/// Same-host rings over shared memory, rings between hosts over verbs.
 pub struct ShmAttacher;
 
 pub static SHM: ShmAttacher = ShmAttacher;
@@ -40,18 +64,13 @@ impl Attacher for ShmAttacher {
         _nonblocking: bool,
         connect: &mut dyn FnMut() -> Result<(), Errno>,
     ) -> (Result<(), Errno>, Decision) {
-        if !local::is_local(dest.ip()) {
-            // No ring transport reaches another host yet: TCP, no daemon
-            // round trip.
-            let res = connect();
-            if matches!(res, Ok(()) | Err(Errno(libc::EINPROGRESS))) {
-                background::note_tcp(fd, Some(dest), TcpReason::NoTransport);
-            }
-            return (res, Decision::Tcp(TcpReason::NoTransport));
-        }
-        let (res, d) = handshake::connect(fd, dest, connect);
+        let (res, d) = if local::is_local(dest.ip()) {
+            handshake::connect(fd, dest, connect)
+        } else {
+            remote_connect(fd, dest, connect)
+        };
         if let Decision::Tcp(r) = &d {
-            if res.is_ok() || res == Err(Errno(libc::EINPROGRESS)) {
+            if matches!(res, Ok(()) | Err(Errno(libc::EINPROGRESS))) {
                 background::note_tcp(fd, Some(dest), *r);
             }
         }
@@ -62,7 +81,11 @@ impl Attacher for ShmAttacher {
         let d = if local::is_local(peer.ip()) {
             handshake::accept(fd, local, peer)
         } else {
-            Decision::Tcp(TcpReason::NoTransport)
+            #[cfg(feature = "verbs")]
+            let d = rdma::accept(fd, local, peer);
+            #[cfg(not(feature = "verbs"))]
+            let d = Decision::Tcp(TcpReason::NoTransport);
+            d
         };
         if let Decision::Tcp(r) = &d {
             background::note_tcp(fd, Some(peer), *r);

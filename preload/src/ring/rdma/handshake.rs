@@ -1,0 +1,225 @@
+//! Setting a verbs ring up between hosts (DESIGN "Control plane").
+//!
+//! Client, in connect(): open the device, create this end (registered
+//! region, queue pair in RESET), offer its parameters through the local
+//! daemon, which forwards them to the server host's daemon *before* the
+//! SYN leaves; then let the kernel connect. The connection is attached at
+//! once, in `Pending` mode, and connected when the answer arrives.
+//!
+//! Server, in accept(): claim the offer with the accepted socket as proof
+//! (only its owner can), create this end sized for the client's rings,
+//! connect the queue pair to the client's, and answer with our
+//! parameters. From then on the server may write: until the client's
+//! queue pair is ready, RC retransmits. Any failure before the answer is
+//! a decline, and both sides stay TCP; the daemons make answer, decline
+//! and expiry mutually exclusive.
+
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+
+use ringbuf::transport::verbs::{QpParams, VerbsConn};
+use ringsock_proto::{Msg, RefuseReason};
+
+use super::super::handshake::{
+    config_for, decline, dup_cloexec, ensure_bound, log_no_resources, new_bell, ring_config,
+};
+use super::super::tracked::Tracked;
+use super::super::{background, ctl};
+use super::conn::{Parts, RdmaConn};
+use super::{describe, device_for, host_without_rdma, NO_DEVICE_REASON, PREFIX};
+use crate::attached::{Decision, Errno, TcpReason};
+use crate::sys;
+
+fn payload(p: &QpParams) -> Vec<u8> {
+    let mut v = PREFIX.to_vec();
+    v.extend_from_slice(&p.encode());
+    v
+}
+
+/// Client side: offer, connect, attach in `Pending` mode.
+pub fn connect(
+    fd: RawFd,
+    dest: SocketAddr,
+    real_connect: &mut dyn FnMut() -> Result<(), Errno>,
+) -> (Result<(), Errno>, Decision) {
+    if host_without_rdma(dest.ip()) {
+        return (real_connect(), Decision::Tcp(TcpReason::Declined));
+    }
+    let dev = match device_for(dest.ip()) {
+        Ok(d) => d,
+        Err(_) => return (real_connect(), Decision::Tcp(TcpReason::NoTransport)),
+    };
+    let Some(local) = ensure_bound(fd, &dest) else {
+        return (real_connect(), Decision::Tcp(TcpReason::Declined));
+    };
+    let cfg = ring_config();
+    let made = (|| {
+        let vc = VerbsConn::new(&dev, cfg, cfg).map_err(|e| format!("{e}"))?;
+        let wake = new_bell().map_err(|e| format!("cannot create an eventfd: {e}"))?;
+        // Before the offer: once a server may have claimed the ring, a
+        // client that cannot keep it any more has no way back to TCP.
+        let tcp_dup = dup_cloexec(fd).map_err(|Errno(e)| {
+            format!(
+                "cannot duplicate the socket: {}",
+                std::io::Error::from_raw_os_error(e)
+            )
+        })?;
+        Ok::<_, String>((vc, wake, tcp_dup))
+    })();
+    let (vc, wake, tcp_dup) = match made {
+        Ok(m) => m,
+        Err(why) => {
+            log_no_resources(fd, &why);
+            return (real_connect(), Decision::Tcp(TcpReason::NoResources));
+        }
+    };
+    let offer = Msg::Offer {
+        client: local,
+        server: dest,
+        payload: payload(&vc.local_params()),
+    };
+    let offer_id = match ctl::call(&offer, &[fd]) {
+        Ok((Msg::OfferOk { offer_id }, _)) => offer_id,
+        Ok((Msg::OfferRefused { reason }, _)) => {
+            if reason != RefuseReason::NoListener {
+                log::info!("fd {fd}: offer to {dest} refused ({})", reason.as_str());
+            }
+            sys::close(tcp_dup);
+            return (real_connect(), Decision::Tcp(TcpReason::Declined));
+        }
+        Ok((other, _)) => {
+            log::warn!("fd {fd}: unexpected reply to an offer: {other:?}");
+            sys::close(tcp_dup);
+            return (real_connect(), Decision::Tcp(TcpReason::Declined));
+        }
+        Err(_) => {
+            sys::close(tcp_dup);
+            return (real_connect(), Decision::Tcp(TcpReason::Declined));
+        }
+    };
+    let res = real_connect();
+    let in_progress = matches!(
+        res,
+        Ok(()) | Err(Errno(libc::EINPROGRESS)) | Err(Errno(libc::EINTR))
+    );
+    if !in_progress {
+        // No connection, so no server can have claimed the offer.
+        sys::close(tcp_dup);
+        let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
+        return (res, Decision::Tcp(TcpReason::Declined));
+    }
+    let conn = RdmaConn::new(Parts {
+        offer_id,
+        local,
+        peer: dest,
+        device: describe(&dev),
+        bell_fd: vc.doorbell_fd(),
+        unconnected: Some(vc),
+        connected: None,
+        wake,
+        tcp: tcp_dup,
+    });
+    let tracked: Arc<dyn Tracked> = conn.clone();
+    background::note_pending(&tracked);
+    background::note_ring(fd, tracked, None);
+    (res, Decision::Ring(conn))
+}
+
+/// Server side: claim the offer for the accepted socket, if there is one.
+pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
+    let (offer_id, client) = match ctl::call(&Msg::Claim, &[fd]) {
+        Ok((
+            Msg::ClaimOk {
+                offer_id, payload, ..
+            },
+            _,
+        )) => match payload.strip_prefix(PREFIX).map(QpParams::decode) {
+            Some(Ok(p)) => (offer_id, p),
+            Some(Err(e)) => {
+                log::warn!("fd {fd}: the client's verbs parameters are unusable ({e})");
+                decline(offer_id, "verbs parameters rejected");
+                return Decision::Tcp(TcpReason::Declined);
+            }
+            None => {
+                decline(offer_id, "unknown offer payload");
+                return Decision::Tcp(TcpReason::Declined);
+            }
+        },
+        Ok((Msg::NoOffer, _)) | Err(_) => return Decision::Tcp(TcpReason::Declined),
+        Ok((other, _)) => {
+            log::warn!("fd {fd}: unexpected reply to a claim: {other:?}");
+            return Decision::Tcp(TcpReason::Declined);
+        }
+    };
+    let dev = match device_for(peer.ip()) {
+        Ok(d) => d,
+        Err(_) => {
+            decline(offer_id, NO_DEVICE_REASON);
+            return Decision::Tcp(TcpReason::NoTransport);
+        }
+    };
+    // Our outgoing ring is the client's incoming one and vice versa, with
+    // the client's geometry and our own batching knobs.
+    let out_cfg = config_for(client.in_ring.slots, client.in_ring.slot_size);
+    let in_cfg = config_for(client.out_ring.slots, client.out_ring.slot_size);
+    let made = (|| {
+        let vc = VerbsConn::new(&dev, out_cfg, in_cfg).map_err(|e| (format!("{e}"), true))?;
+        let wake = new_bell().map_err(|e| (format!("cannot create an eventfd: {e}"), true))?;
+        let tcp_dup = dup_cloexec(fd).map_err(|Errno(e)| {
+            (
+                format!(
+                    "cannot duplicate the socket: {}",
+                    std::io::Error::from_raw_os_error(e)
+                ),
+                true,
+            )
+        })?;
+        let ours = vc.local_params();
+        let bell_fd = vc.doorbell_fd();
+        match vc.connect(&client) {
+            Ok(c) => Ok((c, ours, bell_fd, wake, tcp_dup)),
+            Err(e) => {
+                sys::close(tcp_dup);
+                Err((format!("{e}"), false))
+            }
+        }
+    })();
+    let (connected, ours, bell_fd, wake, tcp_dup) = match made {
+        Ok(m) => m,
+        Err((why, resources)) => {
+            decline(offer_id, "the server could not set up its end");
+            return if resources {
+                log_no_resources(fd, &why);
+                Decision::Tcp(TcpReason::NoResources)
+            } else {
+                log::warn!("fd {fd}: cannot connect to {peer}'s queue pair ({why}); plain TCP");
+                Decision::Tcp(TcpReason::Declined)
+            };
+        }
+    };
+    // As on shm, the answer goes out without waiting for its reply (read
+    // before our next request): see ring/handshake.rs.
+    if ctl::send_only(&Msg::Answer {
+        offer_id,
+        payload: payload(&ours),
+    })
+    .is_err()
+    {
+        sys::close(tcp_dup);
+        return Decision::Tcp(TcpReason::Declined);
+    }
+    let conn = RdmaConn::new(Parts {
+        offer_id,
+        local,
+        peer,
+        device: describe(&dev),
+        unconnected: None,
+        connected: Some(connected),
+        bell_fd,
+        wake,
+        tcp: tcp_dup,
+    });
+    background::note_ring(fd, conn.clone(), None);
+    Decision::Ring(conn)
+}

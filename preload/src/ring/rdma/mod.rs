@@ -1,0 +1,118 @@
+//! Rings between hosts over RDMA verbs (cargo feature `verbs`): the
+//! process's device, the handshake through the two hosts' ctl daemons
+//! (`handshake`), and the connection (`conn`).
+//!
+//! The offer's payload is `PREFIX` followed by the client's `QpParams`
+//! (GID, QPN, PSN, rkey, both ring copies' addresses and geometry); the
+//! answer's is `PREFIX` followed by the server's. Descriptors cannot cross
+//! hosts, so nothing else travels: the daemons check who may offer and
+//! claim (ctl/README.md, "Between hosts").
+
+mod conn;
+mod handshake;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use ringbuf::transport::verbs::Device;
+use ringsock_proto::Msg;
+
+use super::ctl;
+use super::sockio::lock;
+use crate::{process, sys};
+
+pub use handshake::{accept, connect};
+
+/// Marks a verbs offer or answer (and its version).
+pub const PREFIX: &[u8] = b"ringsock-verbs/1 ";
+
+/// How long a host whose server side had no RDMA is not offered rings
+/// again (its connections go straight to TCP meanwhile).
+const NO_RDMA_RETRY_NS: u64 = 30_000_000_000;
+
+/// The reason a server without a usable device declines with; a client
+/// that reads it remembers the host.
+pub const NO_DEVICE_REASON: &str = "no RDMA device on the server's host";
+
+/// The device of this process (by pid: a forked child opens its own, it
+/// must never use or close its parent's context), or why there is none.
+static DEVICE: Mutex<Option<(i32, DeviceOrWhy)>> = Mutex::new(None);
+
+type DeviceOrWhy = Result<Arc<Device>, String>;
+
+/// Hosts whose server declined for want of RDMA, with when to try again.
+static NO_RDMA: Mutex<Option<HashMap<IpAddr, u64>>> = Mutex::new(None);
+
+/// The device for connections to `peer`, opened once per process.
+pub fn device_for(_peer: IpAddr) -> Result<Arc<Device>, String> {
+    let me = process::pid();
+    let mut d = lock(&DEVICE);
+    if let Some((pid, r)) = d.as_ref() {
+        if *pid == me {
+            return r.clone();
+        }
+    }
+    let r = Device::open().map_err(|e| e.to_string());
+    match &r {
+        Ok(dev) => log::info!(
+            "RDMA device {} port {} gid index {}: connections to other hosts can use rings",
+            dev.name(),
+            dev.port(),
+            dev.gid_index()
+        ),
+        Err(e) => log::info!("no RDMA device ({e}): connections to other hosts stay TCP"),
+    }
+    // A parent's entry is left to leak in a child (see above).
+    if let Some(old) = d.take() {
+        std::mem::forget(old);
+    }
+    *d = Some((me, r.clone()));
+    r
+}
+
+/// "rxe0 port 1 gid 1", for status.
+pub fn describe(dev: &Device) -> String {
+    format!("{} port {} gid {}", dev.name(), dev.port(), dev.gid_index())
+}
+
+/// Whether `host` recently declined rings for want of RDMA.
+pub fn host_without_rdma(host: IpAddr) -> bool {
+    let now = sys::monotonic_ns();
+    let mut m = lock(&NO_RDMA);
+    let map = m.get_or_insert_with(HashMap::new);
+    match map.get(&host) {
+        Some(until) if *until > now => true,
+        Some(_) => {
+            map.remove(&host);
+            false
+        }
+        None => false,
+    }
+}
+
+/// Remembers that `host` has no RDMA for a while.
+pub fn note_host_without_rdma(host: IpAddr) {
+    let until = sys::monotonic_ns() + NO_RDMA_RETRY_NS;
+    lock(&NO_RDMA)
+        .get_or_insert_with(HashMap::new)
+        .insert(host, until);
+}
+
+/// What the daemon says of an offer.
+pub enum Collected {
+    Answer(Vec<u8>),
+    /// Declined (with the server's reason), expired, or the daemon is gone.
+    Refused(Option<String>),
+    Pending,
+}
+
+/// Asks the daemon once about our offer.
+pub fn collect(offer_id: u64) -> Collected {
+    match ctl::call(&Msg::Collect { offer_id }, &[]) {
+        Ok((Msg::Answered { payload }, _)) => Collected::Answer(payload),
+        Ok((Msg::Pending, _)) => Collected::Pending,
+        Ok((Msg::Declined { reason }, _)) => Collected::Refused(Some(reason)),
+        Ok(_) | Err(_) => Collected::Refused(None),
+    }
+}

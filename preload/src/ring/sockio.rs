@@ -1,0 +1,194 @@
+//! Plain system calls on the kernel socket under a ring connection and
+//! the error mapping every ring connection shares (shm and verbs): the
+//! socket stays connected and idle underneath, and these calls never go
+//! through the shim's own hooks and never block.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::RawFd;
+use std::sync::{Mutex, MutexGuard};
+
+use libc::c_int;
+use ringbuf::RingError;
+
+use crate::attached::{Errno, Ready};
+use crate::sys;
+
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // panic = "abort": a poisoned lock cannot be observed; recover anyway.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Errno for a ring failure the program sees on its socket.
+pub fn ring_errno(e: &RingError, what: &str) -> Errno {
+    match e {
+        RingError::WouldBlock => Errno(libc::EAGAIN),
+        RingError::PeerClosed | RingError::Closed => Errno(libc::EPIPE),
+        RingError::Corrupt(c) => {
+            log::error!("{what}: corrupt ring ({c:?}); the connection is reset");
+            Errno(libc::ECONNRESET)
+        }
+        RingError::Os(e) => Errno(*e),
+        RingError::Config(m) => {
+            log::error!("{what}: {m}");
+            Errno(libc::EINVAL)
+        }
+    }
+}
+
+pub fn poll_one(fd: RawFd, events: i16) -> i16 {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout; raw syscall (never our hook).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ppoll,
+            &mut p as *mut libc::pollfd,
+            1,
+            &libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            } as *const libc::timespec,
+            std::ptr::null::<libc::sigset_t>(),
+            8,
+        )
+    };
+    if r > 0 {
+        p.revents
+    } else {
+        0
+    }
+}
+
+/// recv(2) on the kernel socket, never blocking, never our hook.
+pub fn sys_recv(fd: RawFd, buf: &mut [u8], flags: c_int) -> Result<usize, Errno> {
+    // SAFETY: buf is valid for its length.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_recvfrom,
+            fd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            flags | libc::MSG_DONTWAIT,
+            std::ptr::null_mut::<libc::sockaddr>(),
+            std::ptr::null_mut::<libc::socklen_t>(),
+        )
+    };
+    if n < 0 {
+        Err(Errno(sys::errno()))
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// send(2) on the kernel socket, never blocking, never raising SIGPIPE.
+pub fn sys_send(fd: RawFd, buf: &[u8]) -> Result<usize, Errno> {
+    // SAFETY: buf is valid for its length.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_sendto,
+            fd,
+            buf.as_ptr(),
+            buf.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            std::ptr::null::<libc::sockaddr>(),
+            0,
+        )
+    };
+    if n < 0 {
+        Err(Errno(sys::errno()))
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Sends `buf` whole on a possibly full socket, waiting at most a few
+/// seconds in total (a server that turned the ring down reads its socket).
+pub fn send_all_bounded(fd: RawFd, mut buf: &[u8]) -> Result<(), Errno> {
+    let deadline = sys::monotonic_ns() + 5_000_000_000;
+    while !buf.is_empty() {
+        match sys_send(fd, buf) {
+            Ok(n) => buf = &buf[n..],
+            Err(Errno(libc::EAGAIN)) | Err(Errno(libc::EINTR)) => {
+                if sys::monotonic_ns() > deadline {
+                    return Err(Errno(libc::ETIMEDOUT));
+                }
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; 10 ms timeout.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_ppoll,
+                        &mut p as *mut libc::pollfd,
+                        1,
+                        &libc::timespec {
+                            tv_sec: 0,
+                            tv_nsec: 10_000_000,
+                        } as *const libc::timespec,
+                        std::ptr::null::<libc::sigset_t>(),
+                        8,
+                    )
+                };
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The readiness of the kernel socket itself (a connection that fell back
+/// to TCP), with ERR when the connection holds an error.
+pub fn tcp_readiness(fd: RawFd, pending_error: c_int) -> Ready {
+    let re = poll_one(
+        fd,
+        libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP | libc::POLLPRI,
+    );
+    let mut r = Ready(re as u16 as u32);
+    if pending_error != 0 {
+        r = r | Ready::ERR;
+    }
+    r
+}
+
+/// recv into several buffers without blocking (one recv per buffer, as
+/// far as the socket has bytes).
+pub fn recv_vec(fd: RawFd, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
+    let flags = if peek { libc::MSG_PEEK } else { 0 };
+    let mut total = 0;
+    for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
+        match sys_recv(fd, b, flags) {
+            Ok(n) => {
+                total += n;
+                if n < b.len() || peek {
+                    break;
+                }
+            }
+            Err(e) if total == 0 => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(total)
+}
+
+/// send several buffers without blocking, as far as the socket takes them.
+pub fn send_vec(fd: RawFd, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
+    let mut total = 0;
+    for b in bufs.iter().filter(|b| !b.is_empty()) {
+        match sys_send(fd, b) {
+            Ok(n) => {
+                total += n;
+                if n < b.len() {
+                    break;
+                }
+            }
+            Err(e) if total == 0 => return Err(e),
+            Err(_) => break,
+        }
+    }
+    Ok(total)
+}
