@@ -109,6 +109,8 @@ pub fn connect(
         let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
         return (res, Decision::Tcp(TcpReason::Declined));
     }
+    // The region's header and counters, for status (read-only there).
+    let stats_fd = vc.share_fd().ok();
     let conn = RdmaConn::new(Parts {
         offer_id,
         local,
@@ -122,7 +124,7 @@ pub fn connect(
     });
     let tracked: Arc<dyn Tracked> = conn.clone();
     background::note_pending(&tracked);
-    background::note_ring(fd, tracked, None);
+    background::note_ring(fd, tracked, stats_fd);
     (res, Decision::Ring(conn))
 }
 
@@ -209,6 +211,7 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         sys::close(tcp_dup);
         return Decision::Tcp(TcpReason::Declined);
     }
+    let stats_fd = connected.share_fd().ok();
     let conn = RdmaConn::new(Parts {
         offer_id,
         local,
@@ -220,6 +223,6 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         wake,
         tcp: tcp_dup,
     });
-    background::note_ring(fd, conn.clone(), None);
+    background::note_ring(fd, conn.clone(), stats_fd);
     Decision::Ring(conn)
 }

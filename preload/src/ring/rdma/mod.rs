@@ -13,6 +13,7 @@ mod handshake;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ringbuf::transport::verbs::Device;
@@ -35,40 +36,39 @@ const NO_RDMA_RETRY_NS: u64 = 30_000_000_000;
 /// that reads it remembers the host.
 pub const NO_DEVICE_REASON: &str = "no RDMA device on the server's host";
 
-/// The device of this process (by pid: a forked child opens its own, it
-/// must never use or close its parent's context), or why there is none.
-static DEVICE: Mutex<Option<(i32, DeviceOrWhy)>> = Mutex::new(None);
-
-type DeviceOrWhy = Result<Arc<Device>, String>;
-
 /// Hosts whose server declined for want of RDMA, with when to try again.
 static NO_RDMA: Mutex<Option<HashMap<IpAddr, u64>>> = Mutex::new(None);
 
-/// The device for connections to `peer`, opened once per process.
-pub fn device_for(_peer: IpAddr) -> Result<Arc<Device>, String> {
+/// The pid that found no RDMA device at all (its connections to other
+/// hosts stay TCP without asking again); a forked child looks for itself.
+static NO_DEVICE_PID: AtomicI32 = AtomicI32::new(0);
+/// The pid that logged its first device.
+static LOGGED_PID: AtomicI32 = AtomicI32::new(0);
+
+/// The device for connections to `peer`: the one whose netdev the route
+/// to `peer` leaves through, `RINGSOCK_DEVICE` if set, else the first
+/// active one (ringbuf caches opened devices per process).
+pub fn device_for(peer: IpAddr) -> Result<Arc<Device>, String> {
     let me = process::pid();
-    let mut d = lock(&DEVICE);
-    if let Some((pid, r)) = d.as_ref() {
-        if *pid == me {
-            return r.clone();
+    if NO_DEVICE_PID.load(Ordering::Relaxed) == me {
+        return Err("no RDMA device".into());
+    }
+    match Device::open_for(peer) {
+        Ok(dev) => {
+            if LOGGED_PID.swap(me, Ordering::Relaxed) != me {
+                log::info!(
+                    "RDMA device {}: connections to other hosts can use rings",
+                    describe(&dev)
+                );
+            }
+            Ok(dev)
+        }
+        Err(e) => {
+            NO_DEVICE_PID.store(me, Ordering::Relaxed);
+            log::info!("no RDMA device ({e}): connections to other hosts stay TCP");
+            Err(e.to_string())
         }
     }
-    let r = Device::open().map_err(|e| e.to_string());
-    match &r {
-        Ok(dev) => log::info!(
-            "RDMA device {} port {} gid index {}: connections to other hosts can use rings",
-            dev.name(),
-            dev.port(),
-            dev.gid_index()
-        ),
-        Err(e) => log::info!("no RDMA device ({e}): connections to other hosts stay TCP"),
-    }
-    // A parent's entry is left to leak in a child (see above).
-    if let Some(old) = d.take() {
-        std::mem::forget(old);
-    }
-    *d = Some((me, r.clone()));
-    r
 }
 
 /// "rxe0 port 1 gid 1", for status.
