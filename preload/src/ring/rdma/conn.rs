@@ -569,6 +569,16 @@ impl RdmaConn {
             return sockio::tcp_readiness(self.tcp_fd(), self.error.load(Ordering::Acquire));
         }
         let mut w = lock(&self.waiters);
+        // Unlike an eventfd, the completion channel raises a new event only
+        // once it is re-armed, and every ring consumes a posted receive
+        // (with none left the peer's queue pair stalls on RNR retries, its
+        // later WRITEs behind it): so every waiter, level or edge, drains
+        // and re-arms before it sleeps. The re-check below sees what the
+        // drained rings announced; another waiter that may have been woken
+        // by them is rung again through `wake`.
+        if self.drain_bells() && (w.level > 0 || w.rx > 0 || w.tx > 0) {
+            let _ = self.wake.notify();
+        }
         if level {
             w.level += 1;
         }
