@@ -18,6 +18,7 @@
 
 pub mod ctl;
 pub mod json;
+pub mod netns;
 pub mod proc;
 pub mod resources;
 pub mod sha256;

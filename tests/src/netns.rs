@@ -1,0 +1,202 @@
+//! Two "hosts" on one machine, for runs between hosts: network namespaces
+//! A and B joined by a veth pair, a `ringsock-ctl daemon` per namespace
+//! (`NsCtl`), and programs started inside a namespace, with or without the
+//! shim (`Hosts::shimmed_in` / `plain_in`).
+//!
+//! Programs run through `ip netns exec NS env VAR=.. PROGRAM ..`: both `ip`
+//! (without a batch or `-all`) and `env` exec in place, so the spawned pid
+//! is the program's own (status reports it, `Server` signals it), and `ip`
+//! itself never runs under the shim (LD_PRELOAD is set by `env`, after the
+//! namespace switch). Control sockets are filesystem paths, which work
+//! across network namespaces, so status is read from the test's namespace.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::ctl::{parse_status, Conn};
+use crate::proc::{Cmd, Server};
+use crate::shim::{ctl_bin, shim};
+use crate::tmp::TempDir;
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(args)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .map_err(|e| format!("cannot run ip: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Namespaces A (`ip_a`) and B (`ip_b`) on a private /24 joined by a veth
+/// pair; names and subnet are unique per test process and per `Hosts`.
+/// Both namespaces (and with them the veth pair) are deleted on drop, also
+/// when the test panics.
+pub struct Hosts {
+    pub a: String,
+    pub b: String,
+    pub ip_a: Ipv4Addr,
+    pub ip_b: Ipv4Addr,
+}
+
+impl Hosts {
+    /// Sets the pair up; prints `SKIPPED` with the reason and returns None
+    /// when network namespaces cannot be created here (no `ip`, no
+    /// privileges, no veth).
+    pub fn new() -> Option<Hosts> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let pid = std::process::id();
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        // 10.X.Y.0/24: X from the pid, Y from the counter, so concurrent
+        // test processes and tests in one process do not share a subnet
+        // (the namespaces would keep them apart anyway; distinct addresses
+        // keep failure messages unambiguous).
+        let (x, y) = (128 + (pid % 100) as u8, 1 + (n % 250) as u8);
+        let tag = format!("{pid}x{n}");
+        let h = Hosts {
+            a: format!("rs2h-a{tag}"),
+            b: format!("rs2h-b{tag}"),
+            ip_a: Ipv4Addr::new(10, x, y, 1),
+            ip_b: Ipv4Addr::new(10, x, y, 2),
+        };
+        // Interface names are at most 15 bytes: "r2a" + pid (<= 7 digits)
+        // + "x" + counter.
+        let (va, vb) = (format!("r2a{tag}"), format!("r2b{tag}"));
+        let setup = || -> Result<(), String> {
+            ip(&["netns", "add", &h.a])?;
+            ip(&["netns", "add", &h.b])?;
+            ip(&[
+                "link", "add", &va, "netns", &h.a, "type", "veth", "peer", "name", &vb, "netns",
+                &h.b,
+            ])?;
+            for (ns, dev, addr) in [(&h.a, &va, h.ip_a), (&h.b, &vb, h.ip_b)] {
+                ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
+                ip(&["-n", ns, "link", "set", dev, "up"])?;
+                ip(&["-n", ns, "link", "set", "lo", "up"])?;
+            }
+            Ok(())
+        };
+        match setup() {
+            Ok(()) => Some(h),
+            Err(e) => {
+                println!("SKIPPED: network namespaces unavailable ({e})");
+                None
+            }
+        }
+    }
+
+    /// `program` inside namespace `ns`, without the shim.
+    pub fn plain_in(ns: &str, program: &str) -> Cmd {
+        Cmd::plain("ip").args(["netns", "exec", ns, "env", "-u", "LD_PRELOAD", program])
+    }
+
+    /// `program` inside namespace `ns` under the shim (log level warn),
+    /// talking to the daemon on `ctl_sock` (a path where none answers: no
+    /// daemon on that host).
+    pub fn shimmed_in(ns: &str, ctl_sock: &Path, program: &str) -> Cmd {
+        let mut preload = std::ffi::OsString::from("LD_PRELOAD=");
+        preload.push(shim());
+        let mut sock = std::ffi::OsString::from("RINGSOCK_CTL_SOCK=");
+        sock.push(ctl_sock);
+        Cmd::plain("ip")
+            .args(["netns", "exec", ns, "env"])
+            .arg(preload)
+            .arg(sock)
+            .args(["RINGSOCK_LOG=warn", program])
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        let _ = ip(&["netns", "del", &self.a]);
+        let _ = ip(&["netns", "del", &self.b]);
+    }
+}
+
+/// A `ringsock-ctl daemon --foreground` inside a namespace, on a private
+/// socket; stopped (and reaped) on drop.
+pub struct NsCtl {
+    daemon: Server,
+    sock: PathBuf,
+    _dir: TempDir,
+}
+
+impl NsCtl {
+    /// Starts it in `ns` with `extra` flags (e.g. `--peer-port`) and waits
+    /// until its status answers; panics with its log otherwise.
+    pub fn start(ns: &str, extra: &[&str]) -> NsCtl {
+        let dir = TempDir::new("nsctl");
+        let sock = dir.path().join("ctl.sock");
+        let mut daemon = Cmd::plain("ip")
+            .args(["netns", "exec", ns])
+            .arg(ctl_bin())
+            .arg("daemon")
+            .arg("--socket")
+            .arg(&sock)
+            .args(["--foreground", "--log-level", "debug"])
+            .args(extra)
+            .spawn();
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            daemon.assert_running();
+            if sock.exists() && try_status(&sock).is_ok() {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "ringsock-ctl daemon in {ns} did not answer on {}: {:?}",
+                sock.display(),
+                daemon.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        NsCtl {
+            daemon,
+            sock,
+            _dir: dir,
+        }
+    }
+
+    pub fn sock(&self) -> &Path {
+        &self.sock
+    }
+
+    /// Every connection the shims on this host report right now.
+    pub fn status(&self) -> Result<Vec<Conn>, String> {
+        try_status(&self.sock)
+    }
+
+    /// The daemon's log so far.
+    pub fn log(&self) -> String {
+        let (o, e) = self.daemon.output();
+        format!("{o}{e}")
+    }
+}
+
+fn try_status(sock: &Path) -> Result<Vec<Conn>, String> {
+    let out = Command::new(ctl_bin())
+        .args(["status", "--json", "--socket"])
+        .arg(sock)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .map_err(|e| format!("running ringsock-ctl status: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "ringsock-ctl status failed ({}): {text}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    parse_status(&text).map_err(|e| format!("{e} in:\n{text}"))
+}
