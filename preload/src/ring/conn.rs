@@ -731,21 +731,7 @@ impl AttachedConn for ShmConn {
     fn wait_fds(&self, _fd: RawFd, interest: Ready) -> WaitFds {
         let tcp = self.tcp_fd();
         if self.settle() == MODE_TCP {
-            let mut ev = 0i16;
-            if interest.intersects(Ready::READ | Ready::RDHUP | Ready::PRI) {
-                ev |= libc::POLLIN | libc::POLLRDHUP | libc::POLLPRI;
-            }
-            if interest.intersects(Ready::WRITE) {
-                ev |= libc::POLLOUT;
-            }
-            return [
-                Some(WaitFd {
-                    fd: tcp,
-                    events: ev,
-                }),
-                None,
-                None,
-            ];
+            return sockio::tcp_wait_fds(tcp, interest);
         }
         [
             Some(WaitFd {
@@ -772,10 +758,7 @@ impl AttachedConn for ShmConn {
 
     fn available(&self) -> usize {
         if self.settle() == MODE_TCP {
-            let mut n: c_int = 0;
-            // SAFETY: FIONREAD writes one int.
-            unsafe { libc::syscall(libc::SYS_ioctl, self.tcp_fd(), libc::FIONREAD, &mut n) };
-            return n.max(0) as usize;
+            return sockio::fionread(self.tcp_fd());
         }
         lock(&self.rx).available().unwrap_or(0)
     }

@@ -158,41 +158,19 @@ pub fn connect(
         }
         _ => dest,
     };
-    let offer = Msg::Offer {
+    let msg = Msg::Offer {
         client: local,
         server,
         payload: PAYLOAD.to_vec(),
     };
     let fds = [fd, memfd.as_raw_fd(), cbell.fd(), sbell.fd()];
-    let offer_id = match ctl::call(&offer, &fds) {
-        Ok((Msg::OfferOk { offer_id }, _)) => offer_id,
-        Ok((Msg::OfferRefused { reason }, _)) => {
-            if reason != RefuseReason::NoListener {
-                log::info!("fd {fd}: offer to {dest} refused ({})", reason.as_str());
-            }
-            sys::close(tcp_dup);
-            return tcp(real_connect);
-        }
-        Ok((other, _)) => {
-            log::warn!("fd {fd}: unexpected reply to an offer: {other:?}");
-            sys::close(tcp_dup);
-            return tcp(real_connect);
-        }
-        Err(_) => {
-            sys::close(tcp_dup);
-            return tcp(real_connect);
-        }
+    let Some(offer_id) = offer(fd, dest, &msg, &fds) else {
+        sys::close(tcp_dup);
+        return tcp(real_connect);
     };
     drop(memfd);
     let res = real_connect();
-    let in_progress = matches!(
-        res,
-        Ok(()) | Err(Errno(libc::EINPROGRESS)) | Err(Errno(libc::EINTR))
-    );
-    if !in_progress {
-        // No connection, so no server can have claimed the offer.
-        sys::close(tcp_dup);
-        let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
+    if !connect_started(&res, offer_id, tcp_dup) {
         return (res, Decision::Tcp(TcpReason::Declined));
     }
     let cfg = ring_config();
@@ -231,6 +209,40 @@ pub fn connect(
     background::note_pending(&tracked);
     background::note_ring(fd, tracked, report_memfd);
     (res, Decision::Ring(conn))
+}
+
+/// Sends the client's offer; its id, or None (logged unless nobody
+/// listens there) when the daemon refused it or did not answer.
+pub(super) fn offer(fd: RawFd, dest: SocketAddr, offer: &Msg, fds: &[RawFd]) -> Option<u64> {
+    match ctl::call(offer, fds) {
+        Ok((Msg::OfferOk { offer_id }, _)) => Some(offer_id),
+        Ok((Msg::OfferRefused { reason }, _)) => {
+            if reason != RefuseReason::NoListener {
+                log::info!("fd {fd}: offer to {dest} refused ({})", reason.as_str());
+            }
+            None
+        }
+        Ok((other, _)) => {
+            log::warn!("fd {fd}: unexpected reply to an offer: {other:?}");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// After an accepted offer, whether the kernel connect is on its way. If
+/// it failed outright no server can have claimed the offer: it is
+/// withdrawn and the socket duplicate closed.
+pub(super) fn connect_started(res: &Result<(), Errno>, offer_id: u64, tcp_dup: RawFd) -> bool {
+    let started = matches!(
+        res,
+        Ok(()) | Err(Errno(libc::EINPROGRESS)) | Err(Errno(libc::EINTR))
+    );
+    if !started {
+        sys::close(tcp_dup);
+        let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
+    }
+    started
 }
 
 /// Server side: claim the offer for the accepted socket, if there is one.

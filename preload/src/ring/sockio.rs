@@ -10,7 +10,7 @@ use std::sync::{Mutex, MutexGuard};
 use libc::c_int;
 use ringbuf::RingError;
 
-use crate::attached::{Errno, Ready};
+use crate::attached::{Errno, Ready, WaitFd, WaitFds};
 use crate::sys;
 
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -191,4 +191,32 @@ pub fn send_vec(fd: RawFd, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
         }
     }
     Ok(total)
+}
+
+/// What a connection that fell back to TCP sleeps on: its kernel socket,
+/// with the events `interest` needs.
+pub fn tcp_wait_fds(tcp: RawFd, interest: Ready) -> WaitFds {
+    let mut ev = 0i16;
+    if interest.intersects(Ready::READ | Ready::RDHUP | Ready::PRI) {
+        ev |= libc::POLLIN | libc::POLLRDHUP | libc::POLLPRI;
+    }
+    if interest.intersects(Ready::WRITE) {
+        ev |= libc::POLLOUT;
+    }
+    [
+        Some(WaitFd {
+            fd: tcp,
+            events: ev,
+        }),
+        None,
+        None,
+    ]
+}
+
+/// Bytes the kernel socket holds for reading (FIONREAD).
+pub fn fionread(fd: RawFd) -> usize {
+    let mut n: c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    unsafe { libc::syscall(libc::SYS_ioctl, fd, libc::FIONREAD, &mut n) };
+    n.max(0) as usize
 }

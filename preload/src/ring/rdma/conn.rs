@@ -905,21 +905,7 @@ impl AttachedConn for RdmaConn {
     fn wait_fds(&self, _fd: RawFd, interest: Ready) -> WaitFds {
         let tcp = self.tcp_fd();
         if self.mode() == MODE_TCP {
-            let mut ev = 0i16;
-            if interest.intersects(Ready::READ | Ready::RDHUP | Ready::PRI) {
-                ev |= libc::POLLIN | libc::POLLRDHUP | libc::POLLPRI;
-            }
-            if interest.intersects(Ready::WRITE) {
-                ev |= libc::POLLOUT;
-            }
-            return [
-                Some(WaitFd {
-                    fd: tcp,
-                    events: ev,
-                }),
-                None,
-                None,
-            ];
+            return sockio::tcp_wait_fds(tcp, interest);
         }
         [
             Some(WaitFd {
@@ -939,12 +925,7 @@ impl AttachedConn for RdmaConn {
 
     fn available(&self) -> usize {
         match self.mode() {
-            MODE_TCP => {
-                let mut n: c_int = 0;
-                // SAFETY: FIONREAD writes one int.
-                unsafe { libc::syscall(libc::SYS_ioctl, self.tcp_fd(), libc::FIONREAD, &mut n) };
-                n.max(0) as usize
-            }
+            MODE_TCP => sockio::fionread(self.tcp_fd()),
             _ => lock(&self.rx)
                 .as_mut()
                 .map_or(0, |rx| rx.available().unwrap_or(0)),

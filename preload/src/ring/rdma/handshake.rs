@@ -19,10 +19,11 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use ringbuf::transport::verbs::{QpParams, VerbsConn};
-use ringsock_proto::{Msg, RefuseReason};
+use ringsock_proto::Msg;
 
 use super::super::handshake::{
-    config_for, decline, dup_cloexec, ensure_bound, log_no_resources, new_bell, ring_config,
+    config_for, connect_started, decline, dup_cloexec, ensure_bound, log_no_resources, new_bell,
+    offer, ring_config,
 };
 use super::super::tracked::Tracked;
 use super::super::{background, ctl};
@@ -74,39 +75,17 @@ pub fn connect(
             return (real_connect(), Decision::Tcp(TcpReason::NoResources));
         }
     };
-    let offer = Msg::Offer {
+    let msg = Msg::Offer {
         client: local,
         server: dest,
         payload: payload(&vc.local_params()),
     };
-    let offer_id = match ctl::call(&offer, &[fd]) {
-        Ok((Msg::OfferOk { offer_id }, _)) => offer_id,
-        Ok((Msg::OfferRefused { reason }, _)) => {
-            if reason != RefuseReason::NoListener {
-                log::info!("fd {fd}: offer to {dest} refused ({})", reason.as_str());
-            }
-            sys::close(tcp_dup);
-            return (real_connect(), Decision::Tcp(TcpReason::Declined));
-        }
-        Ok((other, _)) => {
-            log::warn!("fd {fd}: unexpected reply to an offer: {other:?}");
-            sys::close(tcp_dup);
-            return (real_connect(), Decision::Tcp(TcpReason::Declined));
-        }
-        Err(_) => {
-            sys::close(tcp_dup);
-            return (real_connect(), Decision::Tcp(TcpReason::Declined));
-        }
+    let Some(offer_id) = offer(fd, dest, &msg, &[fd]) else {
+        sys::close(tcp_dup);
+        return (real_connect(), Decision::Tcp(TcpReason::Declined));
     };
     let res = real_connect();
-    let in_progress = matches!(
-        res,
-        Ok(()) | Err(Errno(libc::EINPROGRESS)) | Err(Errno(libc::EINTR))
-    );
-    if !in_progress {
-        // No connection, so no server can have claimed the offer.
-        sys::close(tcp_dup);
-        let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
+    if !connect_started(&res, offer_id, tcp_dup) {
         return (res, Decision::Tcp(TcpReason::Declined));
     }
     // The region's header and counters, for status (read-only there).
