@@ -41,14 +41,23 @@ fn two_processes_share_a_ring() {
         // SAFETY: closing our inheritable copies.
         unsafe { libc::close(fd) };
     }
-    // Ring 0: parent -> child. Ring 1: child -> parent.
+    // Ring 0: parent -> child. Ring 1: child -> parent. Each side's
+    // receiver rings the other's bell too: a sender that waits for space
+    // sleeps on its own bell, and only the head push can wake it (without
+    // it the parent slept forever once ring 0 filled up on a busy machine).
+    let child_bell = to_child.try_clone().unwrap();
     let mut tx = Sender::new(
         seg.ring(0),
         ShmTransport::new(seg.ring(0), Some(Box::new(to_child))),
         cfg,
     )
     .unwrap();
-    let mut rx = Receiver::new(seg.ring(1), ShmTransport::new(seg.ring(1), None), cfg).unwrap();
+    let mut rx = Receiver::new(
+        seg.ring(1),
+        ShmTransport::new(seg.ring(1), Some(Box::new(child_bell))),
+        cfg,
+    )
+    .unwrap();
     let mut spin = SpinBudget::new(Duration::from_micros(20));
     let mut hash = 0xcbf29ce484222325u64;
     let mut chunk = vec![0u8; 10_007];
@@ -96,7 +105,13 @@ fn child_role() {
         slot_size: seg.geometry().1,
         ..RingConfig::default()
     };
-    let mut rx = Receiver::new(seg.ring(0), ShmTransport::new(seg.ring(0), None), cfg).unwrap();
+    let space_bell = parent_bell.try_clone().unwrap();
+    let mut rx = Receiver::new(
+        seg.ring(0),
+        ShmTransport::new(seg.ring(0), Some(Box::new(space_bell))),
+        cfg,
+    )
+    .unwrap();
     let mut tx = Sender::new(
         seg.ring(1),
         ShmTransport::new(seg.ring(1), Some(Box::new(parent_bell))),
