@@ -176,7 +176,7 @@ impl Ctl {
         let end = Instant::now() + Duration::from_secs(10);
         loop {
             daemon.assert_running();
-            if sock.exists() && Self::try_status(sock).is_ok() {
+            if sock.exists() && status_at(sock).is_ok() {
                 break;
             }
             assert!(
@@ -211,27 +211,9 @@ impl Ctl {
         format!("{}{o}{e}", self.old_log)
     }
 
-    fn try_status(sock: &Path) -> Result<Vec<Conn>, String> {
-        let out = std::process::Command::new(ctl_bin())
-            .args(["status", "--json", "--socket"])
-            .arg(sock)
-            .env_remove("LD_PRELOAD")
-            .output()
-            .map_err(|e| format!("running ringsock-ctl status: {e}"))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            return Err(format!(
-                "ringsock-ctl status failed ({}): {text}{}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        parse_status(&text).map_err(|e| format!("{e} in:\n{text}"))
-    }
-
     /// Every connection the shims report right now.
     pub fn status(&self) -> Vec<Conn> {
-        Self::try_status(&self.sock).unwrap_or_else(|e| panic!("{e}\ndaemon log:\n{}", self.log()))
+        status_at(&self.sock).unwrap_or_else(|e| panic!("{e}\ndaemon log:\n{}", self.log()))
     }
 
     /// Polls status until `pred` holds (returning that sample) or `timeout`
@@ -286,7 +268,7 @@ impl Ctl {
             if Instant::now() >= end {
                 break child.wait(Duration::ZERO);
             }
-            if let Ok(s) = Self::try_status(&self.sock) {
+            if let Ok(s) = status_at(&self.sock) {
                 seen.add(&s);
                 samples += 1;
             }
@@ -440,4 +422,23 @@ pub fn assert_all_shm(what: &str, conns: &[Conn], server_port: u16, min: usize) 
         show(conns)
     );
     l
+}
+
+/// `ringsock-ctl status --json` of the daemon at `sock`, parsed.
+pub fn status_at(sock: &Path) -> Result<Vec<Conn>, String> {
+    let out = std::process::Command::new(ctl_bin())
+        .args(["status", "--json", "--socket"])
+        .arg(sock)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .map_err(|e| format!("running ringsock-ctl status: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "ringsock-ctl status failed ({}): {text}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    parse_status(&text).map_err(|e| format!("{e} in:\n{text}"))
 }

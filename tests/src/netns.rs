@@ -16,7 +16,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::ctl::{parse_status, Conn};
+use crate::ctl::{status_at, Conn};
 use crate::proc::{Cmd, Server};
 use crate::shim::{ctl_bin, shim};
 use crate::tmp::TempDir;
@@ -149,7 +149,7 @@ impl NsCtl {
         let end = Instant::now() + Duration::from_secs(10);
         loop {
             daemon.assert_running();
-            if sock.exists() && try_status(&sock).is_ok() {
+            if sock.exists() && status_at(&sock).is_ok() {
                 break;
             }
             assert!(
@@ -173,7 +173,7 @@ impl NsCtl {
 
     /// Every connection the shims on this host report right now.
     pub fn status(&self) -> Result<Vec<Conn>, String> {
-        try_status(&self.sock)
+        status_at(&self.sock)
     }
 
     /// The daemon's log so far.
@@ -181,22 +181,4 @@ impl NsCtl {
         let (o, e) = self.daemon.output();
         format!("{o}{e}")
     }
-}
-
-fn try_status(sock: &Path) -> Result<Vec<Conn>, String> {
-    let out = Command::new(ctl_bin())
-        .args(["status", "--json", "--socket"])
-        .arg(sock)
-        .env_remove("LD_PRELOAD")
-        .output()
-        .map_err(|e| format!("running ringsock-ctl status: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() {
-        return Err(format!(
-            "ringsock-ctl status failed ({}): {text}{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    parse_status(&text).map_err(|e| format!("{e} in:\n{text}"))
 }

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use ringbuf::{EventFd, Notify, Receiver, RingConfig, Segment, Sender, ShmTransport};
-use ringsock_proto::{Msg, RefuseReason};
+use ringsock_proto::{Fds, Msg, RefuseReason};
 
 use super::conn::{Parts, PeerBell, ShmConn, Side, STATE_ACCEPTED, STATE_DECLINED, WORD_STATE};
 use super::tracked::Tracked;
@@ -245,25 +245,33 @@ pub(super) fn connect_started(res: &Result<(), Errno>, offer_id: u64, tcp_dup: R
     started
 }
 
-/// Server side: claim the offer for the accepted socket, if there is one.
-pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
-    let (offer_id, fds) = match ctl::call(&Msg::Claim, &[fd]) {
+/// Claims the offer for the accepted socket `fd`: its id, payload and
+/// descriptors, or None when there is none (or no daemon answers).
+pub(super) fn claim(fd: RawFd) -> Option<(u64, Vec<u8>, Fds)> {
+    match ctl::call(&Msg::Claim, &[fd]) {
         Ok((
             Msg::ClaimOk {
                 offer_id, payload, ..
             },
             fds,
-        )) if payload == PAYLOAD => (offer_id, fds),
-        Ok((Msg::ClaimOk { offer_id, .. }, _)) => {
-            decline(offer_id, "unknown offer payload");
-            return Decision::Tcp(TcpReason::Declined);
-        }
-        Ok((Msg::NoOffer, _)) | Err(_) => return Decision::Tcp(TcpReason::Declined),
+        )) => Some((offer_id, payload, fds)),
+        Ok((Msg::NoOffer, _)) | Err(_) => None,
         Ok((other, _)) => {
             log::warn!("fd {fd}: unexpected reply to a claim: {other:?}");
-            return Decision::Tcp(TcpReason::Declined);
+            None
         }
+    }
+}
+
+/// Server side: claim the offer for the accepted socket, if there is one.
+pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
+    let Some((offer_id, payload, fds)) = claim(fd) else {
+        return Decision::Tcp(TcpReason::Declined);
     };
+    if payload != PAYLOAD {
+        decline(offer_id, "unknown offer payload");
+        return Decision::Tcp(TcpReason::Declined);
+    }
     let mut fds: Vec<OwnedFd> = fds.into_owned();
     if fds.len() != 3 {
         decline(offer_id, "wrong descriptor count");

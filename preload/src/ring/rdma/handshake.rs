@@ -22,8 +22,8 @@ use ringbuf::transport::verbs::{QpParams, VerbsConn};
 use ringsock_proto::Msg;
 
 use super::super::handshake::{
-    config_for, connect_started, decline, dup_cloexec, ensure_bound, log_no_resources, new_bell,
-    offer, ring_config,
+    claim, config_for, connect_started, decline, dup_cloexec, ensure_bound, log_no_resources,
+    new_bell, offer, ring_config,
 };
 use super::super::tracked::Tracked;
 use super::super::{background, ctl};
@@ -109,27 +109,18 @@ pub fn connect(
 
 /// Server side: claim the offer for the accepted socket, if there is one.
 pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
-    let (offer_id, client) = match ctl::call(&Msg::Claim, &[fd]) {
-        Ok((
-            Msg::ClaimOk {
-                offer_id, payload, ..
-            },
-            _,
-        )) => match payload.strip_prefix(PREFIX).map(QpParams::decode) {
-            Some(Ok(p)) => (offer_id, p),
-            Some(Err(e)) => {
-                log::warn!("fd {fd}: the client's verbs parameters are unusable ({e})");
-                decline(offer_id, "verbs parameters rejected");
-                return Decision::Tcp(TcpReason::Declined);
-            }
-            None => {
-                decline(offer_id, "unknown offer payload");
-                return Decision::Tcp(TcpReason::Declined);
-            }
-        },
-        Ok((Msg::NoOffer, _)) | Err(_) => return Decision::Tcp(TcpReason::Declined),
-        Ok((other, _)) => {
-            log::warn!("fd {fd}: unexpected reply to a claim: {other:?}");
+    let Some((offer_id, offered, _)) = claim(fd) else {
+        return Decision::Tcp(TcpReason::Declined);
+    };
+    let client = match offered.strip_prefix(PREFIX).map(QpParams::decode) {
+        Some(Ok(p)) => p,
+        Some(Err(e)) => {
+            log::warn!("fd {fd}: the client's verbs parameters are unusable ({e})");
+            decline(offer_id, "verbs parameters rejected");
+            return Decision::Tcp(TcpReason::Declined);
+        }
+        None => {
+            decline(offer_id, "unknown offer payload");
             return Decision::Tcp(TcpReason::Declined);
         }
     };
