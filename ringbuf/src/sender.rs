@@ -18,7 +18,7 @@ use crate::layout::{bump, RingControl};
 use crate::memory::RingMem;
 use crate::record::{self, Header, FLAG_EOS, HEADER_BYTES};
 use crate::sync::{fence, Ordering};
-use crate::transport::{PeerWord, Transport, Visibility};
+use crate::transport::{ExternalSrc, PeerWord, Transport, Visibility};
 
 pub struct Sender<T: Transport> {
     mem: RingMem,
@@ -168,6 +168,89 @@ impl<T: Transport> Sender<T> {
         }
         if !self.cfg.coalesce {
             self.commit()?;
+        }
+        Ok(done)
+    }
+
+    /// Zero-copy write: as much of `buf` as fits goes out in records whose
+    /// payload the transport WRITEs straight from `buf` (registered under
+    /// `lkey`, `Transport::write_external`) instead of a copy into the
+    /// ring. Byte order is kept: the open record is committed and every
+    /// slot before these records transmitted first. The tail advances and
+    /// is published as for `write` (batching rules). Returns only once the
+    /// device no longer reads `buf` (the caller may reuse it), with the
+    /// bytes taken; `Err(WouldBlock)` when none fit.
+    ///
+    /// Our copy of these records' slots holds only their headers, never
+    /// the payload: nothing on the verbs path reads the sender's copy back
+    /// (`take_unconsumed` serves the shm handshake only).
+    pub fn write_zero_copy(&mut self, buf: &[u8], lkey: u32) -> Result<usize, RingError> {
+        self.check()?;
+        if self.peer_closed() {
+            return Err(RingError::PeerClosed);
+        }
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        self.commit()?;
+        // The zero-copy records' slots must never go out from our copy
+        // (`send_slots` sends [esc_tail, tail)): send what precedes them
+        // now, and move esc_tail past each of them as it is posted.
+        self.send_slots()?;
+        let mut done = 0;
+        let mut last = None;
+        let mut refreshed = false;
+        while done < buf.len() {
+            let cap_slots = self.record_cap();
+            if cap_slots == 0 {
+                if refreshed {
+                    break;
+                }
+                refreshed = true;
+                self.refresh_head()?;
+                if self.record_cap() == 0 {
+                    self.flush()?;
+                    self.refresh_head()?;
+                }
+                continue;
+            }
+            let cap_bytes =
+                (cap_slots as usize * self.slot_size - HEADER_BYTES).min(u32::MAX as usize);
+            let n = (buf.len() - done).min(cap_bytes);
+            let first = (self.tail % self.slots) as u32;
+            let h = Header {
+                flags: 0,
+                len: n as u32,
+            };
+            let count = record::slots_for(n, self.slot_size) as u32;
+            let src = ExternalSrc {
+                addr: buf[done..].as_ptr() as u64,
+                len: n as u32,
+                lkey,
+            };
+            let token = self
+                .transport
+                .write_external(first, count, h.encode(), src)
+                .map_err(|e| self.fail(e))?;
+            last = Some(token);
+            self.put_record(h);
+            bump(&self.ctrl().tx_stats.bytes, n as u64);
+            self.esc_tail = self.tail;
+            bump(&self.ctrl().tx_stats.batches, 1);
+            done += n;
+        }
+        if let Some(token) = last {
+            // Publish per the batching rules, then wait for the payload
+            // WRITEs (a tail WRITE posted here travels behind them).
+            let r = self.transmit(false);
+            self.transport
+                .wait_external(token)
+                .map_err(|e| self.fail(e))?;
+            r?;
+        }
+        if done == 0 {
+            bump(&self.ctrl().tx_stats.full, 1);
+            return Err(RingError::WouldBlock);
         }
         Ok(done)
     }
@@ -465,7 +548,8 @@ impl<T: Transport> Sender<T> {
     /// Everything written but not yet consumed by the receiver, in order,
     /// and resets the ring to empty. For a handshake the server turned down:
     /// the caller resends these bytes over TCP. Only valid while no receiver
-    /// is attached.
+    /// is attached, and never after `write_zero_copy` (our copy does not
+    /// hold those records' payload; only the shm handshake calls this).
     pub fn take_unconsumed(&mut self) -> Result<Vec<u8>, RingError> {
         self.commit()?;
         self.refresh_head()?;

@@ -41,6 +41,15 @@ pub enum Visibility {
     AtCompletion,
 }
 
+/// A payload in the program's own memory, registered with the transport's
+/// device (`lkey`), for a zero-copy record (`Transport::write_external`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExternalSrc {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
 /// The medium under one end of a ring.
 pub trait Transport {
     /// Make slots `[first, first + count)` of this end's copy visible in the
@@ -63,4 +72,33 @@ pub trait Transport {
 
     /// Ring the peer's doorbell (it announced it sleeps).
     fn kick_peer(&mut self) -> Result<(), RingError>;
+
+    /// Zero-copy record: writes `header` (the record header, already in
+    /// this end's copy at slot `first`) to the peer's slot `first`, then
+    /// the payload straight from `src` (the program's memory) to the bytes
+    /// after it, ordered before any later write. `[first, first + count)`
+    /// must be the record's slots and hold `src.len` bytes after the
+    /// header; this end's copy of those slots does NOT hold the payload.
+    /// Returns a token for `wait_external`. Shared memory has no use for it
+    /// (the copy is the transmission): the default says unsupported.
+    fn write_external(
+        &mut self,
+        first: u32,
+        count: u32,
+        header: u64,
+        src: ExternalSrc,
+    ) -> Result<u64, RingError> {
+        let _ = (first, count, header, src);
+        Err(RingError::Config(
+            "zero-copy writes are not supported by this transport",
+        ))
+    }
+
+    /// Waits until the device no longer reads the memory of the external
+    /// write `token` and every one before it (verbs: its signaled WRITE
+    /// completed). An error means the connection is dead.
+    fn wait_external(&mut self, token: u64) -> Result<(), RingError> {
+        let _ = token;
+        Ok(())
+    }
 }

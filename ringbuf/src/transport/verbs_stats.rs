@@ -94,6 +94,16 @@ pub struct RqCounters {
     /// Completions with an error status, send or receive: the connection
     /// is dead after the first.
     pub cq_errors: AtomicU64,
+    /// Zero-copy payload WRITEs (straight from the program's registered
+    /// buffer) and their payload bytes. Written under the send-queue lock
+    /// (one per record of up to max_record_slots, so rare next to the
+    /// doorbell's counters). They live in this line so the header keeps
+    /// its size (and version). `ringsock-ctl status` shows at most 16
+    /// counters per connection and the verbs list is full, so these are
+    /// ALSO folded into `slot_writes`/`slot_bytes` (status sees them
+    /// there); `VerbsCounters` has them apart.
+    pub zc_writes: AtomicU64,
+    pub zc_bytes: AtomicU64,
 }
 
 impl SqCounters {
@@ -110,6 +120,8 @@ impl SqCounters {
             completions: l(&self.completions),
             rings_received: 0,
             cq_errors: 0,
+            zc_writes: 0,
+            zc_bytes: 0,
         }
     }
 }
@@ -127,6 +139,10 @@ pub struct VerbsCounters {
     pub completions: u64,
     pub rings_received: u64,
     pub cq_errors: u64,
+    /// Zero-copy payload WRITEs and bytes (also counted in `slot_writes`
+    /// and `slot_bytes`).
+    pub zc_writes: u64,
+    pub zc_bytes: u64,
 }
 
 impl VerbsHeader {
@@ -136,6 +152,8 @@ impl VerbsHeader {
         VerbsCounters {
             rings_received: self.rq.rings_received.load(Ordering::Relaxed),
             cq_errors: self.rq.cq_errors.load(Ordering::Relaxed),
+            zc_writes: self.rq.zc_writes.load(Ordering::Relaxed),
+            zc_bytes: self.rq.zc_bytes.load(Ordering::Relaxed),
             ..self.sq.snapshot()
         }
     }
@@ -189,6 +207,8 @@ pub mod offsets {
     pub const COMPLETIONS: usize = SQ + offset_of!(SqCounters, completions);
     pub const RINGS_RECEIVED: usize = RQ + offset_of!(RqCounters, rings_received);
     pub const CQ_ERRORS: usize = RQ + offset_of!(RqCounters, cq_errors);
+    pub const ZC_WRITES: usize = RQ + offset_of!(RqCounters, zc_writes);
+    pub const ZC_BYTES: usize = RQ + offset_of!(RqCounters, zc_bytes);
 }
 
 const _: () = {
@@ -207,6 +227,8 @@ const _: () = {
     // send-queue ones.
     assert!(offsets::RINGS_RECEIVED / 64 != offsets::COMPLETIONS / 64);
     assert!(offsets::WR_POSTED.is_multiple_of(64));
+    // The zero-copy counters did not grow the header (same line as rq).
+    assert!(std::mem::size_of::<RqCounters>() == 64);
 };
 
 #[cfg(test)]

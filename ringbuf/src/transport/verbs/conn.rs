@@ -14,7 +14,7 @@ use crate::transport::verbs_stats::{
     bump, VerbsCounters, VerbsHeader, VERBS_FLAG_HUGE, VERBS_HEADER_PAGE, VERBS_MAGIC,
     VERBS_VERSION,
 };
-use crate::transport::{PeerWord, Transport, Visibility};
+use crate::transport::{ExternalSrc, PeerWord, Transport, Visibility};
 use rdma_sys::*;
 use std::mem::offset_of;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -866,6 +866,13 @@ impl Shared {
                 sge.addr = self.region.addr(off);
                 sge.length = len;
             }
+            Src::External(x) => {
+                // The program's own buffer, registered in the device's
+                // zero-copy cache (`regcache`) under `x.lkey`.
+                sge.addr = x.addr;
+                sge.length = x.len;
+                sge.lkey = x.lkey;
+            }
             Src::Word(v) => {
                 if self.inline {
                     // Inline: the library copies the bytes at post time.
@@ -926,6 +933,7 @@ impl Shared {
 
 enum Src {
     Region { off: usize, len: u32 },
+    External(ExternalSrc),
     Word(u64),
     Imm(u32),
 }
@@ -964,6 +972,13 @@ impl VerbsTransport {
     /// The connection's verbs counters (shared by both ends).
     pub fn verbs_counters(&self) -> VerbsCounters {
         self.shared.region.header().counters()
+    }
+
+    /// A registration of `buf` for `Sender::write_zero_copy`, from the
+    /// device's cache (`regcache`); `Err` when it cannot have one (the
+    /// caller copies instead).
+    pub fn zc_lease(&self, buf: &[u8]) -> Result<super::regcache::ZcLease, super::regcache::Miss> {
+        self.shared.dev.zc_cache().acquire(buf)
     }
 
     fn word_addr(&self, word: PeerWord) -> u64 {
@@ -1038,6 +1053,58 @@ impl Transport for VerbsTransport {
             Ok(std::mem::take(&mut st.unreported[r]))
         } else {
             Ok(0)
+        }
+    }
+
+    fn write_external(
+        &mut self,
+        first: u32,
+        count: u32,
+        header: u64,
+        src: ExternalSrc,
+    ) -> Result<u64, RingError> {
+        let s = &*self.shared;
+        let ss = s.out_slot_size;
+        let off = first as u64 * ss;
+        let room = count as u64 * ss;
+        if self.role != Role::Sender
+            || off + room > s.layout.out_bytes as u64
+            || src.len as u64 + 8 > room
+        {
+            return Err(RingError::Config(
+                "verbs: zero-copy record outside the ring",
+            ));
+        }
+        let remote = s.remote.in_slots + off;
+        let mut st = lock(&s.sq);
+        // The header from our copy's value (inline where the device can),
+        // then the payload from the program's memory right after it; the
+        // RC queue pair keeps them in order before the tail WRITE that
+        // publishes them. Signaled: `wait_external` needs its completion.
+        s.post(&mut st, Src::Word(header), remote, false)?;
+        let seq = s.post(&mut st, Src::External(src), remote + 8, true)?;
+        let c = s.counters();
+        // Status has no room for more counters: the record also counts as
+        // a slot write (see `RqCounters::zc_writes`).
+        bump(&c.slot_writes, 1);
+        bump(&c.slot_bytes, src.len as u64 + 8);
+        let z = s.rq_counters();
+        bump(&z.zc_writes, 1);
+        bump(&z.zc_bytes, src.len as u64);
+        Ok(seq)
+    }
+
+    fn wait_external(&mut self, token: u64) -> Result<(), RingError> {
+        let s = &*self.shared;
+        loop {
+            {
+                let mut st = lock(&s.sq);
+                s.reap(&mut st)?;
+                if st.done >= token {
+                    return Ok(());
+                }
+            }
+            std::hint::spin_loop();
         }
     }
 

@@ -5,7 +5,7 @@ use rdma_sys::*;
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// An open RDMA device with one protection domain, bound to one port and
 /// one GID index. Shared (`Arc`) by every connection of a process.
@@ -20,6 +20,9 @@ pub struct Device {
     pub(super) max_qp_wr: u32,
     pub(super) max_cqe: u32,
     name: String,
+    /// Registrations of the program's buffers for zero-copy sends
+    /// (`regcache`), made on first use.
+    pub(super) zc: OnceLock<Arc<super::regcache::ZcCache>>,
 }
 
 // SAFETY: libibverbs contexts and PDs are thread-safe (the library locks
@@ -182,6 +185,7 @@ impl Device {
             max_qp_wr: 0,
             max_cqe: 0,
             name,
+            zc: OnceLock::new(),
         };
         // SAFETY: zeroed is a valid ibv_device_attr; ctx is open.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
@@ -257,6 +261,11 @@ impl Device {
 
 impl Drop for Device {
     fn drop(&mut self) {
+        // The zero-copy registrations live on our PD: deregister them
+        // first, or the PD cannot be freed.
+        if let Some(zc) = self.zc.get() {
+            zc.clear();
+        }
         // SAFETY: each pointer was created by the matching call and every
         // connection holds an Arc<Device>, so nothing uses them any more.
         unsafe {

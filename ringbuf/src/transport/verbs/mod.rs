@@ -102,6 +102,7 @@
 mod conn;
 mod device;
 mod params;
+pub mod regcache;
 
 pub use crate::transport::verbs_stats::VerbsCounters;
 pub use conn::{Connected, Doorbell, VerbsConn, VerbsTransport};
