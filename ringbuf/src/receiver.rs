@@ -85,7 +85,15 @@ impl<T: Transport> Receiver<T> {
 
     /// Re-reads the published tail and validates it.
     fn refresh_tail(&mut self) -> Result<(), RingError> {
-        let tail = self.ctrl().local_tail.value.load(Ordering::Acquire);
+        // Verbs pull mode fetches the tail (and the slots) itself.
+        let fetched = self
+            .transport
+            .fetch_tail(self.head, self.local_tail)
+            .map_err(|e| self.fail(e))?;
+        let tail = match fetched {
+            Some(t) => t,
+            None => self.ctrl().local_tail.value.load(Ordering::Acquire),
+        };
         if tail < self.local_tail || tail - self.head > self.slots {
             return Err(self.fail(RingError::Corrupt(Corruption::Tail {
                 head: self.head,

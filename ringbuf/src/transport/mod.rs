@@ -73,6 +73,18 @@ pub trait Transport {
     /// Ring the peer's doorbell (it announced it sleeps).
     fn kick_peer(&mut self) -> Result<(), RingError>;
 
+    /// Receiver end, before it loads `local_tail` from its copy: a
+    /// transport that fetches the data itself (verbs pull mode: RDMA READ
+    /// of the sender's published tail, then of slots `[known, tail)` into
+    /// this end's copy) returns that tail, which the receiver validates
+    /// as any other; `None`: the sender writes `local_tail` into this
+    /// end's copy (push), load it from there. `head`/`known` are the
+    /// receiver's head and last validated tail.
+    fn fetch_tail(&mut self, head: u64, known: u64) -> Result<Option<u64>, RingError> {
+        let _ = (head, known);
+        Ok(None)
+    }
+
     /// Zero-copy record: writes `header` (the record header, already in
     /// this end's copy at slot `first`) to the peer's slot `first`, then
     /// the payload straight from `src` (the program's memory) to the bytes

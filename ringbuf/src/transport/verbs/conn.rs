@@ -21,6 +21,10 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+// Pull mode's verbs glue: a child module, so it sees the queue pair.
+#[path = "pull_io.rs"]
+mod pull_io;
+
 const PAGE: usize = 4096;
 const HUGE: usize = 2 << 20;
 /// Send queue depth (capped by the device).
@@ -202,8 +206,10 @@ struct Remote {
     /// Peer's receiver copy (we send into it).
     in_ctrl: u64,
     in_slots: u64,
-    /// Peer's sender copy (we push head / flags into it).
+    /// Peer's sender copy (we push head / flags into it; in pull mode we
+    /// READ its published tail and slots).
     out_ctrl: u64,
+    out_slots: u64,
 }
 
 struct Shared {
@@ -408,6 +414,8 @@ impl VerbsConn {
     ) -> Result<VerbsConn, RingError> {
         out_cfg.validate()?;
         in_cfg.validate()?;
+        // A bad pull-mode knob fails here, before anything is allocated.
+        super::pull::PullKnobs::get().map_err(|e| detailed(format!("verbs: {e}")))?;
         let layout = Layout::new(&out_cfg, &in_cfg);
         let region = Arc::new(Region::new(layout.total)?);
         init_header(&region, &layout, &out_cfg, &in_cfg, dev);
@@ -433,8 +441,13 @@ impl VerbsConn {
             sq: Mutex::new(SqState::default()),
             rq: Mutex::new(()),
         };
+        // REMOTE_READ for pull mode (the receiver READs our sender copy):
+        // it exposes what the rkey already reaches for WRITE, our two
+        // ring copies and the staging words, all bytes the peer sent us
+        // or that we send it (see the module documentation).
         let access = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_READ)
             .0 as i32;
         // Everything but the header page: the peer's rkey must not reach
         // the counters, and nothing is sent from there.
@@ -595,7 +608,9 @@ impl VerbsConn {
             in_ctrl: peer.in_ring.ctrl_addr,
             in_slots: peer.in_ring.slots_addr,
             out_ctrl: peer.out_ring.ctrl_addr,
+            out_slots: peer.out_ring.slots_addr,
         };
+        let knobs = super::pull::PullKnobs::get().copied().unwrap_or_default();
         shared.to_init()?;
         {
             let _g = lock(&shared.rq);
@@ -635,6 +650,7 @@ impl VerbsConn {
             VerbsTransport {
                 shared: shared.clone(),
                 role: Role::Sender,
+                pull: pull_io::PullState::new(knobs, out_cfg.slots, out_cfg.slot_size),
             },
             out_cfg,
         )?;
@@ -643,6 +659,7 @@ impl VerbsConn {
             VerbsTransport {
                 shared: shared.clone(),
                 role: Role::Receiver,
+                pull: pull_io::PullState::new(knobs, in_cfg.slots, in_cfg.slot_size),
             },
             in_cfg,
         )?;
@@ -663,6 +680,11 @@ impl Connected {
     /// This end's verbs counters (both rings share one queue pair).
     pub fn verbs_counters(&self) -> VerbsCounters {
         self.bell.shared.region.header().counters()
+    }
+
+    /// This end's pull-mode counters (`transport::verbs::pull`).
+    pub fn pull_stats(&self) -> super::pull::PullStats {
+        self.bell.shared.pull_counters().snapshot()
     }
 }
 
@@ -702,7 +724,8 @@ impl Shared {
         a.pkey_index = 0;
         a.port_num = self.dev.port;
         a.qp_access_flags = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_READ)
             .0;
         use ibv_qp_attr_mask as M;
         self.modify(
@@ -949,6 +972,7 @@ enum Src {
 pub struct VerbsTransport {
     shared: Arc<Shared>,
     role: Role,
+    pull: pull_io::PullState,
 }
 
 impl VerbsTransport {
@@ -1003,6 +1027,9 @@ impl Transport for VerbsTransport {
         if self.role != Role::Sender || off + len > l.out_bytes as u64 || len > u32::MAX as u64 {
             return Err(RingError::Config("verbs: slot range outside the ring"));
         }
+        if self.pull.note_slots(first, count) {
+            return Ok(());
+        }
         let mut st = lock(&s.sq);
         s.post(
             &mut st,
@@ -1028,6 +1055,11 @@ impl Transport for VerbsTransport {
         // "visible" for the wakeup protocol, and words are rare (one per
         // alpha slots) next to slot writes, which are signaled only every
         // sq_depth/2 requests to recycle the send queue.
+        if word == PeerWord::LocalTail {
+            if let Some(vis) = self.pull_tail(value)? {
+                return Ok(vis);
+            }
+        }
         let addr = self.word_addr(word);
         let s = &*self.shared;
         let mut st = lock(&s.sq);
@@ -1075,6 +1107,9 @@ impl Transport for VerbsTransport {
                 "verbs: zero-copy record outside the ring",
             ));
         }
+        if let Some(token) = self.pull.external(s, first, count, src)? {
+            return Ok(token);
+        }
         let remote = s.remote.in_slots + off;
         let mut st = lock(&s.sq);
         // The header from our copy's value (inline where the device can),
@@ -1106,6 +1141,10 @@ impl Transport for VerbsTransport {
             }
             std::hint::spin_loop();
         }
+    }
+
+    fn fetch_tail(&mut self, head: u64, known: u64) -> Result<Option<u64>, RingError> {
+        self.pull_fetch(head, known)
     }
 
     fn kick_peer(&mut self) -> Result<(), RingError> {

@@ -94,6 +94,86 @@
 //!    transport-level read hook with a checked encoding of peer-written
 //!    words would remove the assumption; not done yet.
 //!
+//! # Pull mode (remote fetching)
+//!
+//! Per ring direction the sender may switch from *push* (the above) to
+//! *pull*, RFP's remote-fetching paradigm (`pull.rs`: knobs
+//! `RINGSOCK_VERBS_MODE` = push (default) | pull | adaptive,
+//! `RINGSOCK_PULL_HIGH`/`_LOW`/`_WINDOW_US`/`_DWELL_MS`): the sender posts
+//! nothing for its data; it publishes by storing the tail into `pub_tail`
+//! in its *own* copy (`pull::PUB_TAIL`, a word of the control page past
+//! `RingControl`), and the receiver, in `Transport::fetch_tail` (called
+//! by `Receiver::refresh_tail`, so every read, readiness check and
+//! `prepare_wait` fetches), READs that word into a scratch word of its
+//! own copy, then READs the new slots `[from, tail)` into its receiver
+//! copy, waits for both, and validates tail and records exactly as in
+//! push. The memory region and the queue pair allow REMOTE_READ for
+//! this: the peer can READ what its rkey could already WRITE, our two
+//! ring copies and the staging words (bytes it sent us or we send it,
+//! our head/tail mirrors and ring counters); the header page with the
+//! verbs counters stays outside the registration.
+//!
+//! Adaptive mode measures the responder's load as this process's rate of
+//! publishes (all verbs rings, per `RINGSOCK_PULL_WINDOW_US`), not its
+//! rate of posted work requests: a sender in pull posts almost none, so
+//! that rate would drop at the switch and flip it straight back. Above
+//! HIGH a sender switches to pull, at or below LOW back to push, never
+//! twice within DWELL. Only the sender decides; the receiver follows.
+//!
+//! Switching (the sender's `write_word(LocalTail)`, `pull_io.rs`):
+//!
+//! - PUSH -> PULL at a publish of tail T: every slot before T is already
+//!   WRITTEN (`Sender::transmit` sends slots before the tail). Store T in
+//!   `pub_tail`, WRITE the tail T, then the mode word (`pull::mode_word`:
+//!   switch sequence << 1 | pull) into the receiver's copy; push nothing
+//!   more. RC order: a receiver that sees the word has every pushed slot
+//!   and a `local_tail` >= T; it READs from `max(its tail, local_tail)`,
+//!   so it never READs over what was pushed (nor over a zero-copy record,
+//!   whose payload is not in our copy: in pull mode `write_external`
+//!   copies the payload into our copy instead).
+//! - PULL -> PUSH at a publish of T: `pub_tail` freezes at its last value
+//!   F (the receiver's READs cannot reach past it any more); WRITE again
+//!   the slots the receiver may not have fetched, `[start, esc)` with
+//!   start = its pushed head (clamped into one ring, never before the
+//!   switch to pull), then the tail T, then the push mode word. Until
+//!   the receiver sees that word it keeps READing (up to F) and also takes
+//!   `local_tail` from its copy. A catch-up WRITE and a READ of the same
+//!   slot place the same bytes: the sender rewrites a slot only after the
+//!   receiver released it, and every slot in `[head, esc)` belongs to one
+//!   absolute position. Before it unfreezes (a later switch to pull) the
+//!   sender waits for the switch-back's mode word to complete, so no late
+//!   catch-up WRITE can land over a slot READ after the unfreeze.
+//! - The receiver never writes `local_tail`: the fetched tail is returned
+//!   to `refresh_tail`, so a stale push and a READ never race on it, and
+//!   the tail it uses is monotonic by the rules above (the Receiver still
+//!   rejects a regression as corruption).
+//!
+//! No lost wakeup in pull (Dekker on the *sender's* memory): receiver R1
+//! WRITE `rx_waiting` into the sender's copy; R2 wait for its completion
+//! (= placed); R3 fence and READ `pub_tail` (the sender's NIC loads it
+//! after the flag is in place), sleep only if nothing new. Sender S1
+//! store `pub_tail` (SeqCst), S2 fence, S3 load `rx_waiting`, kick if set
+//! (`Sender::tail_visible`, run at once: the tail write returns
+//! `Visibility::Now`). If both missed: R3 < S1 (READ did not see the
+//! tail) and S3 < W (load did not see the flag), with W < R2 < R3 and
+//! S1 < S2 < S3: W < R3 < S1 < S3 < W, impossible (loom:
+//! `tests/loom_pull.rs`, which fails without the fence or without R2).
+//! Across a switch the receiver may still look at the other place: a
+//! receiver that has not seen the pull word reads its local copy; the
+//! switch returns `AtCompletion`, so the sender runs its check when the
+//! mode word has landed (the push argument with the word in place of the
+//! tail), and a publish while a mode word is unreported also answers
+//! `AtCompletion`. A receiver that has not seen the push word READs
+//! `pub_tail` (frozen, but covering all before the switch) and loads
+//! `local_tail`; everything after the switch is pushed with the push
+//! argument.
+//!
+//! Counters (`pull::PullCounters`, in the header page; `Connected::
+//! pull_stats`): switches each way at both ends, tail and slot READs,
+//! bytes READ, catch-up WRITEs. `ringsock-ctl status` does not show them
+//! (16 counters per entry, the verbs list fills it); a ring in pull shows
+//! there as slot_writes/slot_bytes that stop growing while bytes flow.
+//!
 //! One thread waits on a `Doorbell` at a time (as with an eventfd that is
 //! drained). A hostile peer can only write into our region where its rkey
 //! allows, i.e. our two ring copies: the receiver validates everything it
@@ -102,6 +182,7 @@
 mod conn;
 mod device;
 mod params;
+pub mod pull;
 pub mod regcache;
 
 pub use crate::transport::verbs_stats::VerbsCounters;

@@ -1,0 +1,422 @@
+//! The verbs side of pull mode (a child of `conn`, so it sees the queue
+//! pair's internals): the sender's hooks in `write_slots`, `write_word`
+//! (tail) and `write_external`, the switch sequences, and the receiver's
+//! fetch (`Transport::fetch_tail`). The protocol and its arguments are in
+//! the `transport::verbs` module documentation ("Pull mode").
+
+use super::super::pull::{
+    catchup_start, now_ns, ranges, word_is_pull, LoadMeter, ModeKnob, PullCounters, PullKnobs,
+    PullStats, TxMode, COUNTERS_IN_HEADER, MODE_WORD, PUB_TAIL, SCRATCH,
+};
+use super::{lock, Role, Shared, SqState, Src, VerbsTransport};
+use crate::error::RingError;
+use crate::layout::RingControl;
+use crate::transport::verbs_stats::bump;
+use crate::transport::{ExternalSrc, PeerWord, Visibility};
+use rdma_sys::*;
+use std::mem::offset_of;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Per-ring pull state of one transport (its role says which half is used).
+pub(super) struct PullState {
+    knobs: PullKnobs,
+    /// Geometry of this transport's ring.
+    slots: u64,
+    slot_size: u64,
+    // Sender half.
+    mode: TxMode,
+    /// Absolute slots handed to the transport so far (`write_slots` and
+    /// `write_external` ranges are consecutive from 0): the sender's
+    /// `esc_tail`.
+    esc: u64,
+    /// The last tail the sender published (in either mode).
+    published: u64,
+    /// The tail at the last switch to pull: everything before it was
+    /// pushed (and landed before the mode word), so neither a READ nor a
+    /// catch-up ever touches it again.
+    pull_from: u64,
+    /// Send sequence of the last switch-back's mode word: a switch to pull
+    /// waits until it completed (see `switch_to_push`).
+    catchup_seq: u64,
+    // Receiver half.
+    seen_word: u64,
+    pulling: bool,
+}
+
+impl PullState {
+    pub(super) fn new(knobs: PullKnobs, slots: u32, slot_size: u32) -> PullState {
+        PullState {
+            knobs,
+            slots: slots as u64,
+            slot_size: slot_size as u64,
+            mode: TxMode::new(now_ns()),
+            esc: 0,
+            published: 0,
+            pull_from: 0,
+            catchup_seq: 0,
+            seen_word: 0,
+            pulling: false,
+        }
+    }
+
+    /// `write_slots` hook (sender): counts the range; true when pull mode
+    /// handles it (no WRITE: the receiver will READ it).
+    pub(super) fn note_slots(&mut self, first: u32, count: u32) -> bool {
+        debug_assert_eq!(first as u64, self.esc % self.slots);
+        let _ = first;
+        self.esc += count as u64;
+        self.mode.pull
+    }
+
+    /// `write_external` hook (sender): in pull mode the receiver READs our
+    /// copy, so the payload is copied into it instead of WRITTEN from the
+    /// program's buffer (a token that is already complete); in push mode
+    /// only counted.
+    pub(super) fn external(
+        &mut self,
+        s: &Shared,
+        first: u32,
+        count: u32,
+        src: ExternalSrc,
+    ) -> Result<Option<u64>, RingError> {
+        self.esc += count as u64;
+        if !self.mode.pull {
+            return Ok(None);
+        }
+        let off = first as u64 * self.slot_size;
+        if off + count as u64 * self.slot_size > s.layout.out_bytes as u64
+            || src.len as u64 + 8 > count as u64 * self.slot_size
+        {
+            return Err(RingError::Config(
+                "verbs: zero-copy record outside the ring",
+            ));
+        }
+        // SAFETY: `src` is the caller's live buffer of `src.len` bytes
+        // (`Sender::write_zero_copy` holds it across the call); the
+        // destination lies inside our sender copy's slots (checked above),
+        // which nobody else writes (the peer's rkey covers it, but only
+        // for READ by the protocol; a hostile peer WRITing there corrupts
+        // its own data) and the receiver has not been told about yet.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                src.addr as *const u8,
+                s.region.base.add(s.layout.out_slots + off as usize + 8),
+                src.len as usize,
+            )
+        };
+        Ok(Some(0))
+    }
+}
+
+impl Shared {
+    /// A word of one of our control pages (`ctrl`: its offset in the
+    /// region, `off`: the word's offset in the page).
+    fn ctrl_word(&self, ctrl: usize, off: usize) -> &AtomicU64 {
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= crate::layout::CONTROL_BYTES);
+        // SAFETY: the control pages are inside the region, page-aligned,
+        // and `off` is 8-aligned within the page; the region lives as long
+        // as `self`. The word may also be written by the peer's NIC: an
+        // aligned 8-byte placement (see "What verbs need" 3).
+        unsafe { &*self.region.base.add(ctrl + off).cast::<AtomicU64>() }
+    }
+
+    pub(super) fn pull_counters(&self) -> &PullCounters {
+        // SAFETY: the header page is mapped for the region's life, zeroed
+        // beyond the VerbsHeader (fresh memfd), and COUNTERS_IN_HEADER is
+        // 8-aligned past it (static assertion in pull.rs); PullCounters is
+        // all atomics, for which zero bytes are valid.
+        unsafe {
+            &*self
+                .region
+                .base
+                .add(COUNTERS_IN_HEADER)
+                .cast::<PullCounters>()
+        }
+    }
+
+    /// Posts one signaled RDMA READ of `len` bytes at the peer's `remote`
+    /// into our region at `off`. Caller holds `sq`. Returns its sequence.
+    fn post_read(
+        &self,
+        st: &mut SqState,
+        off: usize,
+        len: u32,
+        remote: u64,
+    ) -> Result<u64, RingError> {
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        while st.posted - st.done >= self.sq_depth as u64 {
+            self.reap(st)?;
+            std::hint::spin_loop();
+        }
+        let seq = st.posted + 1;
+        // SAFETY: mr valid while self lives.
+        let lkey = unsafe { (*self.mr).lkey };
+        let mut sge = ibv_sge {
+            addr: self.region.addr(off),
+            length: len,
+            lkey,
+        };
+        // SAFETY: ibv_send_wr is plain data; every field a READ uses is set.
+        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = seq;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = ibv_wr_opcode::IBV_WR_RDMA_READ;
+        wr.send_flags = ibv_send_flags::IBV_SEND_SIGNALED.0;
+        wr.wr.rdma.remote_addr = remote;
+        wr.wr.rdma.rkey = self.remote.rkey;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: qp valid; wr and sge live across the call; the
+        // destination is our registered region, which outlives the request
+        // (the caller waits for its completion).
+        if unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) } != 0 {
+            let e = RingError::Config(
+                "verbs: ibv_post_send (READ) failed (send queue full or QP in error)",
+            );
+            st.failed = Some(e.clone());
+            return Err(e);
+        }
+        st.posted = seq;
+        st.unsignaled = 0;
+        let c = self.counters();
+        bump(&c.wr_posted, 1);
+        bump(&c.wr_signaled, 1);
+        Ok(seq)
+    }
+
+    /// Spins until request `seq` (and every one before it) completed.
+    fn wait_seq(&self, seq: u64) -> Result<(), RingError> {
+        loop {
+            {
+                let mut st = lock(&self.sq);
+                self.reap(&mut st)?;
+                if st.done >= seq {
+                    return Ok(());
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+impl VerbsTransport {
+    /// This end's pull-mode counters (both rings).
+    pub fn pull_stats(&self) -> PullStats {
+        self.shared.pull_counters().snapshot()
+    }
+
+    /// Whether this end's outgoing ring is in pull mode now (sender), or
+    /// this end fetches its incoming ring (receiver).
+    pub fn pulling(&self) -> bool {
+        match self.role {
+            Role::Sender => self.pull.mode.pull,
+            Role::Receiver => self.pull.pulling,
+        }
+    }
+
+    /// A signaled word WRITE at the peer's `remote`, reported like any
+    /// word write of this end (`poll_completions`). Returns its sequence.
+    fn post_word(&self, st: &mut SqState, remote: u64, value: u64) -> Result<u64, RingError> {
+        let s = &*self.shared;
+        let seq = s.post(st, Src::Word(value), remote, true)?;
+        let r = self.role as usize;
+        st.last_word[r] = seq;
+        st.unreported[r] += 1;
+        bump(&s.counters().word_writes, 1);
+        Ok(seq)
+    }
+
+    fn pub_tail(&self) -> &AtomicU64 {
+        let s = &*self.shared;
+        s.ctrl_word(s.layout.out_ctrl, PUB_TAIL)
+    }
+
+    /// `write_word(LocalTail)` hook (sender): `None` = push as usual;
+    /// `Some(v)` = handled here (pull mode or a switch), `v` says when the
+    /// tail is visible to the receiver for the wakeup check.
+    pub(super) fn pull_tail(&mut self, tail: u64) -> Result<Option<Visibility>, RingError> {
+        self.pull.published = tail;
+        let k = self.pull.knobs;
+        if k.mode == ModeKnob::Push && !self.pull.mode.pull {
+            return Ok(None);
+        }
+        let now = now_ns();
+        let rate = if k.mode == ModeKnob::Adaptive {
+            LoadMeter::global().note(now, k.window)
+        } else {
+            0
+        };
+        let mut d = self.pull.mode.decide(&k, rate, now, true);
+        if d == Some(true) && !self.catchup_landed()? {
+            d = None;
+        }
+        match (self.pull.mode.pull, d) {
+            (false, Some(true)) => self.switch_to_pull(tail, now).map(Some),
+            (false, _) => Ok(None),
+            (true, Some(false)) => self.switch_to_push(tail, now).map(Some),
+            (true, _) => {
+                // S1: the tail in our own copy, where the receiver READs
+                // it; `Sender::tail_visible` then fences (S2) and loads
+                // `rx_waiting` (S3).
+                self.pub_tail().store(tail, Ordering::SeqCst);
+                // A mode word still in flight: the receiver may not know
+                // it must READ yet, so the check must (also) run when that
+                // word has landed (the Sender runs it at the report).
+                let pending = lock(&self.shared.sq).unreported[Role::Sender as usize] > 0;
+                Ok(Some(if pending {
+                    Visibility::AtCompletion
+                } else {
+                    Visibility::Now
+                }))
+            }
+        }
+    }
+
+    /// Whether the last switch back to push (catch-up, tail, mode word)
+    /// has completed, i.e. landed in the receiver's copy.
+    fn catchup_landed(&self) -> Result<bool, RingError> {
+        if self.pull.catchup_seq == 0 {
+            return Ok(true);
+        }
+        let s = &*self.shared;
+        let mut st = lock(&s.sq);
+        s.reap(&mut st)?;
+        Ok(st.done >= self.pull.catchup_seq)
+    }
+
+    /// PUSH -> PULL at a publish of `tail` (all slots before it are
+    /// already WRITTEN: `Sender::transmit` sends them before the tail):
+    /// publish `tail` in our copy, WRITE the tail and then the pull mode
+    /// word (RC order: the receiver sees the word only after the tail
+    /// and every pushed slot), and stop pushing.
+    fn switch_to_pull(&mut self, tail: u64, now: u64) -> Result<Visibility, RingError> {
+        let w = self.pull.mode.switch(true, now);
+        self.pull.pull_from = tail;
+        self.pub_tail().store(tail, Ordering::SeqCst);
+        let s = &*self.shared;
+        let mut st = lock(&s.sq);
+        self.post_word(&mut st, self.word_addr(PeerWord::LocalTail), tail)?;
+        self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, w)?;
+        bump(&s.pull_counters().tx_to_pull, 1);
+        Ok(Visibility::AtCompletion)
+    }
+
+    /// PULL -> PUSH at a publish of `tail`: `pub_tail` freezes (the
+    /// receiver's READs can no longer reach past it), the slots the
+    /// receiver may not have fetched are WRITTEN again from our copy
+    /// (`[start, esc)`, start = its pushed head, never before `pull_from`),
+    /// then the tail, then the push mode word. Every slot of that range
+    /// still holds its data (the receiver has not released it), so a
+    /// catch-up WRITE and a READ of the same slot place the same bytes.
+    fn switch_to_push(&mut self, tail: u64, now: u64) -> Result<Visibility, RingError> {
+        let w = self.pull.mode.switch(false, now);
+        let s = &*self.shared;
+        let head = s
+            .ctrl_word(s.layout.out_ctrl, offset_of!(RingControl, local_head))
+            .load(Ordering::Acquire);
+        let p = &self.pull;
+        let start = catchup_start(head, p.esc, p.slots).max(p.pull_from.min(p.esc));
+        let mut st = lock(&s.sq);
+        let mut n = 0;
+        for (first, count) in ranges(start, p.esc, p.slots) {
+            let off = first * p.slot_size;
+            s.post(
+                &mut st,
+                Src::Region {
+                    off: s.layout.out_slots + off as usize,
+                    len: (count * p.slot_size) as u32,
+                },
+                s.remote.in_slots + off,
+                false,
+            )?;
+            bump(&s.counters().slot_writes, 1);
+            bump(&s.counters().slot_bytes, count * p.slot_size);
+            n += 1;
+        }
+        self.post_word(&mut st, self.word_addr(PeerWord::LocalTail), tail)?;
+        let seq = self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, w)?;
+        drop(st);
+        self.pull.catchup_seq = seq;
+        let c = s.pull_counters();
+        bump(&c.tx_to_push, 1);
+        bump(&c.catchup_writes, n);
+        Ok(Visibility::AtCompletion)
+    }
+
+    /// `Transport::fetch_tail` (receiver): follows the mode word; while
+    /// pulling, READs the sender's published tail and the slots
+    /// `[from, tail)` into our copy, waiting for both, and returns the
+    /// tail (the Receiver validates it as ever).
+    pub(super) fn pull_fetch(&mut self, head: u64, known: u64) -> Result<Option<u64>, RingError> {
+        if self.role != Role::Receiver {
+            return Ok(None);
+        }
+        let s = &*self.shared;
+        let in_ctrl = s.layout.in_ctrl;
+        let w = s.ctrl_word(in_ctrl, MODE_WORD).load(Ordering::Acquire);
+        if w != self.pull.seen_word {
+            self.pull.seen_word = w;
+            self.pull.pulling = word_is_pull(w);
+            let c = s.pull_counters();
+            bump(
+                if self.pull.pulling {
+                    &c.rx_to_pull
+                } else {
+                    &c.rx_to_push
+                },
+                1,
+            );
+        }
+        if !self.pull.pulling {
+            return Ok(None);
+        }
+        // Pushed before the pull word (or after a switch back): already
+        // in our copy.
+        let local = s
+            .ctrl_word(in_ctrl, offset_of!(RingControl, local_tail))
+            .load(Ordering::Acquire);
+        let from = known.max(local);
+        let scratch = s.ctrl_word(in_ctrl, SCRATCH);
+        {
+            let mut st = lock(&s.sq);
+            let seq = s.post_read(
+                &mut st,
+                in_ctrl + SCRATCH,
+                8,
+                s.remote.out_ctrl + PUB_TAIL as u64,
+            )?;
+            drop(st);
+            s.wait_seq(seq)?;
+        }
+        let t = scratch.load(Ordering::Acquire);
+        let c = s.pull_counters();
+        bump(&c.tail_reads, 1);
+        if t <= from {
+            return Ok(Some(from));
+        }
+        if t - head > self.pull.slots || head > from {
+            // Not a tail the ring can hold: the Receiver rejects it.
+            return Ok(Some(t));
+        }
+        let ss = self.pull.slot_size;
+        let mut last = 0;
+        {
+            let mut st = lock(&s.sq);
+            for (first, count) in ranges(from, t, self.pull.slots) {
+                let off = first * ss;
+                last = s.post_read(
+                    &mut st,
+                    s.layout.in_slots + off as usize,
+                    (count * ss) as u32,
+                    s.remote.out_slots + off,
+                )?;
+                bump(&c.slot_reads, 1);
+                bump(&c.read_bytes, count * ss);
+            }
+        }
+        s.wait_seq(last)?;
+        Ok(Some(t))
+    }
+}
