@@ -58,6 +58,27 @@ pub struct Config {
     /// server to take its ring before it withdraws the offer and stays on
     /// TCP, 1..=60000.
     pub claim_wait_ms: u32,
+    /// RINGSOCK_ZEROCOPY_MIN (0 = off): sends of at least this many bytes
+    /// on an RDMA connection go out straight from the program's buffer
+    /// (registered, cached; the copy path when it cannot be). 0 or at
+    /// least `ZEROCOPY_FLOOR`.
+    pub zerocopy_min: u64,
+}
+
+/// Smallest accepted RINGSOCK_ZEROCOPY_MIN: below it a registration lookup
+/// and a completion wait per send cost more than the copy they save.
+pub const ZEROCOPY_FLOOR: u64 = 16 * 1024;
+
+/// RINGSOCK_ZEROCOPY_MIN's value, shown as "off" when 0 in a diagnostic.
+struct ZeroCopyMin(u64);
+
+impl fmt::Debug for ZeroCopyMin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            0 => write!(f, "0 (zero-copy off)"),
+            n => write!(f, "{n}"),
+        }
+    }
 }
 
 impl Default for Config {
@@ -79,6 +100,7 @@ impl Default for Config {
             spin_us: 50,
             connect_timeout_ms: 1000,
             claim_wait_ms: 1000,
+            zerocopy_min: 0,
         }
     }
 }
@@ -175,6 +197,18 @@ impl Config {
         let claim_wait_ms = b.parse("RINGSOCK_CLAIM_WAIT_MS", d.claim_wait_ms, |s| {
             parse::number(s, 1..=60_000).map(|v| v as u32)
         });
+        let zerocopy_min = b
+            .parse("RINGSOCK_ZEROCOPY_MIN", ZeroCopyMin(d.zerocopy_min), |s| {
+                let v = parse::number(s, 0..=1 << 40)?;
+                if v != 0 && v < ZEROCOPY_FLOOR {
+                    return Err(format!(
+                        "below {ZEROCOPY_FLOOR} bytes (zero-copy pays only for large sends; \
+                         0 turns it off)"
+                    ));
+                }
+                Ok(ZeroCopyMin(v))
+            })
+            .0;
         let cfg = Config {
             disable,
             log_level,
@@ -192,6 +226,7 @@ impl Config {
             spin_us,
             connect_timeout_ms,
             claim_wait_ms,
+            zerocopy_min,
         };
         (cfg, b.diags)
     }
@@ -304,6 +339,34 @@ mod tests {
             .map(|(k, v)| (k.to_string(), OsString::from(v)))
             .collect();
         Config::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn zerocopy_min() {
+        assert_eq!(with(&[]).0.zerocopy_min, 0);
+        for (v, want) in [("0", 0), ("16384", 16384), (" 65536 ", 65536), ("", 0)] {
+            let (c, d) = with(&[("RINGSOCK_ZEROCOPY_MIN", v)]);
+            assert!(d.is_empty(), "{v}: {d:?}");
+            assert_eq!(c.zerocopy_min, want, "{v}");
+        }
+        for v in [
+            "1",
+            "16383",
+            "64k",
+            "-1",
+            "1e6",
+            "99999999999999999999",
+            "1099511627777",
+        ] {
+            let (c, d) = with(&[("RINGSOCK_ZEROCOPY_MIN", v)]);
+            assert_eq!(c.zerocopy_min, 0, "{v}");
+            assert_eq!(d.len(), 1, "{v}: {d:?}");
+            let line = d[0].to_string();
+            assert!(line.starts_with("RINGSOCK_ZEROCOPY_MIN="), "{line}");
+            assert!(line.ends_with("using default 0 (zero-copy off)"), "{line}");
+        }
+        let (_, d) = with(&[("RINGSOCK_ZEROCOPY_MIN", "4096")]);
+        assert!(d[0].reason.contains("below 16384"), "{:?}", d[0]);
     }
 
     #[test]

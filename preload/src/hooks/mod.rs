@@ -4,6 +4,8 @@
 pub mod epoll;
 pub mod fd;
 pub mod io;
+#[cfg(feature = "verbs")]
+pub mod memory;
 pub mod poll;
 pub mod process;
 pub mod socket;
@@ -14,6 +16,11 @@ pub fn resolve_all() {
     epoll::resolve_all();
     fd::resolve_all();
     io::resolve_all();
+    #[cfg(feature = "verbs")]
+    {
+        memory::resolve_all();
+        memory::resolve_allocators();
+    }
     poll::resolve_all();
     process::resolve_all();
     socket::resolve_all();

@@ -841,7 +841,8 @@ impl AttachedConn for RdmaConn {
         let mut total = 0;
         let mut failed = None;
         for b in bufs.iter().filter(|b| !b.is_empty()) {
-            match tx.write(b) {
+            // Large sends may go zero-copy (RINGSOCK_ZEROCOPY_MIN).
+            match super::zerocopy::write(tx, b) {
                 Ok(n) => {
                     total += n;
                     if n < b.len() {

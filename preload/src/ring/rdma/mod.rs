@@ -10,6 +10,7 @@
 
 mod conn;
 mod handshake;
+mod zerocopy;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
