@@ -20,6 +20,13 @@ use crate::record::{self, Header, FLAG_EOS, HEADER_BYTES};
 use crate::sync::{fence, Ordering};
 use crate::transport::{ExternalSrc, PeerWord, Transport, Visibility};
 
+/// Most payload bytes `write_zero_copy` posts before it waits for them:
+/// posting a whole 1 MiB send at once made Soft-RoCE in the test guest
+/// drop packets and retransmit (rxe counters), and once fail a WRITE with
+/// "remote invalid request" on its retry path; a window keeps the burst
+/// near what the copy path sends.
+const ZERO_COPY_WINDOW: usize = 256 * 1024;
+
 pub struct Sender<T: Transport> {
     mem: RingMem,
     transport: T,
@@ -199,8 +206,19 @@ impl<T: Transport> Sender<T> {
         self.send_slots()?;
         let mut done = 0;
         let mut last = None;
+        let mut unwaited = 0;
         let mut refreshed = false;
         while done < buf.len() {
+            if unwaited >= ZERO_COPY_WINDOW {
+                // Bound what the device reads from the program at once
+                // (see ZERO_COPY_WINDOW).
+                if let Some(token) = last {
+                    self.transport
+                        .wait_external(token)
+                        .map_err(|e| self.fail(e))?;
+                }
+                unwaited = 0;
+            }
             let cap_slots = self.record_cap();
             if cap_slots == 0 {
                 if refreshed {
@@ -238,6 +256,7 @@ impl<T: Transport> Sender<T> {
             self.esc_tail = self.tail;
             bump(&self.ctrl().tx_stats.batches, 1);
             done += n;
+            unwaited += n;
         }
         if let Some(token) = last {
             // Publish per the batching rules, then wait for the payload
