@@ -999,6 +999,9 @@ impl AttachedConn for RdmaConn {
                     self.eos_owed.store(false, Ordering::Release);
                 }
                 let _ = tx.flush();
+                // Pull mode: what the peer has not fetched yet is in our
+                // memory, about to go away: push it (settled below).
+                let _ = tx.transport_mut().leave_pull();
             }
             if let Some(rx) = lock(&self.rx).as_mut() {
                 let _ = rx.close();

@@ -1082,7 +1082,11 @@ impl Transport for VerbsTransport {
         }
         s.reap(&mut st)?;
         if st.done >= st.last_word[r] {
-            Ok(std::mem::take(&mut st.unreported[r]))
+            let n = std::mem::take(&mut st.unreported[r]);
+            drop(st);
+            // Pull mode: a wakeup check owed to this report.
+            self.pull_reported()?;
+            Ok(n)
         } else {
             Ok(0)
         }

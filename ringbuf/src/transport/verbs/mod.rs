@@ -168,6 +168,18 @@
 //! `local_tail`; everything after the switch is pushed with the push
 //! argument.
 //!
+//! Going away: in pull the unread data is in the *sender's* memory. A
+//! sender that will drop the connection before the receiver fetched
+//! everything calls `VerbsTransport::leave_pull` (the shim's close does):
+//! a switch back to push with its catch-up; no publish stands behind it
+//! to run `tail_visible`, so the transport runs that wakeup check itself
+//! when the switch's words are reported (`poll_completions`: the caller
+//! settles before it drops the connection). A READ that was on its way
+//! when the sender's queue pair went away fails; the receiver then finds
+//! the push word in its copy and reads on from there. A READ is waited
+//! for at most 10 s: a peer whose queue pair is gone never answers (rxe
+//! raises no error), and past that the connection is failed.
+//!
 //! Counters (`pull::PullCounters`, in the header page; `Connected::
 //! pull_stats`): switches each way at both ends, tail and slot READs,
 //! bytes READ, catch-up WRITEs. `ringsock-ctl status` does not show them

@@ -17,6 +17,9 @@ use rdma_sys::*;
 use std::mem::offset_of;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// How long a receiver waits for one READ before it fails the connection.
+const READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Per-ring pull state of one transport (its role says which half is used).
 pub(super) struct PullState {
     knobs: PullKnobs,
@@ -38,9 +41,16 @@ pub(super) struct PullState {
     /// Send sequence of the last switch-back's mode word: a switch to pull
     /// waits until it completed (see `switch_to_push`).
     catchup_seq: u64,
+    /// Send sequence of the last switch's mode word (either way).
+    mode_seq: u64,
     // Receiver half.
     seen_word: u64,
     pulling: bool,
+    /// The stream is ending (`leave_pull`): push from now on.
+    closing: bool,
+    /// `leave_pull` switched back without a publish behind it: the wakeup
+    /// check runs at the report of its words (`pull_reported`).
+    check_owed: bool,
 }
 
 impl PullState {
@@ -54,8 +64,11 @@ impl PullState {
             published: 0,
             pull_from: 0,
             catchup_seq: 0,
+            mode_seq: 0,
             seen_word: 0,
             pulling: false,
+            closing: false,
+            check_owed: false,
         }
     }
 
@@ -186,14 +199,27 @@ impl Shared {
         Ok(seq)
     }
 
-    /// Spins until request `seq` (and every one before it) completed.
+    /// Spins until request `seq` (a READ: and every one before it)
+    /// completed. Bounded: a peer whose queue pair is gone never answers
+    /// (rxe raises no error for it), and a READ we stopped waiting for
+    /// could still land later, so past the limit the connection is failed.
     fn wait_seq(&self, seq: u64) -> Result<(), RingError> {
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
         loop {
             {
                 let mut st = lock(&self.sq);
                 self.reap(&mut st)?;
                 if st.done >= seq {
                     return Ok(());
+                }
+                spins = spins.wrapping_add(1);
+                if spins.is_multiple_of(1024) && start.elapsed() >= READ_LIMIT {
+                    let e = RingError::Config(
+                        "verbs: an RDMA READ was not answered within 10 s (peer gone?)",
+                    );
+                    st.failed = Some(e.clone());
+                    return Err(e);
                 }
             }
             std::hint::spin_loop();
@@ -249,7 +275,7 @@ impl VerbsTransport {
             0
         };
         let mut d = self.pull.mode.decide(&k, rate, now, true);
-        if d == Some(true) && !self.catchup_landed()? {
+        if d == Some(true) && (self.pull.closing || !self.catchup_landed()?) {
             d = None;
         }
         match (self.pull.mode.pull, d) {
@@ -261,10 +287,12 @@ impl VerbsTransport {
                 // it; `Sender::tail_visible` then fences (S2) and loads
                 // `rx_waiting` (S3).
                 self.pub_tail().store(tail, Ordering::SeqCst);
-                // A mode word still in flight: the receiver may not know
+                // The pull word still in flight: the receiver may not know
                 // it must READ yet, so the check must (also) run when that
-                // word has landed (the Sender runs it at the report).
-                let pending = lock(&self.shared.sq).unreported[Role::Sender as usize] > 0;
+                // word has landed (the Sender runs it at the report, which
+                // cannot have come yet). Other unreported words (a sleeping
+                // flag) need no such wait.
+                let pending = lock(&self.shared.sq).done < self.pull.mode_seq;
                 Ok(Some(if pending {
                     Visibility::AtCompletion
                 } else {
@@ -272,6 +300,50 @@ impl VerbsTransport {
                 }))
             }
         }
+    }
+
+    /// Before the connection goes away (the shim's close): in pull mode
+    /// the unread data lives in *our* memory, which is about to be
+    /// unregistered, so switch back to push now (catch-up WRITEs of all
+    /// the receiver may not have fetched, the tail, the push mode word)
+    /// and stay there; returns once all of it has landed (and rings the
+    /// receiver if it sleeps). A no-op in push mode and on a receiver.
+    pub fn leave_pull(&mut self) -> Result<(), RingError> {
+        if self.role != Role::Sender {
+            return Ok(());
+        }
+        self.pull.closing = true;
+        if !self.pull.mode.pull {
+            return Ok(());
+        }
+        let tail = self.pull.published;
+        self.switch_to_push(tail, now_ns())?;
+        // No publish is behind this switch, so no `Sender::tail_visible`
+        // runs for it: the report of its words runs the check (the caller
+        // settles), or a receiver asleep on `pub_tail` is never rung for
+        // the data now in its copy. Not waited for here: a peer whose
+        // queue pair is gone never acknowledges (rxe), and the caller's
+        // settle is bounded.
+        self.pull.check_owed = true;
+        Ok(())
+    }
+
+    /// `poll_completions` hook: this end's latest word write was reported
+    /// (landed). Runs a wakeup check `leave_pull` owes (the push argument:
+    /// the words landed, then fence, then the flag).
+    pub(super) fn pull_reported(&mut self) -> Result<(), RingError> {
+        if !self.pull.check_owed {
+            return Ok(());
+        }
+        self.pull.check_owed = false;
+        let s = &*self.shared;
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let flag = s.ctrl_word(s.layout.out_ctrl, offset_of!(RingControl, rx_waiting));
+        if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::Relaxed) != 0 {
+            use crate::transport::Transport;
+            self.kick_peer()?;
+        }
+        Ok(())
     }
 
     /// Whether the last switch back to push (catch-up, tail, mode word)
@@ -298,7 +370,9 @@ impl VerbsTransport {
         let s = &*self.shared;
         let mut st = lock(&s.sq);
         self.post_word(&mut st, self.word_addr(PeerWord::LocalTail), tail)?;
-        self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, w)?;
+        let seq = self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, w)?;
+        drop(st);
+        self.pull.mode_seq = seq;
         bump(&s.pull_counters().tx_to_pull, 1);
         Ok(Visibility::AtCompletion)
     }
@@ -339,6 +413,7 @@ impl VerbsTransport {
         let seq = self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, w)?;
         drop(st);
         self.pull.catchup_seq = seq;
+        self.pull.mode_seq = seq;
         let c = s.pull_counters();
         bump(&c.tx_to_push, 1);
         bump(&c.catchup_writes, n);
@@ -379,16 +454,31 @@ impl VerbsTransport {
             .load(Ordering::Acquire);
         let from = known.max(local);
         let scratch = s.ctrl_word(in_ctrl, SCRATCH);
-        {
+        let read = {
             let mut st = lock(&s.sq);
             let seq = s.post_read(
                 &mut st,
                 in_ctrl + SCRATCH,
                 8,
                 s.remote.out_ctrl + PUB_TAIL as u64,
-            )?;
+            );
             drop(st);
-            s.wait_seq(seq)?;
+            seq.and_then(|seq| s.wait_seq(seq))
+        };
+        if let Err(e) = read {
+            // A sender that left pull before going away (`leave_pull`)
+            // pushed everything and then the push word; a READ that was
+            // already on its way fails once its queue pair is gone. The
+            // data is in our copy: read on from there (the queue pair is
+            // dead, which later writes report).
+            let w = s.ctrl_word(in_ctrl, MODE_WORD).load(Ordering::Acquire);
+            if w != self.pull.seen_word && !word_is_pull(w) {
+                self.pull.seen_word = w;
+                self.pull.pulling = false;
+                bump(&s.pull_counters().rx_to_push, 1);
+                return Ok(None);
+            }
+            return Err(e);
         }
         let t = scratch.load(Ordering::Acquire);
         let c = s.pull_counters();
