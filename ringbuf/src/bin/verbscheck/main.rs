@@ -10,7 +10,15 @@
 //! verbscheck stream    --connect ADDR [--tcp] --mib N [--seed S]
 //! verbscheck pingpong  --connect ADDR [--tcp] [--sizes 64,4096,65536] [--iters N]
 //!                      [--bw-mib M] [--reps R]
+//! verbscheck rpc-serve --listen ADDR                many clients, one polling thread
+//! verbscheck rpc       --connect ADDR [--clients N] [--sizes 64,4096] [--secs S]
 //! ```
+//!
+//! `rpc` (`rpc.rs`): N client connections (one thread each) do 64 B
+//! request / SIZE reply round trips against one `rpc-serve` process that
+//! serves them all from one polling thread: the many-clients-to-one-server
+//! shape of the pull mode (`RINGSOCK_VERBS_MODE` in the server's
+//! environment picks how its replies travel).
 //!
 //! The verbs modes pick their device with `Device::open_for` on the
 //! control connection's peer address (`--via ADDR`: the route to ADDR
@@ -26,6 +34,7 @@
 //! `accept4`, no control connection), so they also run under rsocket's
 //! preload library.
 
+mod rpc;
 mod tcp;
 mod vrb;
 
@@ -146,6 +155,9 @@ pub struct Opts {
     pub spin: Duration,
     /// Pick the verbs device by the route to this address.
     pub via: Option<std::net::IpAddr>,
+    /// `rpc`: client connections (threads) and seconds of round trips.
+    pub clients: usize,
+    pub secs: u64,
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
@@ -160,6 +172,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         reps: 3,
         spin: Duration::from_micros(2000),
         via: None,
+        clients: 1,
+        secs: 3,
     };
     let mut i = 0;
     while i < args.len() {
@@ -187,6 +201,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--iters" => o.iters = num(val()?)?,
             "--bw-mib" => o.bw_mib = num(val()?)?,
             "--reps" => o.reps = num(val()?)?.max(1) as usize,
+            "--clients" => o.clients = num(val()?)?.clamp(1, 256) as usize,
+            "--secs" => o.secs = num(val()?)?.max(1),
             "--spin-us" => o.spin = Duration::from_micros(num(val()?)?),
             "--sizes" => {
                 o.sizes = val()?
@@ -207,7 +223,8 @@ fn parse(args: &[String]) -> Result<Opts, String> {
 const USAGE: &str =
     "usage: verbscheck info | pick ADDR... | conn-loop [--iters N] | serve --listen ADDR | tcp-serve --listen ADDR | \
 stream --connect ADDR [--tcp] [--mib N] [--seed S] | pingpong --connect ADDR [--tcp] \
-[--sizes 64,4096,65536] [--iters N] [--bw-mib M] [--reps R] [--spin-us U] [--via ADDR]";
+[--sizes 64,4096,65536] [--iters N] [--bw-mib M] [--reps R] [--spin-us U] [--via ADDR] | \
+rpc-serve --listen ADDR | rpc --connect ADDR [--clients N] [--sizes 64,4096] [--secs S]";
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -243,6 +260,8 @@ fn main() {
         ("stream", true) => tcp::stream(&opts),
         ("pingpong", false) => vrb::pingpong(&opts),
         ("pingpong", true) => tcp::pingpong(&opts),
+        ("rpc-serve", _) => rpc::serve(&opts),
+        ("rpc", _) => rpc::client(&opts),
         _ => Err(format!("unknown command {cmd}\n{USAGE}")),
     };
     if let Err(e) = r {

@@ -76,6 +76,25 @@ fn shared_counters(c: &Connected) -> Result<String, String> {
     Ok(out)
 }
 
+/// This end's pull-mode counters (`transport::verbs::pull`), `key=value`
+/// pairs for a RESULT line: `pull_tx_*` are switches of our outgoing
+/// ring, `pull_rx_*` mode words our receiver followed.
+pub(crate) fn pull_kv(c: &Connected) -> String {
+    let p = c.pull_stats();
+    format!(
+        "pull_tx_to_pull={} pull_tx_to_push={} pull_rx_to_pull={} pull_rx_to_push={} \
+         pull_tail_reads={} pull_slot_reads={} pull_read_bytes={} pull_catchup_writes={}",
+        p.tx_to_pull,
+        p.tx_to_push,
+        p.rx_to_pull,
+        p.rx_to_push,
+        p.tail_reads,
+        p.slot_reads,
+        p.read_bytes,
+        p.catchup_writes
+    )
+}
+
 pub fn info() -> Result<(), String> {
     let dev = Device::open().map_err(e2s)?;
     let g = dev.gid();
@@ -175,19 +194,23 @@ pub fn pick(addrs: &[String]) -> Result<(), String> {
 /// Counters of one connection end, printed with the results: they show the
 /// bytes went through the rings.
 #[derive(Default, Debug)]
-struct Waits {
-    sleeps: u64,
-    wakeups: u64,
-    lost: u64,
+pub(crate) struct Waits {
+    pub(crate) sleeps: u64,
+    pub(crate) wakeups: u64,
+    pub(crate) lost: u64,
 }
 
-struct End {
-    c: Connected,
-    spin: Duration,
-    waits: Waits,
+pub(crate) struct End {
+    pub(crate) c: Connected,
+    pub(crate) spin: Duration,
+    pub(crate) waits: Waits,
 }
 
-fn setup(dev: &Arc<Device>, ctl: &mut TcpStream, client: bool) -> Result<Connected, String> {
+pub(crate) fn setup(
+    dev: &Arc<Device>,
+    ctl: &mut TcpStream,
+    client: bool,
+) -> Result<Connected, String> {
     let cfg = RingConfig::default();
     let conn = VerbsConn::new(dev, cfg, cfg).map_err(e2s)?;
     let mine = conn.local_params().encode();
@@ -253,12 +276,16 @@ impl End {
         }
         settle(&mut c.tx, &mut c.rx)?;
         self.waits.sleeps += 1;
+        let slept = Instant::now();
         let woken = c.bell.wait(Some(LOST_WAKEUP))?;
         if woken {
             self.waits.wakeups += 1;
-        } else {
+        } else if slept.elapsed() >= LOST_WAKEUP {
             self.waits.lost += 1;
         }
+        // Else the wait returned early without a ring (a stale completion
+        // event: the CQ was armed when a kick we had already reaped came
+        // in; or EINTR): not a lost wakeup, the caller looks again.
         if armed_tx {
             c.tx.finish_wait(woken)?;
         }
@@ -268,7 +295,7 @@ impl End {
         Ok(())
     }
 
-    fn send_all(&mut self, buf: &[u8]) -> Result<(), RingError> {
+    pub(crate) fn send_all(&mut self, buf: &[u8]) -> Result<(), RingError> {
         self.send_batched(buf)?;
         self.c.tx.flush()
     }
@@ -285,7 +312,7 @@ impl End {
         Ok(())
     }
 
-    fn recv_exact(&mut self, mut buf: &mut [u8]) -> Result<(), RingError> {
+    pub(crate) fn recv_exact(&mut self, mut buf: &mut [u8]) -> Result<(), RingError> {
         while !buf.is_empty() {
             match self.c.rx.read(buf) {
                 Ok(0) => return Err(RingError::PeerClosed),
@@ -413,7 +440,7 @@ fn session(dev: &Arc<Device>, mut ctl: TcpStream, spin: Duration) -> Result<(), 
 /// The device for a connection whose control peer is `peer`: chosen by
 /// the route to `--via` when given, else to the peer
 /// (`Device::open_for`; `RINGSOCK_DEVICE` still wins).
-fn device_for(o: &Opts, peer: IpAddr) -> Result<Arc<Device>, String> {
+pub(crate) fn device_for(o: &Opts, peer: IpAddr) -> Result<Arc<Device>, String> {
     Device::open_for(o.via.unwrap_or(peer)).map_err(e2s)
 }
 
@@ -442,7 +469,7 @@ pub fn serve(o: &Opts) -> Result<(), String> {
     Ok(())
 }
 
-fn client(o: &Opts, h: Header) -> Result<(End, TcpStream, Arc<Device>), String> {
+pub(crate) fn client(o: &Opts, h: Header) -> Result<(End, TcpStream, Arc<Device>), String> {
     let mut ctl = TcpStream::connect(&o.addr).map_err(|e| format!("connect {}: {e}", o.addr))?;
     ctl.set_nodelay(true).map_err(|e| e.to_string())?;
     let dev = device_for(o, ctl.peer_addr().map_err(|e| e.to_string())?.ip())?;
@@ -459,7 +486,7 @@ fn client(o: &Opts, h: Header) -> Result<(End, TcpStream, Arc<Device>), String> 
     ))
 }
 
-fn finish(ctl: &mut TcpStream) {
+pub(crate) fn finish(ctl: &mut TcpStream) {
     let _ = ctl.write_all(&[0]);
 }
 
@@ -484,11 +511,12 @@ pub fn stream(o: &Opts) -> Result<(), String> {
     let st = end.c.tx.stats();
     let rs = end.c.rx.stats();
     let vc = shared_counters(&end.c)?;
+    let pk = pull_kv(&end.c);
     println!(
         "RESULT transport=verbs test=stream device={} huge={} bytes_each_way={} secs={:.3} \
          mbps_both={:.1} tx_fnv={:016x} peer_rx_fnv={:016x} rx_fnv={:016x} peer_tx_fnv={:016x} \
          ring_tx_bytes={} ring_tx_records={} ring_tail_writes={} ring_rx_bytes={} \
-         sleeps={} wakeups={} lost_wakeups={} peer_lost_wakeups={} ok={} {vc}",
+         sleeps={} wakeups={} lost_wakeups={} peer_lost_wakeups={} ok={} {vc} {pk}",
         dev.name(),
         end.c.tx.transport_mut().huge_pages() as u8,
         total,
@@ -539,8 +567,11 @@ pub fn pingpong(o: &Opts) -> Result<(), String> {
         let (med, p99) = median_us(rtts);
         println!(
             "RESULT transport=verbs test=pingpong size={size} iters={} rtt_med_us={med:.1} \
-             rtt_p99_us={p99:.1} sleeps={} lost_wakeups={}",
-            o.iters, end.waits.sleeps, end.waits.lost
+             rtt_p99_us={p99:.1} sleeps={} lost_wakeups={} {}",
+            o.iters,
+            end.waits.sleeps,
+            end.waits.lost,
+            pull_kv(&end.c)
         );
     }
     for &size in &o.sizes {
