@@ -4,17 +4,24 @@
 # (twohosts.sh), the verbs ring library and then the shim.
 #
 #   1. verbscheck stream B<->A (checksummed, random write sizes, both
-#      directions at once) in forced push, forced pull, and adaptive mode
-#      with thresholds that make it switch back and forth. Each must match
-#      its checksums and lose no wakeup; push must not switch; pull must
-#      switch each direction to pull once and fetch (READ) at least the
-#      payload; adaptive must switch both ways and carry catch-up WRITEs.
-#   2. verbscheck ping-pong in forced pull (sleep/kick across READs: no
+#      directions at once) in forced push, forced pull and adaptive mode
+#      (thresholds that may make it switch). Each must match its
+#      checksums and lose no wakeup; push must not switch or READ; pull
+#      must switch each direction to pull once, READ at least the payload
+#      and WRITE few slots.
+#   2. adaptive many-switch run: verbscheck rpc (2 clients, every reply
+#      byte checked) against an adaptive rpc-serve whose thresholds flip
+#      it at nearly every reply: at least 2 switches each way.
+#   3. verbscheck ping-pong in forced pull (sleep/kick across READs: no
 #      lost wakeup).
-#   3. the shim: streamcheck A<->B with RINGSOCK_VERBS_MODE=pull in both
-#      shims: hashes match, status says rdma in both daemons, and the
-#      connections' slot WRITE bytes stay far below the bytes they sent
-#      (the data went by READ).
+#   4. the shim: streamcheck A<->B (--mode mixed: blocking and
+#      non-blocking sockets, readiness through poll, select and epoll)
+#      with RINGSOCK_VERBS_MODE=pull in both shims: hashes match, status
+#      says rdma in both daemons, and mid-stream the connections' slot
+#      WRITE bytes stay under a quarter of the bytes they sent (the data
+#      went by READ).
+#   5. the same with zero-copy sends on (a pulling sender copies their
+#      payload into its ring copy): hashes match, a zero-copy send logged.
 # One "CHECK PASS|FAIL name: ..." line per check; exit 1 if any failed.
 MIB=2          # stream MiB each way per mode
 PP_ITERS=100   # ping-pong round trips per size
@@ -71,9 +78,11 @@ step "verbs ring library, adaptive with switching thresholds"
 # publishes of the process: gaps under 1 ms pull, longer ones push.
 AD="RINGSOCK_VERBS_MODE=adaptive RINGSOCK_PULL_HIGH=1000 RINGSOCK_PULL_LOW=1000 RINGSOCK_PULL_WINDOW_US=1 RINGSOCK_PULL_DWELL_MS=0"
 stream_mode adaptive 7303 $AD
-if [ "$(kv "$line" pull_tx_to_pull)" -ge 1 ] 2>/dev/null; then
-  pass "adaptive stream: switched under checksummed load (tx $(kv "$line" pull_tx_to_pull) to pull / $(kv "$line" pull_tx_to_push) to push)"
-else bad "adaptive stream: never switched"; fi
+# The stream publishes only ~60 tails, so whether it switches depends on
+# the guest's timing: its switches are reported, the rpc run below is what
+# must switch.
+echo "    adaptive stream switches: tx $(kv "$line" pull_tx_to_pull) to pull / $(kv "$line" pull_tx_to_push) to push"
+
 # Round trips: under TCG a pushed reply comes back in well under 1 ms and
 # a pulled one in several, so an adaptive server flips at nearly every
 # reply; the client checks every byte of every reply.
@@ -113,12 +122,12 @@ step "shim, RINGSOCK_VERBS_MODE=pull in both hosts: streamcheck"
 . /guest.d/shimhosts.sh
 SA="$SA RINGSOCK_VERBS_MODE=pull"
 SB="$SB RINGSOCK_VERBS_MODE=pull"
-$SA streamcheck server --host $SRV --port 7305 --mib $SC_MIB --conns 2 --pause-ms 1000 --timeout-s 30 \
+$SA streamcheck server --host $SRV --port 7305 --mib $SC_MIB --conns 2 --mode mixed --pause-ms 1000 --timeout-s 30 \
   > /tmp/sc.srv 2>&1 &
 spid=$!
 wait_listen A 7305 || bad "shim pull: server did not listen"
 sample_start pull
-timeout 40 $SB streamcheck client --host $SRV --port 7305 --mib $SC_MIB --conns 2 --pause-ms 1000 \
+timeout 40 $SB streamcheck client --host $SRV --port 7305 --mib $SC_MIB --conns 2 --mode mixed --pause-ms 1000 \
   --timeout-s 30 > /tmp/sc.cli 2>&1
 echo "    client exit $? [t=$(uptime_s)]"
 i=0
@@ -164,6 +173,32 @@ if [ $busy -gt 0 ] && [ $busy = $okb ]; then
   pass "shim pull wire: in all $busy reports of connections mid-stream (A and B) slot WRITE bytes < 1/4 of bytes sent (READ carried them)"
 else bad "shim pull wire: $okb of $busy busy reports had few slot WRITE bytes"; fi
 grep -i "error\|warn" /tmp/shimA.log /tmp/shimB.log | head -n 5
+
+step "shim, pull with zero-copy sends (RINGSOCK_ZEROCOPY_MIN=65536): streamcheck"
+# A pulling sender copies a zero-copy record's payload into its own ring
+# copy (the receiver READs that copy): the hashes say it did.
+ZA="$SA RINGSOCK_ZEROCOPY_MIN=65536"
+ZB="$SB RINGSOCK_ZEROCOPY_MIN=65536"
+la=$(wc -l < /tmp/shimA.log); lb=$(wc -l < /tmp/shimB.log)
+$ZA streamcheck server --host $SRV --port 7307 --mib $SC_MIB --conns 1 --timeout-s 30 > /tmp/sz.srv 2>&1 &
+spid=$!
+wait_listen A 7307 || bad "shim pull zero-copy: server did not listen"
+timeout 40 $ZB streamcheck client --host $SRV --port 7307 --mib $SC_MIB --conns 1 --timeout-s 30 > /tmp/sz.cli 2>&1
+echo "    client exit $? [t=$(uptime_s)]"
+i=0
+while kill -0 $spid 2>/dev/null && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
+stop $spid
+n=$(awk 'FNR == NR { if ($1 == "conn") s[$2] = $4 " " $5 " " $7 " " $8; next }
+         $1 == "conn" && ($2 in s) && s[$2] == $7 " " $8 " " $4 " " $5 && $4 == want && $7 == want { n++ }
+         END { print n + 0 }' want=$((SC_MIB * 1048576)) /tmp/sz.srv /tmp/sz.cli)
+zc=$(tail -n +$((la + 1)) /tmp/shimA.log | grep -c 'zero-copy: first send')
+zc=$((zc + $(tail -n +$((lb + 1)) /tmp/shimB.log | grep -c 'zero-copy: first send')))
+if grep -qx ok /tmp/sz.srv && grep -qx ok /tmp/sz.cli && [ "$n" -eq 1 ] && [ "$zc" -ge 1 ]; then
+  pass "shim pull zero-copy: $SC_MIB MiB each way, hashes match, $zc shim(s) logged a zero-copy send"
+else
+  bad "shim pull zero-copy: hashes ($n of 1) or no zero-copy send logged ($zc)"
+  tail -n 4 /tmp/sz.srv /tmp/sz.cli | sed 's/^/    /'
+fi
 
 t1=$(cut -d' ' -f1 /proc/uptime)
 echo "GUEST-SECONDS from=$t0 to=$t1"

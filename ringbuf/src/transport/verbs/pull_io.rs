@@ -306,15 +306,17 @@ impl VerbsTransport {
     /// the unread data lives in *our* memory, which is about to be
     /// unregistered, so switch back to push now (catch-up WRITEs of all
     /// the receiver may not have fetched, the tail, the push mode word)
-    /// and stay there; returns once all of it has landed (and rings the
-    /// receiver if it sleeps). A no-op in push mode and on a receiver.
-    pub fn leave_pull(&mut self) -> Result<(), RingError> {
+    /// and stay there. Returns whether it switched: then the caller polls
+    /// (`Sender::poll`) until `words_pending()` is false, i.e. until all
+    /// of it landed, before it drops the connection (the report also
+    /// rings a sleeping receiver). A no-op in push mode and on a receiver.
+    pub fn leave_pull(&mut self) -> Result<bool, RingError> {
         if self.role != Role::Sender {
-            return Ok(());
+            return Ok(false);
         }
         self.pull.closing = true;
         if !self.pull.mode.pull {
-            return Ok(());
+            return Ok(false);
         }
         let tail = self.pull.published;
         self.switch_to_push(tail, now_ns())?;
@@ -325,7 +327,7 @@ impl VerbsTransport {
         // queue pair is gone never acknowledges (rxe), and the caller's
         // settle is bounded.
         self.pull.check_owed = true;
-        Ok(())
+        Ok(true)
     }
 
     /// `poll_completions` hook: this end's latest word write was reported
