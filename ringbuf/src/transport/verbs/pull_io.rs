@@ -17,6 +17,12 @@ use rdma_sys::*;
 use std::mem::offset_of;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// Most bytes one slot READ fetches (see `pull_fetch`), and one catch-up
+/// WRITE carries.
+const READ_CHUNK: u64 = 64 * 1024;
+/// A going-away catch-up waits for its WRITEs every this many bytes.
+const PACE_BYTES: u64 = 256 * 1024;
+
 /// How long a receiver waits for one READ before it fails the connection.
 const READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -281,7 +287,7 @@ impl VerbsTransport {
         match (self.pull.mode.pull, d) {
             (false, Some(true)) => self.switch_to_pull(tail, now).map(Some),
             (false, _) => Ok(None),
-            (true, Some(false)) => self.switch_to_push(tail, now).map(Some),
+            (true, Some(false)) => self.switch_to_push(tail, now, false).map(Some),
             (true, _) => {
                 // S1: the tail in our own copy, where the receiver READs
                 // it; `Sender::tail_visible` then fences (S2) and loads
@@ -319,7 +325,7 @@ impl VerbsTransport {
             return Ok(false);
         }
         let tail = self.pull.published;
-        self.switch_to_push(tail, now_ns())?;
+        self.switch_to_push(tail, now_ns(), true)?;
         // No publish is behind this switch, so no `Sender::tail_visible`
         // runs for it: the report of its words runs the check (the caller
         // settles), or a receiver asleep on `pub_tail` is never rung for
@@ -386,7 +392,7 @@ impl VerbsTransport {
     /// then the tail, then the push mode word. Every slot of that range
     /// still holds its data (the receiver has not released it), so a
     /// catch-up WRITE and a READ of the same slot place the same bytes.
-    fn switch_to_push(&mut self, tail: u64, now: u64) -> Result<Visibility, RingError> {
+    fn switch_to_push(&mut self, tail: u64, now: u64, pace: bool) -> Result<Visibility, RingError> {
         let w = self.pull.mode.switch(false, now);
         let s = &*self.shared;
         let head = s
@@ -394,22 +400,39 @@ impl VerbsTransport {
             .load(Ordering::Acquire);
         let p = &self.pull;
         let start = catchup_start(head, p.esc, p.slots).max(p.pull_from.min(p.esc));
+        // WRITEs of at most READ_CHUNK bytes (a catch-up can be a whole
+        // ring: one WRITE of it is a burst Soft-RoCE under emulation drops
+        // packets of and retries); when `pace` (going away, where waiting
+        // is fine), a wait every PACE_BYTES keeps the burst short.
+        let chunk = (READ_CHUNK / p.slot_size).max(1);
         let mut st = lock(&s.sq);
-        let mut n = 0;
+        let (mut n, mut unwaited, mut last) = (0, 0, 0);
         for (first, count) in ranges(start, p.esc, p.slots) {
-            let off = first * p.slot_size;
-            s.post(
-                &mut st,
-                Src::Region {
-                    off: s.layout.out_slots + off as usize,
-                    len: (count * p.slot_size) as u32,
-                },
-                s.remote.in_slots + off,
-                false,
-            )?;
-            bump(&s.counters().slot_writes, 1);
-            bump(&s.counters().slot_bytes, count * p.slot_size);
-            n += 1;
+            let mut done = 0;
+            while done < count {
+                if pace && unwaited >= PACE_BYTES {
+                    drop(st);
+                    s.wait_seq(last)?;
+                    st = lock(&s.sq);
+                    unwaited = 0;
+                }
+                let k = (count - done).min(chunk);
+                let off = (first + done) * p.slot_size;
+                last = s.post(
+                    &mut st,
+                    Src::Region {
+                        off: s.layout.out_slots + off as usize,
+                        len: (k * p.slot_size) as u32,
+                    },
+                    s.remote.in_slots + off,
+                    pace,
+                )?;
+                bump(&s.counters().slot_writes, 1);
+                bump(&s.counters().slot_bytes, k * p.slot_size);
+                n += 1;
+                unwaited += k * p.slot_size;
+                done += k;
+            }
         }
         self.post_word(&mut st, self.word_addr(PeerWord::LocalTail), tail)?;
         let seq = self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, w)?;
@@ -496,16 +519,27 @@ impl VerbsTransport {
         let mut last = 0;
         {
             let mut st = lock(&s.sq);
+            // At most READ_CHUNK bytes per READ: one READ of a whole ring
+            // is a burst of a thousand response packets, and Soft-RoCE
+            // under emulation drops some and then takes its retry path
+            // (where a queue pair once went to error). The queue pair
+            // allows one READ in flight, so the chunks follow each other.
+            let chunk = (READ_CHUNK / ss).max(1);
             for (first, count) in ranges(from, t, self.pull.slots) {
-                let off = first * ss;
-                last = s.post_read(
-                    &mut st,
-                    s.layout.in_slots + off as usize,
-                    (count * ss) as u32,
-                    s.remote.out_slots + off,
-                )?;
-                bump(&c.slot_reads, 1);
-                bump(&c.read_bytes, count * ss);
+                let mut done = 0;
+                while done < count {
+                    let n = (count - done).min(chunk);
+                    let off = (first + done) * ss;
+                    last = s.post_read(
+                        &mut st,
+                        s.layout.in_slots + off as usize,
+                        (n * ss) as u32,
+                        s.remote.out_slots + off,
+                    )?;
+                    bump(&c.slot_reads, 1);
+                    bump(&c.read_bytes, n * ss);
+                    done += n;
+                }
             }
         }
         s.wait_seq(last)?;
