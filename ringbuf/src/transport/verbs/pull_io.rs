@@ -20,8 +20,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Most bytes one slot READ fetches (see `pull_fetch`), and one catch-up
 /// WRITE carries.
 const READ_CHUNK: u64 = 64 * 1024;
-/// A going-away catch-up waits for its WRITEs every this many bytes.
+/// A going-away catch-up waits for its WRITEs every this many bytes, at
+/// most this long each time.
 const PACE_BYTES: u64 = 256 * 1024;
+const PACE_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long a receiver waits for one READ before it fails the connection.
 const READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -203,6 +205,27 @@ impl Shared {
         bump(&c.wr_posted, 1);
         bump(&c.wr_signaled, 1);
         Ok(seq)
+    }
+
+    /// Spins until request `seq` completed or `limit` passed; returns
+    /// whether it completed (a timeout leaves the connection as it is).
+    fn wait_seq_for(&self, seq: u64, limit: std::time::Duration) -> Result<bool, RingError> {
+        let start = std::time::Instant::now();
+        let mut spins = 0u32;
+        loop {
+            {
+                let mut st = lock(&self.sq);
+                self.reap(&mut st)?;
+                if st.done >= seq {
+                    return Ok(true);
+                }
+            }
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(1024) && start.elapsed() >= limit {
+                return Ok(false);
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Spins until request `seq` (a READ: and every one before it)
@@ -399,7 +422,17 @@ impl VerbsTransport {
             .ctrl_word(s.layout.out_ctrl, offset_of!(RingControl, local_head))
             .load(Ordering::Acquire);
         let p = &self.pull;
-        let start = catchup_start(head, p.esc, p.slots).max(p.pull_from.min(p.esc));
+        let mut start = catchup_start(head, p.esc, p.slots).max(p.pull_from.min(p.esc));
+        if pace
+            && s.ctrl_word(s.layout.out_ctrl, offset_of!(RingControl, rx_closed))
+                .load(Ordering::Acquire)
+                != 0
+        {
+            // Going away and the peer's reader is gone too: nobody will
+            // read what a catch-up would carry.
+            start = p.esc;
+        }
+        let mut pace = pace;
         // WRITEs of at most READ_CHUNK bytes (a catch-up can be a whole
         // ring: one WRITE of it is a burst Soft-RoCE under emulation drops
         // packets of and retries); when `pace` (going away, where waiting
@@ -412,7 +445,10 @@ impl VerbsTransport {
             while done < count {
                 if pace && unwaited >= PACE_BYTES {
                     drop(st);
-                    s.wait_seq(last)?;
+                    // Bounded: a peer that went away never acknowledges;
+                    // then the rest goes out unpaced and the caller's
+                    // own bounded wait (which watches the peer) decides.
+                    pace = s.wait_seq_for(last, PACE_LIMIT)?;
                     st = lock(&s.sq);
                     unwaited = 0;
                 }
