@@ -54,9 +54,6 @@ use crate::{process, sys};
 /// Longest a thread spins for its control-word writes to be acknowledged
 /// (a round trip; far longer only when the peer is unreachable).
 const SETTLE_LIMIT_NS: u64 = 200_000_000;
-/// How long a close waits for a pulling sender's hand-over (the unread
-/// data pushed back to the peer, `leave_pull`) to land.
-const PULL_HANDOFF_LIMIT_NS: u64 = 10_000_000_000;
 
 const MODE_PENDING: u8 = 0;
 const MODE_RING: u8 = 1;
@@ -1002,26 +999,6 @@ impl AttachedConn for RdmaConn {
                     self.eos_owed.store(false, Ordering::Release);
                 }
                 let _ = tx.flush();
-                // Pull mode: what the peer has not fetched yet is in our
-                // memory, about to go away: push it, and wait until it
-                // landed (up to a ring: longer than the settle below
-                // allows under emulation) unless the peer is gone.
-                if matches!(tx.transport_mut().leave_pull(), Ok(true)) {
-                    let start = sys::monotonic_ns();
-                    let mut spins = 0u32;
-                    while tx.transport_mut().words_pending() && tx.poll().is_ok() {
-                        spins = spins.wrapping_add(1);
-                        if spins.is_multiple_of(1024) {
-                            self.check_tcp();
-                            if self.peer_gone.load(Ordering::Acquire)
-                                || sys::monotonic_ns() - start > PULL_HANDOFF_LIMIT_NS
-                            {
-                                break;
-                            }
-                        }
-                        std::hint::spin_loop();
-                    }
-                }
             }
             if let Some(rx) = lock(&self.rx).as_mut() {
                 let _ = rx.close();

@@ -32,6 +32,30 @@ use super::{describe, device_for, host_without_rdma, NO_DEVICE_REASON, PREFIX};
 use crate::attached::{Decision, Errno, TcpReason};
 use crate::sys;
 
+/// This end's half of a verbs ring. The shim's senders always push:
+/// in pull mode a ring's unfetched data lives in the sending process,
+/// which may exit without closing its socket (no hook sees that), and a
+/// close with unfetched data still lost a ring of it in the Soft-RoCE
+/// guest (README limits). Pull mode is the verbs ring library's.
+fn new_end(
+    dev: &Arc<ringbuf::transport::verbs::Device>,
+    out_cfg: ringbuf::RingConfig,
+    in_cfg: ringbuf::RingConfig,
+) -> Result<VerbsConn, ringbuf::RingError> {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    if let Some(v) = std::env::var_os("RINGSOCK_VERBS_MODE") {
+        if v != "push" && !v.is_empty() {
+            SAID.call_once(|| {
+                log::warn!(
+                    "RINGSOCK_VERBS_MODE={v:?} ignored: the shim's rdma connections always push \
+                     (pull mode belongs to the verbs ring library; README limits)"
+                )
+            });
+        }
+    }
+    VerbsConn::new_push_only(dev, out_cfg, in_cfg)
+}
+
 fn payload(p: &QpParams) -> Vec<u8> {
     let mut v = PREFIX.to_vec();
     v.extend_from_slice(&p.encode());
@@ -56,7 +80,7 @@ pub fn connect(
     };
     let cfg = ring_config();
     let made = (|| {
-        let vc = VerbsConn::new(&dev, cfg, cfg).map_err(|e| format!("{e}"))?;
+        let vc = new_end(&dev, cfg, cfg).map_err(|e| format!("{e}"))?;
         let wake = new_bell().map_err(|e| format!("cannot create an eventfd: {e}"))?;
         // Before the offer: once a server may have claimed the ring, a
         // client that cannot keep it any more has no way back to TCP.
@@ -136,7 +160,7 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
     let out_cfg = config_for(client.in_ring.slots, client.in_ring.slot_size);
     let in_cfg = config_for(client.out_ring.slots, client.out_ring.slot_size);
     let made = (|| {
-        let vc = VerbsConn::new(&dev, out_cfg, in_cfg).map_err(|e| (format!("{e}"), true))?;
+        let vc = new_end(&dev, out_cfg, in_cfg).map_err(|e| (format!("{e}"), true))?;
         let wake = new_bell().map_err(|e| (format!("cannot create an eventfd: {e}"), true))?;
         let tcp_dup = dup_cloexec(fd).map_err(|Errno(e)| {
             (

@@ -393,6 +393,9 @@ pub struct VerbsConn {
     shared: Shared,
     out_cfg: RingConfig,
     in_cfg: RingConfig,
+    /// The pull-mode knobs this end's sender follows: the process's
+    /// (`RINGSOCK_VERBS_MODE`, ...) or, from `new_push_only`, always push.
+    knobs: super::pull::PullKnobs,
 }
 
 /// A connected end: the sending end of the outgoing ring, the receiving end
@@ -412,10 +415,31 @@ impl VerbsConn {
         out_cfg: RingConfig,
         in_cfg: RingConfig,
     ) -> Result<VerbsConn, RingError> {
+        // A bad pull-mode knob fails here, before anything is allocated.
+        let knobs = *super::pull::PullKnobs::get().map_err(|e| detailed(format!("verbs: {e}")))?;
+        VerbsConn::create(dev, out_cfg, in_cfg, knobs)
+    }
+
+    /// As `new`, but this end's sender always pushes, whatever the pull
+    /// knobs say (the receiver still follows a pulling peer). For users
+    /// that cannot keep a ring's unfetched data alive until the peer has
+    /// READ it: the shim (a process may exit without closing).
+    pub fn new_push_only(
+        dev: &Arc<Device>,
+        out_cfg: RingConfig,
+        in_cfg: RingConfig,
+    ) -> Result<VerbsConn, RingError> {
+        VerbsConn::create(dev, out_cfg, in_cfg, super::pull::PullKnobs::default())
+    }
+
+    fn create(
+        dev: &Arc<Device>,
+        out_cfg: RingConfig,
+        in_cfg: RingConfig,
+        knobs: super::pull::PullKnobs,
+    ) -> Result<VerbsConn, RingError> {
         out_cfg.validate()?;
         in_cfg.validate()?;
-        // A bad pull-mode knob fails here, before anything is allocated.
-        super::pull::PullKnobs::get().map_err(|e| detailed(format!("verbs: {e}")))?;
         let layout = Layout::new(&out_cfg, &in_cfg);
         let region = Arc::new(Region::new(layout.total)?);
         init_header(&region, &layout, &out_cfg, &in_cfg, dev);
@@ -531,6 +555,7 @@ impl VerbsConn {
             shared: s,
             out_cfg,
             in_cfg,
+            knobs,
         })
     }
 
@@ -602,6 +627,7 @@ impl VerbsConn {
             mut shared,
             out_cfg,
             in_cfg,
+            knobs,
         } = self;
         shared.remote = Remote {
             rkey: peer.rkey,
@@ -610,7 +636,6 @@ impl VerbsConn {
             out_ctrl: peer.out_ring.ctrl_addr,
             out_slots: peer.out_ring.slots_addr,
         };
-        let knobs = super::pull::PullKnobs::get().copied().unwrap_or_default();
         shared.to_init()?;
         {
             let _g = lock(&shared.rq);
