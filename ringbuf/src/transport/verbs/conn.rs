@@ -866,6 +866,21 @@ impl Shared {
         }
     }
 
+    /// The sequence number of the next request, once the send queue has
+    /// room for it; the connection's error if it failed. Caller holds
+    /// `sq`. Reaping makes progress: at least one outstanding request is
+    /// signaled (`post` forces one every sq_depth / 2; READs always are).
+    fn next_seq(&self, st: &mut SqState) -> Result<u64, RingError> {
+        if let Some(e) = &st.failed {
+            return Err(e.clone());
+        }
+        while st.posted - st.done >= self.sq_depth as u64 {
+            self.reap(st)?;
+            std::hint::spin_loop();
+        }
+        Ok(st.posted + 1)
+    }
+
     /// Posts one WRITE (`imm`: WRITE_WITH_IMM, solicited, no payload).
     /// `local`: source (address, length) inside the region, or an inline
     /// word. Caller holds `sq`. Returns the request's sequence number.
@@ -876,16 +891,7 @@ impl Shared {
         remote: u64,
         signaled: bool,
     ) -> Result<u64, RingError> {
-        if let Some(e) = &st.failed {
-            return Err(e.clone());
-        }
-        // Room in the send queue: at least one of the outstanding requests
-        // is signaled (see `force` below), so reaping makes progress.
-        while st.posted - st.done >= self.sq_depth as u64 {
-            self.reap(st)?;
-            std::hint::spin_loop();
-        }
-        let seq = st.posted + 1;
+        let seq = self.next_seq(st)?;
         let force = st.unsignaled + 1 >= (self.sq_depth / 2).max(1);
         let signaled = signaled || force;
         // SAFETY: mr valid while self lives.

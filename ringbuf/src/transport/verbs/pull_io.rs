@@ -164,14 +164,7 @@ impl Shared {
         len: u32,
         remote: u64,
     ) -> Result<u64, RingError> {
-        if let Some(e) = &st.failed {
-            return Err(e.clone());
-        }
-        while st.posted - st.done >= self.sq_depth as u64 {
-            self.reap(st)?;
-            std::hint::spin_loop();
-        }
-        let seq = st.posted + 1;
+        let seq = self.next_seq(st)?;
         // SAFETY: mr valid while self lives.
         let lkey = unsafe { (*self.mr).lkey };
         let mut sge = ibv_sge {
@@ -233,26 +226,16 @@ impl Shared {
     /// (rxe raises no error for it), and a READ we stopped waiting for
     /// could still land later, so past the limit the connection is failed.
     fn wait_seq(&self, seq: u64) -> Result<(), RingError> {
-        let start = std::time::Instant::now();
-        let mut spins = 0u32;
-        loop {
-            {
-                let mut st = lock(&self.sq);
-                self.reap(&mut st)?;
-                if st.done >= seq {
-                    return Ok(());
-                }
-                spins = spins.wrapping_add(1);
-                if spins.is_multiple_of(1024) && start.elapsed() >= READ_LIMIT {
-                    let e = RingError::Config(
-                        "verbs: an RDMA READ was not answered within 10 s (peer gone?)",
-                    );
-                    st.failed = Some(e.clone());
-                    return Err(e);
-                }
-            }
-            std::hint::spin_loop();
+        if self.wait_seq_for(seq, READ_LIMIT)? {
+            return Ok(());
         }
+        let mut st = lock(&self.sq);
+        if st.done >= seq {
+            return Ok(());
+        }
+        let e = RingError::Config("verbs: an RDMA READ was not answered within 10 s (peer gone?)");
+        st.failed = Some(e.clone());
+        Err(e)
     }
 }
 
