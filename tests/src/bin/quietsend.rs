@@ -1,0 +1,92 @@
+//! quietsend: a writer that goes quiet right after a send (it sleeps, a
+//! call the shim does not see) must still wake a reader that sleeps on the
+//! ring: the check for the sleeping reader, owed when the send's tail
+//! WRITE completes on verbs, cannot wait for the writer's next call.
+//!
+//! ```text
+//! quietsend server --host ADDR --port P   prints "waited_ms N" and "ok"
+//! quietsend client --host ADDR --port P [--before-ms 2000] [--after-ms 3000]
+//! ```
+//!
+//! The client connects, sleeps BEFORE ms (the server is blocked in recv
+//! meanwhile, asleep on its ring), sends one byte, sleeps AFTER ms and
+//! closes. The server prints how long its first recv took from accept:
+//! about BEFORE when the reader is woken, about BEFORE + AFTER when the
+//! wake-up waited for the writer's close.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+fn arg(args: &[String], name: &str, default: Option<&str>) -> String {
+    match args.iter().position(|a| a == name) {
+        Some(i) if i + 1 < args.len() => args[i + 1].clone(),
+        _ => default
+            .unwrap_or_else(|| {
+                eprintln!("quietsend: missing {name}");
+                std::process::exit(2)
+            })
+            .to_string(),
+    }
+}
+
+fn ms(args: &[String], name: &str, default: &str) -> u64 {
+    arg(args, name, Some(default)).parse().unwrap_or_else(|_| {
+        eprintln!("quietsend: {name} wants milliseconds");
+        std::process::exit(2)
+    })
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let role = args.get(1).map(String::as_str).unwrap_or("");
+    let addr = format!(
+        "{}:{}",
+        arg(&args, "--host", None),
+        arg(&args, "--port", None)
+    );
+    match role {
+        "server" => {
+            let l = TcpListener::bind(&addr).unwrap_or_else(|e| fail(&format!("bind {addr}: {e}")));
+            println!("listening");
+            let (mut s, _) = l.accept().unwrap_or_else(|e| fail(&format!("accept: {e}")));
+            let t0 = Instant::now();
+            let mut b = [0u8; 1];
+            match s.read(&mut b) {
+                Ok(1) if b[0] == b'q' => {}
+                r => fail(&format!("first read: {r:?} {b:?}")),
+            }
+            println!("waited_ms {}", t0.elapsed().as_millis());
+            let mut rest = Vec::new();
+            if let Err(e) = s.read_to_end(&mut rest) {
+                fail(&format!("read to end: {e}"));
+            }
+            if !rest.is_empty() {
+                fail(&format!("{} unexpected bytes after the first", rest.len()));
+            }
+            println!("ok");
+        }
+        "client" => {
+            let before = ms(&args, "--before-ms", "2000");
+            let after = ms(&args, "--after-ms", "3000");
+            let mut s =
+                TcpStream::connect(&addr).unwrap_or_else(|e| fail(&format!("connect {addr}: {e}")));
+            std::thread::sleep(Duration::from_millis(before));
+            if let Err(e) = s.write_all(b"q") {
+                fail(&format!("send: {e}"));
+            }
+            std::thread::sleep(Duration::from_millis(after));
+            drop(s);
+            println!("ok");
+        }
+        _ => {
+            eprintln!("usage: quietsend server|client --host ADDR --port P");
+            std::process::exit(2)
+        }
+    }
+}
+
+fn fail(msg: &str) -> ! {
+    println!("FAIL {msg}");
+    std::process::exit(1)
+}
