@@ -133,23 +133,37 @@ pub trait AttachedConn: Send + Sync {
     /// Asks to be woken through `wait_fds` when any of `interest` may have
     /// become true (publishes the "sleeping" flag), then re-checks and
     /// returns the readiness seen *after* arming. If that intersects
-    /// `interest` the caller does not sleep. Must be paired with `disarm`.
-    fn arm(&self, interest: Ready) -> Ready;
+    /// `interest` the caller does not sleep. Must be paired with
+    /// `disarm_waiter` with the same `level`. `level`: the waiter sleeps in
+    /// a level-triggered poll on the wait fds (`arm`); otherwise it watches
+    /// them edge-triggered (epoll with EPOLLET) and may keep the arm across
+    /// many calls (`arm_edge`): the connection need not keep the fds
+    /// readable for it, so a doorbell can be drained by other waiters
+    /// without losing its wake-up.
+    fn arm_waiter(&self, interest: Ready, level: bool) -> Ready;
 
-    /// Ends a wait started by `arm` (clears the flag, drains the doorbell).
-    fn disarm(&self, interest: Ready);
+    /// Ends a wait started by `arm_waiter` (clears the flag, drains the
+    /// doorbell).
+    fn disarm_waiter(&self, interest: Ready, level: bool);
 
-    /// `arm` for a waiter that watches the wait fds edge-triggered (epoll
-    /// with EPOLLET) and may keep the arm across many calls: the
-    /// connection need not keep the fds readable for it, so a doorbell can
-    /// be drained by other waiters without losing its wake-up.
+    /// `arm_waiter` for a level-triggered waiter.
+    fn arm(&self, interest: Ready) -> Ready {
+        self.arm_waiter(interest, true)
+    }
+
+    /// Ends an `arm`.
+    fn disarm(&self, interest: Ready) {
+        self.disarm_waiter(interest, true)
+    }
+
+    /// `arm_waiter` for an edge-triggered waiter.
     fn arm_edge(&self, interest: Ready) -> Ready {
-        self.arm(interest)
+        self.arm_waiter(interest, false)
     }
 
     /// Ends an `arm_edge`.
     fn disarm_edge(&self, interest: Ready) {
-        self.disarm(interest)
+        self.disarm_waiter(interest, false)
     }
 
     /// The fds to sleep on after `arm(interest)`; they become readable (or

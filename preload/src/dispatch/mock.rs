@@ -268,20 +268,12 @@ impl AttachedConn for MockConn {
         self.state()
     }
 
-    fn arm(&self, interest: Ready) -> Ready {
-        self.arm_inner(interest, true)
+    fn arm_waiter(&self, interest: Ready, level: bool) -> Ready {
+        self.arm_inner(interest, level)
     }
 
-    fn disarm(&self, interest: Ready) {
-        self.disarm_inner(interest, true)
-    }
-
-    fn arm_edge(&self, interest: Ready) -> Ready {
-        self.arm_inner(interest, false)
-    }
-
-    fn disarm_edge(&self, interest: Ready) {
-        self.disarm_inner(interest, false)
+    fn disarm_waiter(&self, interest: Ready, level: bool) {
+        self.disarm_inner(interest, level)
     }
 
     fn wait_fds(&self, _fd: RawFd, _interest: Ready) -> WaitFds {
