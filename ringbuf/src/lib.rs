@@ -18,6 +18,7 @@ pub mod error;
 pub mod layout;
 pub mod memory;
 pub mod notify;
+pub mod park;
 pub mod receiver;
 pub mod record;
 pub mod sender;

@@ -19,9 +19,10 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
+use ringbuf::park::WorkerPark;
 use ringsock_proto::{Msg, Transport};
 
 use super::ctl;
@@ -80,12 +81,11 @@ static LIVE: PLock<BTreeMap<RawFd, (u64, Msg)>> = PLock::new(BTreeMap::new(), BT
 /// Reports waiting to be sent, with the time they were queued.
 static REPORTS: PLock<VecDeque<(u64, Report)>> = PLock::new(VecDeque::new(), VecDeque::new);
 
-/// Bumped by every wake-up request (so a request made just before the
-/// thread parks is not lost).
-static WAKE: AtomicU32 = AtomicU32::new(0);
-/// The thread sleeps without a deadline (or a long one): a new batch must
-/// wake it. While it ticks (`FLUSH_NS`) writers never make a system call.
-static PARKED: AtomicBool = AtomicBool::new(false);
+/// The thread's sleep (`ringbuf::park`, loom-modelled): every post bumps
+/// it, and a post rings `WAKE_FD` only while the thread sleeps without a
+/// deadline (or a long one). While it ticks (`FLUSH_NS`) posters never
+/// make a system call.
+static PARK: WorkerPark = WorkerPark::new();
 /// The pid whose thread is running (a forked child has none).
 static THREAD_PID: AtomicI32 = AtomicI32::new(0);
 /// The eventfd the thread sleeps on (with the daemon session), -1 before
@@ -94,9 +94,10 @@ static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 /// How often a thread without WAKE_FD looks for work.
 const NO_WAKE_FD_POLL_NS: u64 = 10_000_000;
 
+/// After every post (queue entry, dirty count): the thread sees it before
+/// it sleeps, or is woken. Only atomics unless the thread is parked.
 fn wake() {
-    WAKE.fetch_add(1, Ordering::SeqCst);
-    if PARKED.load(Ordering::SeqCst) {
+    if PARK.request() {
         let fd = WAKE_FD.load(Ordering::Acquire);
         if fd >= 0 {
             let one = 1u64;
@@ -108,8 +109,8 @@ fn wake() {
 
 /// Sleeps until `wake`, the timeout, or news on the daemon session (a
 /// reply sent ahead, or the daemon going away). `long` marks a sleep that
-/// writers must interrupt (see PARKED).
-fn park(seen: u32, timeout_ns: Option<u64>, long: bool) {
+/// posters must interrupt (see PARK).
+fn park(seen: u64, timeout_ns: Option<u64>, long: bool) {
     let efd = WAKE_FD.load(Ordering::Acquire);
     // Without a wake eventfd (eventfd2 failed: fd limit, seccomp) no writer
     // can interrupt the sleep: look again every 10 ms instead of parking.
@@ -137,10 +138,7 @@ fn park(seen: u32, timeout_ns: Option<u64>, long: bool) {
             revents: 0,
         },
     ];
-    if long {
-        PARKED.store(true, Ordering::SeqCst);
-    }
-    if WAKE.load(Ordering::SeqCst) == seen {
+    if PARK.may_sleep(seen, long) {
         // SAFETY: two valid pollfds (a negative fd is ignored by the
         // kernel) and a valid or null timeout.
         unsafe {
@@ -154,7 +152,7 @@ fn park(seen: u32, timeout_ns: Option<u64>, long: bool) {
             )
         };
     }
-    PARKED.store(false, Ordering::SeqCst);
+    PARK.woke();
     if pfds[0].revents != 0 {
         let mut v = 0u64;
         // SAFETY: 8-byte read into a local from our non-blocking eventfd.
@@ -216,10 +214,8 @@ pub fn queue_flush(conn: Arc<dyn Tracked>) {
     FLUSH.lock().push(conn);
     if DIRTY.fetch_add(1, Ordering::AcqRel) == 0 {
         ensure_thread();
-        // Only a thread that stopped ticking needs a system call to notice.
-        if PARKED.load(Ordering::Acquire) {
-            wake();
-        }
+        // A system call only for a thread that stopped ticking.
+        wake();
     }
 }
 
@@ -290,9 +286,7 @@ fn report(r: Report) {
         q.push_back((sys::monotonic_ns(), r));
     }
     ensure_thread();
-    if PARKED.load(Ordering::Acquire) {
-        wake();
-    }
+    wake();
 }
 
 /// A ring was attached to `fd` (client or server side).
@@ -312,15 +306,17 @@ pub fn note_pending(conn: &Arc<dyn Tracked>) {
         }
         pending.push(Arc::downgrade(conn));
     }
-    if conn.urgent_follow_up() {
-        ensure_thread();
-        wake();
-    }
+    // Even a follow-up that is not urgent must shorten a sleep without a
+    // deadline.
+    ensure_thread();
+    wake();
 }
 
 /// The server took the ring: let the daemon forget the offer.
 pub fn note_accepted(offer_id: u64) {
     COLLECT.lock().push(offer_id);
+    ensure_thread();
+    wake();
 }
 
 /// A pending client fell back to TCP.
@@ -599,7 +595,7 @@ fn run() {
         if THREAD_PID.load(Ordering::Acquire) != me {
             return;
         }
-        let seen = WAKE.load(Ordering::Acquire);
+        let seen = PARK.ticket();
         if DIRTY.load(Ordering::Acquire) > 0 {
             flush_some();
             idle = 0;
