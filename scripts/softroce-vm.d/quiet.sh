@@ -1,18 +1,44 @@
-# Guest script (scripts/softroce-vm; not run by CI): reproduces a known
-# stall on rdma rings (README limits). A shimmed quietsend client in B
-# connects to a shimmed quietsend server in A, sleeps 4 s, sends one byte,
-# sleeps 4 s (outside the shim) and closes. The server's first recv should
-# return about 4 s after accept (minus the ring setup); in the guest it
-# returns only when the client closes (waited_ms about 6900, 2026-11-23).
-#   cargo build --release -p ringsock-preload -p ringsock-ctl -p ringsock-integration --bin quietsend
-#   scripts/softroce-vm --timeout 200 scripts/softroce-vm.d/quiet.sh \
+# Guest script (scripts/softroce-vm; CI runs it): a writer that goes quiet
+# after a send must not hold back its bytes over rdma rings. A shimmed
+# quietsend client in B connects to a shimmed quietsend server in A; three
+# times it sleeps 1.5 s, sends one byte and sleeps 2 s outside the shim,
+# then checks (through a file the server writes after each byte) that the
+# byte arrived while it slept. On verbs the check for the sleeping reader
+# is owed when the send's tail WRITE completes, which only the shim's
+# background thread sees: until 2026-11-23 that thread could lose the
+# wake-up for the post (ringbuf::park) and every byte then waited for the
+# writer's close (waited_ms about 6900 for a byte sent at about 2900).
+#   cargo build --release -p ringsock-preload -p ringsock-ctl
+#   cargo build --release -p ringsock-integration --bin quietsend
+#   scripts/softroce-vm --timeout 120 scripts/softroce-vm.d/quiet.sh \
 #     target/release/libringsock.so target/release/ringsock-ctl target/release/quietsend
 . /guest.d/twohosts.sh
 . /guest.d/shimhosts.sh
-$SA quietsend server --host $SRV --port 7301 > /tmp/q.srv 2>&1 &
-wait_listen A 7301
-echo "client start $(cut -d' ' -f1 /proc/uptime)"
-timeout 20 $SB quietsend client --host $SRV --port 7301 --before-ms 4000 --after-ms 4000
-echo "client end $(cut -d' ' -f1 /proc/uptime)"
-sleep 1
-echo "QUIET $(tr '\n' ' ' < /tmp/q.srv)"
+fail=0
+pass() { echo "ok: $*"; }
+bad() { echo "FAIL: $*"; fail=1; }
+port=7301
+rm -f /tmp/q.mark
+sample_start quiet
+$SA quietsend server --host $SRV --port $port --rounds 3 --mark /tmp/q.mark > /tmp/q.srv 2>&1 &
+qsrv=$!
+wait_listen A $port
+timeout 40 $SB quietsend client --host $SRV --port $port --rounds 3 --mark /tmp/q.mark \
+  --before-ms 1500 --after-ms 2000 > /tmp/q.cli 2>&1
+echo "client exit $?: $(tr '\n' ' ' < /tmp/q.cli)"
+i=0
+while kill -0 $qsrv 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+stop $qsrv
+sample_stop quiet
+echo "server: $(tr '\n' ' ' < /tmp/q.srv)"
+if grep -qx ok /tmp/q.cli; then pass "quiet writer: all 3 bytes arrived while the writer slept"
+else bad "quiet writer: $(grep FAIL /tmp/q.cli || echo 'client did not finish')"; fi
+if grep -qx ok /tmp/q.srv && ! grep -q FAIL /tmp/q.srv; then pass "quiet reader: 3 bytes then EOF"
+else bad "quiet reader: $(tr '\n' ' ' < /tmp/q.srv)"; fi
+t=$(tally quiet $port)
+case $t in
+  rdma=[1-9]*,tcp=0,shm=0) pass "quiet transport: $t" ;;
+  *) bad "quiet transport: $t (want rdma only)"; last_sample quiet $port ;;
+esac
+[ $fail -eq 0 ] && echo "QUIET-CHECK PASSED" || { echo "QUIET-CHECK FAILED"; tail -n 20 /tmp/shimA.log /tmp/shimB.log; }
+exit $fail

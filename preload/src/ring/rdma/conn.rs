@@ -192,6 +192,12 @@ impl RdmaConn {
         };
         match connected {
             Ok(c) => {
+                log::debug!(
+                    "{} -> {}: queue pair connected, {} early bytes go first",
+                    self.local,
+                    self.peer,
+                    early.len()
+                );
                 let _ = self.bell.set(c.bell);
                 let mut tx = c.tx;
                 let mut rest: &[u8] = &early;
