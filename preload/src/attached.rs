@@ -200,6 +200,14 @@ pub trait AttachedConn: Send + Sync {
     /// (`close`, `dup2` over it, ...). Called before the kernel socket `fd`
     /// is closed.
     fn release(&self, fd: RawFd, kind: ReleaseKind);
+
+    /// The process is exiting (`exit`, `_exit`) with the connection open:
+    /// the kernel would still deliver what was written, so push out what
+    /// is batched and, where the transport dies with the process (a verbs
+    /// queue pair), wait until `deadline_ns` (monotonic) at most for it to
+    /// be acknowledged. Must not block on a lock: `_exit` may run in a
+    /// signal handler that interrupted a thread holding one.
+    fn drain_at_exit(&self, _deadline_ns: u64) {}
 }
 
 /// Why a tracked socket stays on kernel TCP (shown by `ringsock-ctl status`).

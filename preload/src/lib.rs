@@ -49,6 +49,11 @@ extern "C" fn ringsock_init() {
     #[cfg(not(test))]
     if !cfg.disable {
         ring::install();
+        // Registered first, so it runs after the program's own handlers
+        // (which may still write): rings deliver what was written, as the
+        // kernel does for sockets left open at exit.
+        // SAFETY: registers a plain extern "C" function.
+        unsafe { libc::atexit(drain_at_exit) };
     }
     #[cfg(not(test))]
     std::panic::set_hook(Box::new(|info| {
@@ -61,6 +66,11 @@ extern "C" fn ringsock_init() {
         cfg.slot_size,
         cfg.spin_us
     );
+}
+
+#[cfg(not(test))]
+extern "C" fn drain_at_exit() {
+    lifecycle::drain_at_exit();
 }
 
 #[used]

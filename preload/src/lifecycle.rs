@@ -162,3 +162,28 @@ fn apply(fd: c_int, st: &FdRef, decision: Decision) {
         }
     }
 }
+
+/// Longest a process exit waits for its rings' last writes to be
+/// acknowledged (verbs; a round trip, far longer only when the peer is
+/// unreachable, and then its kernel socket says so).
+const EXIT_DRAIN_NS: u64 = 1_000_000_000;
+
+/// The process is exiting (`exit` through the atexit handler, `_exit`,
+/// `_Exit`): every ring it uses gets what the kernel gives a socket left
+/// open at exit, delivery of what was written (`AttachedConn::
+/// drain_at_exit`). Nothing in a vfork child (it shares the parent's
+/// table) or with no ring alive.
+pub fn drain_at_exit() {
+    if fdtable::rings_alive() == 0 || !process::owns_memory() {
+        return;
+    }
+    let _g = guard::enter();
+    let deadline = crate::sys::monotonic_ns() + EXIT_DRAIN_NS;
+    for fd in 0..fdtable::capacity() as i32 {
+        if let Some(r) = fdtable::attached(fd) {
+            if let Some(c) = r.conn() {
+                c.drain_at_exit(deadline);
+            }
+        }
+    }
+}

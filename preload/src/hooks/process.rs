@@ -1,4 +1,4 @@
-//! Process hooks: fork and _Fork.
+//! Process hooks: fork and _Fork; _exit and _Exit.
 //!
 //! Both bump the fork generation before forking (a connection claimed before
 //! the fork must be claimed again by whichever process uses it afterwards)
@@ -18,10 +18,10 @@
 //! `process::owns_memory()` (real pid == cached pid) and leaves the shared
 //! table alone in such a child.
 
-use libc::pid_t;
+use libc::{c_int, pid_t};
 
 use crate::hook::hooks;
-use crate::process;
+use crate::{lifecycle, process};
 
 hooks! {
     /// fork(2) through glibc (atfork handlers run as usual).
@@ -49,5 +49,32 @@ hooks! {
             process::after_fork_child();
         }
         pid
+    }
+
+    /// _exit(2) skips atexit handlers (the constructor's drain for `exit`),
+    /// but the kernel still delivers what a socket left open was given:
+    /// so must the rings (`lifecycle::drain_at_exit`, which takes no lock
+    /// that may be held, since _exit is async-signal-safe and called from
+    /// signal handlers). Declared returning `()`: `!` cannot be spelled in
+    /// the macro's closure, and no C caller looks at the return.
+    fn _exit(status: c_int) -> ();
+        fallback({
+            libc::syscall(libc::SYS_exit_group, status);
+        })
+    {
+        lifecycle::drain_at_exit();
+        // SAFETY: forwarding; never returns.
+        unsafe { _exit::next(status) }
+    }
+
+    /// _Exit(3): the same as _exit.
+    fn _Exit(status: c_int) -> ();
+        fallback({
+            libc::syscall(libc::SYS_exit_group, status);
+        })
+    {
+        lifecycle::drain_at_exit();
+        // SAFETY: forwarding; never returns.
+        unsafe { _Exit::next(status) }
     }
 }

@@ -820,6 +820,25 @@ impl AttachedConn for ShmConn {
         }
     }
 
+    fn drain_at_exit(&self, _deadline_ns: u64) {
+        // Published bytes are in the shared segment, which outlives us;
+        // only an open batch would be lost. A client still pending keeps
+        // its bytes in ring 0, where a server that takes the ring finds
+        // them. Only the process using the connection may flush it (a
+        // forked copy of the batch state would send the bytes twice).
+        let word = match self.side {
+            Side::Client => WORD_CLIENT_PID,
+            Side::Server => WORD_SERVER_PID,
+        };
+        let user = self.seg.header().user[word].load(Ordering::Acquire);
+        if self.mode.load(Ordering::Acquire) != MODE_RING || user != process::pid() as u64 {
+            return;
+        }
+        if let Ok(mut tx) = self.tx.try_lock() {
+            let _ = tx.flush();
+        }
+    }
+
     fn release(&self, _fd: RawFd, kind: ReleaseKind) {
         if self.released.swap(true, Ordering::AcqRel) {
             return;

@@ -976,6 +976,31 @@ impl AttachedConn for RdmaConn {
         Err(Errno(libc::EBADFD))
     }
 
+    fn drain_at_exit(&self, deadline_ns: u64) {
+        // The queue pair dies with the process, and requests it has not
+        // sent die with it: flush, then wait for the last word WRITE's
+        // completion (RC: every earlier WRITE was acknowledged before it).
+        // The kick a sleeping reader is owed may be lost, but the kernel
+        // socket's FIN wakes it, and it reads the ring before EOF. A
+        // client still pending keeps its early bytes (README limits).
+        if process::pid() != self.owner_pid || self.mode() != MODE_RING {
+            return;
+        }
+        let Ok(mut guard) = self.tx.try_lock() else {
+            return;
+        };
+        let Some(tx) = guard.as_mut() else {
+            return;
+        };
+        let _ = tx.flush();
+        while tx.transport_mut().words_pending() && sys::monotonic_ns() < deadline_ns {
+            if tx.poll().is_err() || self.peer_gone.load(Ordering::Acquire) {
+                return;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
     fn release(&self, _fd: RawFd, kind: ReleaseKind) {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
