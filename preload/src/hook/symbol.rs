@@ -8,6 +8,7 @@
 //! handler) has to enter the dynamic linker. Two threads racing to resolve
 //! the same symbol store the same pointer; that race is harmless.
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -15,6 +16,11 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 /// Marks a symbol that dlsym could not find: callers use their raw-syscall
 /// fallback from then on. Never a valid function address.
 const MISSING: *mut c_void = ptr::dangling_mut::<c_void>();
+
+thread_local! {
+    /// This thread is inside dlsym through `get_reentrant`.
+    static RESOLVING: Cell<bool> = const { Cell::new(false) };
+}
 
 /// One interposed function's next definition.
 pub struct Symbol {
@@ -45,6 +51,23 @@ impl Symbol {
         (p != MISSING).then_some(p)
     }
 
+    /// `get` for functions dlsym itself may call (the allocator's `free`,
+    /// `realloc`): a lookup made while this thread is already inside dlsym
+    /// for one of them returns None, uncached, instead of recursing.
+    #[inline]
+    pub fn get_reentrant(&self) -> Option<*mut c_void> {
+        let p = self.ptr.load(Ordering::Acquire);
+        if !p.is_null() {
+            return (p != MISSING).then_some(p);
+        }
+        if RESOLVING.with(|r| r.replace(true)) {
+            return None;
+        }
+        let p = self.resolve();
+        RESOLVING.with(|r| r.set(false));
+        p
+    }
+
     #[cold]
     fn resolve(&self) -> Option<*mut c_void> {
         debug_assert!(self.name.ends_with('\0'));
@@ -54,7 +77,7 @@ impl Symbol {
         if p.is_null() {
             let shown = self.name.trim_end_matches('\0');
             crate::log::always(format_args!(
-                "cannot resolve the next definition of {shown}; using the raw system call"
+                "cannot resolve the next definition of {shown}; using its fallback"
             ));
             self.ptr.store(MISSING, Ordering::Release);
             None

@@ -31,14 +31,12 @@
 //! a per-thread guard: a free that arrives while this thread resolves is
 //! leaked (once, at start-up) rather than recursing.
 
-use std::cell::Cell;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicPtr, Ordering};
 
 use libc::{c_int, intptr_t, off_t, size_t};
 use ringbuf::transport::verbs::regcache;
 
-use crate::hook::hooks;
+use crate::hook::{hooks, Symbol};
 
 #[inline]
 fn drop_range(addr: *const c_void, len: usize) {
@@ -158,56 +156,10 @@ hooks! {
     }
 }
 
-/// A next definition of an allocator function, resolved without
-/// recursing (see the module documentation).
-struct AllocSym {
-    name: &'static std::ffi::CStr,
-    ptr: AtomicPtr<c_void>,
-}
-
-/// dlsym found nothing: the call is dropped (free leaks, realloc fails).
-const MISSING: *mut c_void = std::ptr::dangling_mut::<c_void>();
-
-thread_local! {
-    /// This thread is inside dlsym for one of the allocator functions.
-    static RESOLVING: Cell<bool> = const { Cell::new(false) };
-}
-
-impl AllocSym {
-    const fn new(name: &'static std::ffi::CStr) -> Self {
-        AllocSym {
-            name,
-            ptr: AtomicPtr::new(std::ptr::null_mut()),
-        }
-    }
-
-    #[inline]
-    fn get(&self) -> Option<*mut c_void> {
-        let p = self.ptr.load(Ordering::Acquire);
-        if p.is_null() {
-            return self.resolve();
-        }
-        (p != MISSING).then_some(p)
-    }
-
-    #[cold]
-    fn resolve(&self) -> Option<*mut c_void> {
-        if RESOLVING.with(|r| r.replace(true)) {
-            // dlsym called back into us: leak rather than recurse.
-            return None;
-        }
-        // SAFETY: a NUL-terminated static name; RTLD_NEXT finds libc's.
-        let p = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) };
-        RESOLVING.with(|r| r.set(false));
-        let p = if p.is_null() { MISSING } else { p };
-        self.ptr.store(p, Ordering::Release);
-        (p != MISSING).then_some(p)
-    }
-}
-
-static FREE: AllocSym = AllocSym::new(c"free");
-static REALLOC: AllocSym = AllocSym::new(c"realloc");
-static REALLOCARRAY: AllocSym = AllocSym::new(c"reallocarray");
+// Resolved with `get_reentrant` (see the module documentation).
+static FREE: Symbol = Symbol::new("free\0");
+static REALLOC: Symbol = Symbol::new("realloc\0");
+static REALLOCARRAY: Symbol = Symbol::new("reallocarray\0");
 
 /// Drops the registrations over a heap chunk before the allocator gets it
 /// back (glibc may unmap it or give its pages back internally).
@@ -231,7 +183,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         return;
     }
     drop_chunk(p);
-    if let Some(f) = FREE.get() {
+    if let Some(f) = FREE.get_reentrant() {
         // SAFETY: dlsym's address for "free", whose prototype this is.
         let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(f) };
         // SAFETY: forwarding the caller's pointer.
@@ -246,7 +198,7 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, n: size_t) -> *mut c_void {
     drop_chunk(p);
-    match REALLOC.get() {
+    match REALLOC.get_reentrant() {
         Some(f) => {
             // SAFETY: dlsym's address for "realloc", whose prototype this is.
             let f: unsafe extern "C" fn(*mut c_void, size_t) -> *mut c_void =
@@ -268,7 +220,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, n: size_t) -> *mut c_void {
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, m: size_t, n: size_t) -> *mut c_void {
     drop_chunk(p);
-    match REALLOCARRAY.get() {
+    match REALLOCARRAY.get_reentrant() {
         Some(f) => {
             // SAFETY: dlsym's address for "reallocarray", whose prototype
             // this is.
@@ -286,7 +238,11 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, m: size_t, n: size_t) -> *
 
 /// Resolves the allocator functions' next definitions (the constructor).
 pub fn resolve_allocators() {
-    let _ = (FREE.get(), REALLOC.get(), REALLOCARRAY.get());
+    let _ = (
+        FREE.get_reentrant(),
+        REALLOC.get_reentrant(),
+        REALLOCARRAY.get_reentrant(),
+    );
 }
 
 #[cfg(test)]

@@ -306,15 +306,19 @@ pub fn note_pending(conn: &Arc<dyn Tracked>) {
         }
         pending.push(Arc::downgrade(conn));
     }
-    // Even a follow-up that is not urgent must shorten a sleep without a
-    // deadline.
-    ensure_thread();
-    wake();
+    // The connection's report (`note_ring`, right after) wakes the thread
+    // too; only an urgent follow-up needs it before the report delay.
+    if conn.urgent_follow_up() {
+        ensure_thread();
+        wake();
+    }
 }
 
 /// The server took the ring: let the daemon forget the offer.
 pub fn note_accepted(offer_id: u64) {
     COLLECT.lock().push(offer_id);
+    // No report follows: a thread asleep without a deadline must learn
+    // that it has a collect to make.
     ensure_thread();
     wake();
 }
