@@ -98,10 +98,10 @@ pub struct RqCounters {
     /// buffer) and their payload bytes. Written under the send-queue lock
     /// (one per record of up to max_record_slots, so rare next to the
     /// doorbell's counters). They live in this line so the header keeps
-    /// its size (and version). `ringsock-ctl status` shows at most 16
-    /// counters per connection and the verbs list is full, so these are
-    /// ALSO folded into `slot_writes`/`slot_bytes` (status sees them
-    /// there); `VerbsCounters` has them apart.
+    /// its size (and version). They are ALSO folded into
+    /// `slot_writes`/`slot_bytes` (status from before it showed these two
+    /// saw them there); `VerbsCounters` and `ringsock-ctl status` have
+    /// them apart as well (`zc_writes`, `zc_bytes`).
     pub zc_writes: AtomicU64,
     pub zc_bytes: AtomicU64,
 }
@@ -174,9 +174,31 @@ pub fn bump(c: &AtomicU64, n: u64) {
     c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
 }
 
+/// Where the pull-mode counters (`verbs::pull::PullCounters`) start in the
+/// header page: `verbs::pull::COUNTERS_IN_HEADER`, restated here because a
+/// reader (the daemon) builds without the `verbs` feature. `pull.rs`
+/// asserts at compile time that this and every `offsets::PULL_*` match the
+/// struct the transport writes.
+pub const PULL_COUNTERS_AT: usize = 2048;
+
+/// The field order of `verbs::pull::PullCounters` (eight `AtomicU64`, in
+/// `#[repr(C)]`), for the offsets only: never instantiated.
+#[repr(C)]
+#[allow(dead_code)]
+struct PullCountersLayout {
+    tx_to_pull: AtomicU64,
+    tx_to_push: AtomicU64,
+    rx_to_pull: AtomicU64,
+    rx_to_push: AtomicU64,
+    tail_reads: AtomicU64,
+    slot_reads: AtomicU64,
+    read_bytes: AtomicU64,
+    catchup_writes: AtomicU64,
+}
+
 /// Offsets of the fields a reader needs, from the start of the region.
 pub mod offsets {
-    use super::{RqCounters, SqCounters, VerbsHeader};
+    use super::{PullCountersLayout, RqCounters, SqCounters, VerbsHeader, PULL_COUNTERS_AT};
     use std::mem::offset_of;
 
     pub const MAGIC: usize = offset_of!(VerbsHeader, magic);
@@ -209,6 +231,15 @@ pub mod offsets {
     pub const CQ_ERRORS: usize = RQ + offset_of!(RqCounters, cq_errors);
     pub const ZC_WRITES: usize = RQ + offset_of!(RqCounters, zc_writes);
     pub const ZC_BYTES: usize = RQ + offset_of!(RqCounters, zc_bytes);
+    const PULL: usize = PULL_COUNTERS_AT;
+    pub const PULL_TX_TO_PULL: usize = PULL + offset_of!(PullCountersLayout, tx_to_pull);
+    pub const PULL_TX_TO_PUSH: usize = PULL + offset_of!(PullCountersLayout, tx_to_push);
+    pub const PULL_RX_TO_PULL: usize = PULL + offset_of!(PullCountersLayout, rx_to_pull);
+    pub const PULL_RX_TO_PUSH: usize = PULL + offset_of!(PullCountersLayout, rx_to_push);
+    pub const PULL_TAIL_READS: usize = PULL + offset_of!(PullCountersLayout, tail_reads);
+    pub const PULL_SLOT_READS: usize = PULL + offset_of!(PullCountersLayout, slot_reads);
+    pub const PULL_READ_BYTES: usize = PULL + offset_of!(PullCountersLayout, read_bytes);
+    pub const PULL_CATCHUP_WRITES: usize = PULL + offset_of!(PullCountersLayout, catchup_writes);
 }
 
 const _: () = {
@@ -229,6 +260,11 @@ const _: () = {
     assert!(offsets::WR_POSTED.is_multiple_of(64));
     // The zero-copy counters did not grow the header (same line as rq).
     assert!(std::mem::size_of::<RqCounters>() == 64);
+    // The pull counters lie past the header, inside the header page, and
+    // are 8-aligned (atomic loads).
+    assert!(std::mem::size_of::<VerbsHeader>() <= PULL_COUNTERS_AT);
+    assert!(PULL_COUNTERS_AT.is_multiple_of(8));
+    assert!(PULL_COUNTERS_AT + std::mem::size_of::<PullCountersLayout>() <= VERBS_HEADER_PAGE);
 };
 
 #[cfg(test)]

@@ -280,8 +280,8 @@ impl TxMode {
 }
 
 /// Pull-mode counters of one connection end, in its region's header page
-/// at `COUNTERS_IN_HEADER` (not shown by `ringsock-ctl status`: a status
-/// entry carries at most 16 counters and the verbs list fills it).
+/// at `COUNTERS_IN_HEADER`. `ringsock-ctl status` reads them at
+/// `verbs_stats::offsets::PULL_*` (checked against this struct below).
 #[repr(C)]
 #[derive(Default)]
 pub struct PullCounters {
@@ -299,6 +299,24 @@ pub struct PullCounters {
     /// Slot WRITEs a switch back to push re-sent (the catch-up).
     pub catchup_writes: AtomicU64,
 }
+
+// The reader's offsets (`verbs_stats`, built without this module) are
+// those of this struct at `COUNTERS_IN_HEADER`.
+const _: () = {
+    use crate::transport::verbs_stats::{offsets as o, PULL_COUNTERS_AT};
+    use std::mem::offset_of;
+    const AT: usize = COUNTERS_IN_HEADER;
+    assert!(AT == PULL_COUNTERS_AT);
+    assert!(o::PULL_TX_TO_PULL == AT + offset_of!(PullCounters, tx_to_pull));
+    assert!(o::PULL_TX_TO_PUSH == AT + offset_of!(PullCounters, tx_to_push));
+    assert!(o::PULL_RX_TO_PULL == AT + offset_of!(PullCounters, rx_to_pull));
+    assert!(o::PULL_RX_TO_PUSH == AT + offset_of!(PullCounters, rx_to_push));
+    assert!(o::PULL_TAIL_READS == AT + offset_of!(PullCounters, tail_reads));
+    assert!(o::PULL_SLOT_READS == AT + offset_of!(PullCounters, slot_reads));
+    assert!(o::PULL_READ_BYTES == AT + offset_of!(PullCounters, read_bytes));
+    assert!(o::PULL_CATCHUP_WRITES == AT + offset_of!(PullCounters, catchup_writes));
+    assert!(std::mem::size_of::<PullCounters>() == 64);
+};
 
 /// A plain copy of `PullCounters`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
