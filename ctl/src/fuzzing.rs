@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use ringsock_proto::{
     frame, Msg, RingStat, StatusCursor, Transport, MAX_EXE, MAX_FDS, MAX_FRAME_TOTAL, MAX_PAYLOAD,
-    MAX_REASON,
+    MAX_REASON, MAX_STAT_NAME,
 };
 
 use crate::handler::{ClientProof, Env, Handler, ListenerProof};
@@ -121,15 +121,25 @@ impl Env for FakeEnv {
         !matches!(ip, std::net::IpAddr::V4(v4) if v4.octets()[..3] == [192, 0, 2])
     }
 
+    /// `memfd_size`, then as many more counters as the memfd has pages,
+    /// modulo 48, with over-long names: a provider may return more and
+    /// longer than an entry carries, and the handler must cut both (a full
+    /// page of such entries must still encode).
     fn ring_stats(&self, ring: &FakeFd) -> Vec<RingStat> {
         let size = match ring.sock {
             FakeSock::Memfd { size } => size,
             _ => 0,
         };
-        vec![RingStat {
+        let extra = (size >> 12) % 48;
+        std::iter::once(RingStat {
             name: "memfd_size".into(),
             value: size,
-        }]
+        })
+        .chain((0..extra).map(|i| RingStat {
+            name: format!("{i:02}_{}", "n".repeat(MAX_STAT_NAME)),
+            value: u64::MAX - i,
+        }))
+        .collect()
     }
 }
 
@@ -660,12 +670,20 @@ fn message(s: &mut Script<'_>, mem: &Memory) -> (Msg, Option<SessionId>) {
             local: addr(s.u8()),
             peer: addr(s.u8()),
         },
-        _ => Msg::Status {
-            after: (s.u8() & 1 == 1).then(|| StatusCursor {
+        _ => {
+            // One byte as before: bit 0 a cursor, bit 1 the request for
+            // every counter (existing corpus entries keep their shape).
+            let b = s.u8();
+            let after = (b & 1 == 1).then(|| StatusCursor {
                 session: s.u64() % 4,
                 fd: i32::from(s.u8()),
-            }),
-        },
+            });
+            if b & 2 == 0 {
+                Msg::Status { after }
+            } else {
+                Msg::StatusAll { after }
+            }
+        }
     };
     (msg, speaker)
 }

@@ -12,7 +12,7 @@ use ringsock_proto::addr::canonical;
 use ringsock_proto::client::truncate_utf8;
 use ringsock_proto::{
     frame, ErrorCode, Msg, ProtoError, RefuseReason, RingStat, StatusCursor, StatusEntry,
-    MAX_ERROR_TEXT, MAX_RING_STATS, MAX_STATUS_PAGE, MAX_STAT_NAME,
+    MAX_ERROR_TEXT, MAX_RING_STATS, MAX_RING_STATS_V1, MAX_STATUS_PAGE, MAX_STAT_NAME,
 };
 
 use crate::registry::{
@@ -329,7 +329,8 @@ impl<E: Env> Handler<E> {
                 self.reg.report_closed(id, fd, local, peer),
                 format_args!("report of fd {fd}"),
             ),
-            Msg::Status { after } => Reply::plain(self.status(after)),
+            Msg::Status { after } => Reply::plain(self.status(after, MAX_RING_STATS_V1)),
+            Msg::StatusAll { after } => Reply::plain(self.status(after, MAX_RING_STATS)),
             // Replies were refused above; listed to keep the match total.
             reply => return Err(Fault::NotARequest(reply.name())),
         })
@@ -494,7 +495,9 @@ impl<E: Env> Handler<E> {
         }
     }
 
-    fn status(&self, after: Option<StatusCursor>) -> Msg {
+    /// One page of the listing, at most `max_stats` counters per entry
+    /// (the first ones: providers list the counters older CLIs knew first).
+    fn status(&self, after: Option<StatusCursor>, max_stats: usize) -> Msg {
         let (rows, next) = self.reg.status_page(after, MAX_STATUS_PAGE);
         let entries = rows
             .into_iter()
@@ -513,7 +516,7 @@ impl<E: Env> Handler<E> {
                     .report
                     .ring_obj
                     .as_ref()
-                    .map(|ring| bounded_stats(self.env.ring_stats(ring)))
+                    .map(|ring| bounded_stats(self.env.ring_stats(ring), max_stats))
                     .unwrap_or_default(),
             })
             .collect();
@@ -553,10 +556,11 @@ pub fn millis(d: std::time::Duration) -> u32 {
     d.as_millis().min(u128::from(u32::MAX)) as u32
 }
 
-/// Stats from a provider, cut to what a status entry can carry: a
-/// misbehaving provider must not make the reply unencodable.
-fn bounded_stats(mut stats: Vec<RingStat>) -> Vec<RingStat> {
-    stats.truncate(MAX_RING_STATS);
+/// Stats from a provider, cut to what a status entry can carry (`max`, at
+/// most `MAX_RING_STATS`): a misbehaving provider must not make the reply
+/// unencodable.
+fn bounded_stats(mut stats: Vec<RingStat>, max: usize) -> Vec<RingStat> {
+    stats.truncate(max.min(MAX_RING_STATS));
     for s in &mut stats {
         let keep = truncate_utf8(&s.name, MAX_STAT_NAME).len();
         s.name.truncate(keep);

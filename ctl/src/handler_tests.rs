@@ -336,6 +336,42 @@ fn status_lists_reports_with_ring_stats() {
 }
 
 #[test]
+fn status_cuts_counters_to_what_the_request_kind_allows() {
+    let mut t = T::new();
+    let report = Msg::ConnReport {
+        fd: 9,
+        local: a("127.0.0.1:5000"),
+        peer: a("127.0.0.1:80"),
+        transport: Transport::Rdma,
+        reason: String::new(),
+        ring: Some(3),
+    };
+    // The fake provider gives memfd_size and 40 more (one per page), with
+    // over-long names.
+    let fds = vec![FakeSock::Memfd { size: 40 << 12 }];
+    assert_eq!(t.req(C, report, fds).msg, Msg::Ok);
+    let mut lists = Vec::new();
+    for req in [Msg::Status { after: None }, Msg::StatusAll { after: None }] {
+        let Msg::StatusReply { entries, next } = t.req(S, req, vec![]).msg else {
+            panic!()
+        };
+        assert!(next.is_none());
+        assert_eq!(entries.len(), 1);
+        let stats = entries[0].ring_stats.clone();
+        assert!(stats.iter().all(|s| s.name.len() <= MAX_STAT_NAME));
+        assert_eq!(stats[0].value, 40 << 12);
+        lists.push(stats);
+    }
+    // An older CLI asks with `Status` and decodes at most 16.
+    assert_eq!(lists[0].len(), MAX_RING_STATS_V1);
+    assert_eq!(lists[1].len(), MAX_RING_STATS);
+    // The same counters first, so the old request sees what it always did.
+    assert_eq!(lists[0][..], lists[1][..MAX_RING_STATS_V1]);
+    t.h.close_session(C, t.now);
+    assert_eq!(t.env.live(), 0);
+}
+
+#[test]
 fn fixed_scripts() {
     run_script(&[]);
     run_script(&[0; 64]);

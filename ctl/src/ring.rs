@@ -265,9 +265,11 @@ impl RingStats for SegmentStats {
 ///
 /// Directions are the reporting end's view: `out_*` come from the sender
 /// counters of its outgoing ring's control block, `in_*` from the receiver
-/// counters of its incoming ring's. A status entry carries at most
-/// `MAX_RING_STATS` (16) counters, so the list is chosen: six ring
-/// counters, then the ten verbs counters (`VERBS_COUNTERS`).
+/// counters of its incoming ring's. The list: six ring counters, the ten
+/// verbs counters (`VERBS_COUNTERS`), then the zero-copy and pull-mode
+/// ones (`VERBS_EXTRA_COUNTERS`), 26 of the `MAX_RING_STATS` (32) an entry
+/// may carry. The first 16 are the ones status showed before the limit
+/// was raised; a reply to the old `Status` request is cut to those.
 pub struct VerbsStats;
 
 /// The verbs counters a header carries, in report order.
@@ -286,6 +288,33 @@ pub const VERBS_COUNTERS: [(&str, usize); 10] = {
         ("cq_errors", o::CQ_ERRORS),
     ]
 };
+
+/// After `VERBS_COUNTERS`: zero-copy WRITEs and their bytes (also counted
+/// in `slot_writes`/`slot_bytes`), then the pull-mode counters of the
+/// header page (`verbs::pull::PullCounters`): switches of the outgoing
+/// ring (`tx_*`) and mode words seen on the incoming one (`rx_*`), READs
+/// this end posted and their bytes, catch-up WRITEs. Named as the fields
+/// of `PullCounters`/`PullStats`.
+pub const VERBS_EXTRA_COUNTERS: [(&str, usize); 10] = {
+    use ringbuf::transport::verbs_stats::offsets as o;
+    [
+        ("zc_writes", o::ZC_WRITES),
+        ("zc_bytes", o::ZC_BYTES),
+        ("tx_to_pull", o::PULL_TX_TO_PULL),
+        ("tx_to_push", o::PULL_TX_TO_PUSH),
+        ("rx_to_pull", o::PULL_RX_TO_PULL),
+        ("rx_to_push", o::PULL_RX_TO_PUSH),
+        ("tail_reads", o::PULL_TAIL_READS),
+        ("slot_reads", o::PULL_SLOT_READS),
+        ("read_bytes", o::PULL_READ_BYTES),
+        ("catchup_writes", o::PULL_CATCHUP_WRITES),
+    ]
+};
+
+// Everything a verbs entry lists fits in one entry.
+const _: () = assert!(
+    6 + VERBS_COUNTERS.len() + VERBS_EXTRA_COUNTERS.len() <= ringsock_proto::MAX_RING_STATS
+);
 
 mod vlayout {
     use ringbuf::layout::{ReceiverCounters, RingControl, SenderCounters};
@@ -349,7 +378,7 @@ impl RingStats for VerbsStats {
         put("out_sleeps", at(out_ctrl, vlayout::TX_SLEEPS));
         put("in_bytes", at(in_ctrl, vlayout::RX_BYTES));
         put("in_sleeps", at(in_ctrl, vlayout::RX_SLEEPS));
-        for (name, off) in VERBS_COUNTERS {
+        for (name, off) in VERBS_COUNTERS.into_iter().chain(VERBS_EXTRA_COUNTERS) {
             put(name, ring.load_u64(off));
         }
         out
@@ -540,7 +569,35 @@ mod tests {
             for (i, (_, off)) in VERBS_COUNTERS.iter().enumerate() {
                 write_at(&dup, *off as i64, 100 + i as u64);
             }
+            // Only what lies inside the file (writing past it would grow it).
+            for (i, (_, off)) in VERBS_EXTRA_COUNTERS.iter().enumerate() {
+                if *off as i64 + 8 <= size {
+                    write_at(&dup, *off as i64, extra_value(i));
+                }
+            }
             (fd, dup)
+        }
+
+        /// A value per extra counter that no other counter (nor a
+        /// neighbour's offset read by mistake) has.
+        fn extra_value(i: usize) -> u64 {
+            0x5000 + 17 * i as u64
+        }
+
+        /// Every counter a verbs entry lists, in report order.
+        fn all_names() -> Vec<&'static str> {
+            let ring = [
+                "out_bytes",
+                "out_records",
+                "out_occupancy",
+                "out_sleeps",
+                "in_bytes",
+                "in_sleeps",
+            ];
+            ring.into_iter()
+                .chain(VERBS_COUNTERS.iter().map(|c| c.0))
+                .chain(VERBS_EXTRA_COUNTERS.iter().map(|c| c.0))
+                .collect()
         }
 
         fn write_ctrl(dup: &OwnedFd) {
@@ -563,7 +620,13 @@ mod tests {
             write_ctrl(&dup);
             let map = RingMap::open(fd);
             let stats = AnyRingStats.stats(&map.view());
-            assert_eq!(stats.len(), ringsock_proto::MAX_RING_STATS, "{stats:?}");
+            let names: Vec<&str> = stats.iter().map(|s| s.name.as_str()).collect();
+            assert_eq!(names, all_names());
+            assert_eq!(stats.len(), 26);
+            assert!(stats.len() <= ringsock_proto::MAX_RING_STATS);
+            // The first 16 are the ones status listed before the limit was
+            // raised (a reply to the old `Status` request keeps only them).
+            assert_eq!(names[ringsock_proto::MAX_RING_STATS_V1 - 1], "cq_errors");
             assert_eq!(get(&stats, "out_bytes"), Some(5000));
             assert_eq!(get(&stats, "out_records"), Some(50));
             assert_eq!(get(&stats, "out_occupancy"), Some(2));
@@ -573,12 +636,41 @@ mod tests {
             for (i, (name, _)) in VERBS_COUNTERS.iter().enumerate() {
                 assert_eq!(get(&stats, name), Some(100 + i as u64), "{name}");
             }
+            for (i, (name, _)) in VERBS_EXTRA_COUNTERS.iter().enumerate() {
+                assert_eq!(get(&stats, name), Some(extra_value(i)), "{name}");
+            }
             assert!(stats
                 .iter()
                 .all(|s| s.name.len() <= ringsock_proto::MAX_STAT_NAME));
             // Counters move while the map is held: they are read live.
             write_at(&dup, offsets::CQ_ERRORS as i64, 1);
             assert_eq!(get(&VerbsStats.stats(&map.view()), "cq_errors"), Some(1));
+            write_at(&dup, offsets::PULL_SLOT_READS as i64, 77);
+            write_at(&dup, offsets::ZC_BYTES as i64, 1 << 40);
+            let stats = VerbsStats.stats(&map.view());
+            assert_eq!(get(&stats, "slot_reads"), Some(77));
+            assert_eq!(get(&stats, "zc_bytes"), Some(1 << 40));
+        }
+
+        /// The pull counters are where the transport writes them: through
+        /// `PullCounters` itself at `COUNTERS_IN_HEADER` (the static
+        /// assertions in pull.rs tie the offsets to it; this is the same
+        /// check from the reader's side, on an independently built value).
+        #[test]
+        fn pull_counters_follow_the_header_page_layout() {
+            let names = ["tx_to_pull", "tx_to_push", "rx_to_pull", "rx_to_push"]
+                .into_iter()
+                .chain(["tail_reads", "slot_reads", "read_bytes", "catchup_writes"]);
+            for (i, name) in names.enumerate() {
+                let off = VERBS_EXTRA_COUNTERS
+                    .iter()
+                    .find(|c| c.0 == name)
+                    .unwrap_or_else(|| panic!("{name} is not listed"))
+                    .1;
+                assert_eq!(off, 2048 + 8 * i, "{name}");
+            }
+            assert_eq!(VERBS_EXTRA_COUNTERS[0], ("zc_writes", offsets::ZC_WRITES));
+            assert_eq!(VERBS_EXTRA_COUNTERS[1], ("zc_bytes", offsets::ZC_BYTES));
         }
 
         #[test]
@@ -618,7 +710,7 @@ mod tests {
                     write_at(&dup, offsets::IN_CTRL as i64, i);
                     let stats = AnyRingStats.stats(&RingMap::open(fd).view());
                     // The header's own counters are always there.
-                    for (name, _) in VERBS_COUNTERS {
+                    for (name, _) in VERBS_COUNTERS.into_iter().chain(VERBS_EXTRA_COUNTERS) {
                         assert!(get(&stats, name).is_some(), "{o:#x} {i:#x}: {name}");
                     }
                     assert!(stats.len() <= ringsock_proto::MAX_RING_STATS);
@@ -658,7 +750,22 @@ mod tests {
             let stats = AnyRingStats.stats(&RingMap::open(fd).view());
             assert!(stats.iter().all(|s| !s.name.starts_with("out_")));
             assert!(stats.iter().all(|s| !s.name.starts_with("in_")));
-            assert_eq!(stats.len(), VERBS_COUNTERS.len(), "{stats:?}");
+            assert_eq!(
+                stats.len(),
+                VERBS_COUNTERS.len() + VERBS_EXTRA_COUNTERS.len(),
+                "{stats:?}"
+            );
+            assert_eq!(get(&stats, "catchup_writes"), Some(extra_value(9)));
+            // Ends three words into the pull counters: those three are
+            // read, the five past the end of the file are not.
+            let (fd, _dup) = region(2048 + 24);
+            let stats = AnyRingStats.stats(&RingMap::open(fd).view());
+            let names: Vec<&str> = stats.iter().map(|s| s.name.as_str()).collect();
+            assert_eq!(names.last(), Some(&"rx_to_pull"), "{names:?}");
+            assert_eq!(get(&stats, "tx_to_pull"), Some(extra_value(2)));
+            assert_eq!(get(&stats, "rx_to_pull"), Some(extra_value(4)));
+            assert_eq!(get(&stats, "rx_to_push"), None);
+            assert_eq!(get(&stats, "zc_bytes"), Some(extra_value(1)));
             // Ends inside the out control block: a counter beyond the end
             // of the file is not read (the mapping covers the file only).
             let (fd, dup) = region(4096 + 64);

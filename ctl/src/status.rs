@@ -5,21 +5,56 @@ use std::fmt::Write;
 use std::path::Path;
 use std::time::Duration;
 
-use ringsock_proto::{Client, Error, Msg, StatusEntry};
+use ringsock_proto::{Client, Error, Msg, RingStat, StatusEntry, Transport};
 
 use crate::json;
 
 /// How long status waits on an unresponsive daemon.
 const TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Every entry, page after page.
+/// Every entry, page after page, with every counter (`StatusAll`); from a
+/// daemon that predates `StatusAll` (it closes the session on the unknown
+/// kind) the old way, with at most `MAX_RING_STATS_V1` counters per entry.
 pub fn fetch(socket: &Path) -> Result<Vec<StatusEntry>, Error> {
-    let mut c = Client::connect(socket, Some(TIMEOUT))?;
-    c.hello("ringsock-ctl status")?;
+    match fetch_pages(socket, true) {
+        Err(Fetch::Refused(_)) => fetch_pages(socket, false).map_err(Fetch::into_error),
+        r => r.map_err(Fetch::into_error),
+    }
+}
+
+/// Why a listing failed: `Refused` when the daemon hung up on the very
+/// first listing request (after a good `Hello`), which is what a daemon
+/// that does not know that request kind does.
+enum Fetch {
+    Refused(Error),
+    Other(Error),
+}
+
+impl Fetch {
+    fn into_error(self) -> Error {
+        match self {
+            Fetch::Refused(e) | Fetch::Other(e) => e,
+        }
+    }
+}
+
+fn fetch_pages(socket: &Path, every_counter: bool) -> Result<Vec<StatusEntry>, Fetch> {
+    let mut c = Client::connect(socket, Some(TIMEOUT)).map_err(Fetch::Other)?;
+    c.hello("ringsock-ctl status").map_err(Fetch::Other)?;
     let mut all = Vec::new();
     let mut after = None;
     loop {
-        match c.call(&Msg::Status { after }, &[])?.0 {
+        let req = if every_counter {
+            Msg::StatusAll { after }
+        } else {
+            Msg::Status { after }
+        };
+        let reply = match c.call(&req, &[]) {
+            Ok((m, _)) => m,
+            Err(e) if after.is_none() && hung_up(&e) => return Err(Fetch::Refused(e)),
+            Err(e) => return Err(Fetch::Other(e)),
+        };
+        match reply {
             Msg::StatusReply { entries, next } => {
                 all.extend(entries);
                 match next {
@@ -28,11 +63,24 @@ pub fn fetch(socket: &Path) -> Result<Vec<StatusEntry>, Error> {
                 }
             }
             other => {
-                return Err(Error::Proto(ringsock_proto::ProtoError::UnknownKind {
-                    kind: other.kind(),
-                }))
+                return Err(Fetch::Other(Error::Proto(
+                    ringsock_proto::ProtoError::UnknownKind { kind: other.kind() },
+                )))
             }
         }
+    }
+}
+
+/// The daemon closed the session (not a timeout: an unresponsive daemon
+/// is not asked twice).
+fn hung_up(e: &Error) -> bool {
+    match e {
+        Error::Closed => true,
+        Error::Io(e) => matches!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+        ),
+        Error::Proto(_) => false,
     }
 }
 
@@ -53,8 +101,10 @@ fn human(v: u64) -> String {
 }
 
 /// The RING column: the ring id, then per direction the bytes, batches,
-/// occupancy (slots) and sleeps; any other counters as name=value. The
-/// full set is in `--json`.
+/// occupancy (slots) and sleeps; any other counters as name=value, except
+/// the zero-copy and pull-mode counters of a verbs ring while they are
+/// zero (a ring that never used either mode would carry ten `=0` columns).
+/// The full set is in `--json`.
 fn ring_text(e: &StatusEntry) -> String {
     let mut s = String::new();
     if let Some(id) = e.ring {
@@ -81,8 +131,18 @@ fn ring_text(e: &StatusEntry) -> String {
             shown.extend(["bytes", "batches", "occupancy", "sleeps"].map(name));
         }
     }
+    let folded = |st: &RingStat| {
+        st.value == 0
+            && e.transport == Transport::Rdma
+            && crate::ring::VERBS_EXTRA_COUNTERS
+                .iter()
+                .any(|(n, _)| *n == st.name)
+    };
     for st in e.ring_stats.iter().filter(|st| {
-        !shown.contains(&st.name) && !st.name.starts_with("c2s_") && !st.name.starts_with("s2c_")
+        !shown.contains(&st.name)
+            && !st.name.starts_with("c2s_")
+            && !st.name.starts_with("s2c_")
+            && !folded(st)
     }) {
         let _ = write!(s, " {}={}", st.name, st.value);
     }
@@ -248,7 +308,6 @@ pub fn run(socket: &Path, as_json: bool) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ringsock_proto::{RingStat, Transport};
 
     fn entry() -> StatusEntry {
         StatusEntry {
@@ -296,5 +355,35 @@ mod tests {
         assert!(lines[1].contains("line?break"));
         assert!(lines[1].ends_with("#3 memfd_size=4096"));
         assert!(table(&[]).contains("no connections"));
+    }
+
+    #[test]
+    fn verbs_table_folds_idle_zero_copy_and_pull_counters() {
+        let mut e = entry();
+        e.transport = Transport::Rdma;
+        let stat = |name: &str, value| RingStat {
+            name: name.into(),
+            value,
+        };
+        e.ring_stats = vec![
+            stat("out_bytes", 10),
+            stat("cq_errors", 0),
+            stat("zc_writes", 0),
+            stat("zc_bytes", 0),
+            stat("tx_to_pull", 1),
+            stat("slot_reads", 5),
+            stat("read_bytes", 0),
+        ];
+        let t = table(std::slice::from_ref(&e));
+        let row = t.lines().nth(1).unwrap();
+        assert!(
+            row.ends_with("#3 out_bytes=10 cq_errors=0 tx_to_pull=1 slot_reads=5"),
+            "{row}"
+        );
+        // JSON has every counter, zero or not.
+        let j = json(&[e]);
+        for n in ["\"zc_writes\":0", "\"zc_bytes\":0", "\"read_bytes\":0"] {
+            assert!(j.contains(n), "{n}: {j}");
+        }
     }
 }

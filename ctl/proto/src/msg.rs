@@ -27,8 +27,14 @@ pub const MAX_VERSION: usize = 64;
 /// Most entries in one `StatusReply` page. With every field at its limit a
 /// page still fits in a frame (checked by a unit test).
 pub const MAX_STATUS_PAGE: usize = 32;
-/// Most counters a ring-stats provider may attach to one status entry.
-pub const MAX_RING_STATS: usize = 16;
+/// Most counters a ring-stats provider may attach to one status entry (a
+/// `StatusReply` carrying more is refused by the decoder). With every
+/// field at its limit a full page still fits in a frame (unit test).
+pub const MAX_RING_STATS: usize = 32;
+/// Most counters per entry in a reply to the original `Status` request:
+/// the limit of CLIs built before `StatusAll`, whose decoder refuses a
+/// longer list. The daemon cuts what it sends to that request to this.
+pub const MAX_RING_STATS_V1: usize = 16;
 /// Longest counter name.
 pub const MAX_STAT_NAME: usize = 32;
 
@@ -270,8 +276,18 @@ pub enum Msg {
         local: SocketAddr,
         peer: SocketAddr,
     },
-    /// One page of the connection listing, after `after` (None: from start).
+    /// One page of the connection listing, after `after` (None: from start),
+    /// at most `MAX_RING_STATS_V1` counters per entry (what older CLIs
+    /// decode).
     Status {
+        after: Option<StatusCursor>,
+    },
+    /// As `Status`, with up to `MAX_RING_STATS` counters per entry. A
+    /// request kind of its own, not a new protocol version: the frame
+    /// version is shared with the shim and with peer ctls, which must keep
+    /// working across builds. A daemon that predates it drops the session
+    /// (unknown kind); the CLI then asks again with `Status`.
+    StatusAll {
         after: Option<StatusCursor>,
     },
 
@@ -371,6 +387,7 @@ pub mod kind {
     pub const CONN_REPORT: u16 = 0x000a;
     pub const CONN_CLOSED: u16 = 0x000b;
     pub const STATUS: u16 = 0x000c;
+    pub const STATUS_ALL: u16 = 0x000d;
 
     pub const HELLO_OK: u16 = 0x8001;
     pub const OK: u16 = 0x8002;
@@ -419,6 +436,7 @@ impl Msg {
             Msg::ConnReport { .. } => CONN_REPORT,
             Msg::ConnClosed { .. } => CONN_CLOSED,
             Msg::Status { .. } => STATUS,
+            Msg::StatusAll { .. } => STATUS_ALL,
             Msg::HelloOk { .. } => HELLO_OK,
             Msg::Ok => OK,
             Msg::Error { .. } => ERROR,
@@ -536,7 +554,7 @@ impl Msg {
                 e.addr(local);
                 e.addr(peer);
             }
-            Msg::Status { after } => encode_cursor(e, after),
+            Msg::Status { after } | Msg::StatusAll { after } => encode_cursor(e, after),
             Msg::HelloOk {
                 daemon_version,
                 host_id,
@@ -665,6 +683,9 @@ impl Msg {
             kind::STATUS => Msg::Status {
                 after: decode_cursor(&mut d)?,
             },
+            kind::STATUS_ALL => Msg::StatusAll {
+                after: decode_cursor(&mut d)?,
+            },
             kind::HELLO_OK => Msg::HelloOk {
                 daemon_version: d.string("daemon_version", MAX_VERSION)?,
                 host_id: d.u64("host_id")?,
@@ -760,6 +781,7 @@ pub fn kind_name(k: u16) -> &'static str {
         CONN_REPORT => "ConnReport",
         CONN_CLOSED => "ConnClosed",
         STATUS => "Status",
+        STATUS_ALL => "StatusAll",
         HELLO_OK => "HelloOk",
         OK => "Ok",
         ERROR => "Error",

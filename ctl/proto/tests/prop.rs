@@ -109,6 +109,7 @@ fn request() -> impl Strategy<Value = Msg> {
             peer
         }),
         cursor().prop_map(|after| Msg::Status { after }),
+        cursor().prop_map(|after| Msg::StatusAll { after }),
     ]
 }
 

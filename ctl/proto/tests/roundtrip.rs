@@ -73,6 +73,9 @@ fn examples() -> Vec<Msg> {
             peer: a("127.0.0.1:50000"),
         },
         Msg::Status { after: None },
+        Msg::StatusAll {
+            after: Some(StatusCursor { session: 3, fd: -1 }),
+        },
         Msg::HelloOk {
             daemon_version: "0.1.0".into(),
             host_id: 0xfeed,
@@ -143,7 +146,7 @@ fn every_kind_round_trips() {
         kinds.insert(m.kind());
     }
     // 12 requests + 12 replies + 8 ctl-to-ctl: the list above misses none.
-    assert_eq!(kinds.len(), 32);
+    assert_eq!(kinds.len(), 33);
 }
 
 #[test]
@@ -183,6 +186,7 @@ fn fd_arity() {
     assert_eq!(fd_range(kind::LISTENER_ADD), (1, 1));
     assert_eq!(fd_range(kind::CLAIM_OK), (0, MAX_FDS - 1));
     assert_eq!(fd_range(kind::STATUS), (0, 0));
+    assert_eq!(fd_range(kind::STATUS_ALL), (0, 0));
     assert!(Msg::Claim.check_fds(0).is_err());
     assert!(Msg::Claim.check_fds(1).is_ok());
     assert!(Msg::Ok.check_fds(1).is_err());
@@ -235,6 +239,80 @@ fn a_full_page_of_maximal_entries_fits_in_a_frame() {
     let bytes = encode(&page).unwrap();
     assert!(bytes.len() <= MAX_FRAME_TOTAL);
     assert_eq!(decode(&bytes).unwrap(), page);
+}
+
+/// An entry with `n` counters, each with a distinct value.
+fn entry_with_stats(n: usize) -> StatusEntry {
+    let mut e = entry(1);
+    e.transport = Transport::Rdma;
+    e.ring_stats = (0..n)
+        .map(|i| RingStat {
+            name: format!("counter_{i}"),
+            value: 1000 + i as u64,
+        })
+        .collect();
+    e
+}
+
+#[test]
+fn ring_stats_limit_is_32_and_strict() {
+    assert_eq!(MAX_RING_STATS, 32);
+    // What CLIs built before `StatusAll` decode; the daemon cuts replies
+    // to `Status` to it.
+    assert_eq!(MAX_RING_STATS_V1, 16);
+    let full = Msg::StatusReply {
+        entries: vec![entry_with_stats(MAX_RING_STATS)],
+        next: None,
+    };
+    let bytes = encode(&full).unwrap();
+    assert_eq!(decode(&bytes).unwrap(), full);
+    // One more is refused when encoding...
+    let over = Msg::StatusReply {
+        entries: vec![entry_with_stats(MAX_RING_STATS + 1)],
+        next: None,
+    };
+    assert_eq!(
+        encode(&over),
+        Err(ProtoError::FieldTooLong {
+            field: "ring_stats",
+            len: MAX_RING_STATS + 1,
+            max: MAX_RING_STATS,
+        })
+    );
+    // ...and when decoding a frame that carries it anyway: the 32-stat
+    // frame with one more counter spliced in and the count raised.
+    let extra = {
+        let mut v = Vec::new();
+        v.extend_from_slice(&9u32.to_le_bytes());
+        v.extend_from_slice(b"counter_x");
+        v.extend_from_slice(&7u64.to_le_bytes());
+        v
+    };
+    // The entry is the page's only one and its counters come last, before
+    // the one-byte cursor: the count sits just before the first counter.
+    let stats_len: usize = (0..MAX_RING_STATS)
+        .map(|i| 4 + format!("counter_{i}").len() + 8)
+        .sum();
+    let count_at = bytes.len() - 1 - stats_len - 2;
+    assert_eq!(
+        u16::from_le_bytes([bytes[count_at], bytes[count_at + 1]]),
+        MAX_RING_STATS as u16
+    );
+    let mut forged = bytes.clone();
+    forged[count_at..count_at + 2].copy_from_slice(&(MAX_RING_STATS as u16 + 1).to_le_bytes());
+    forged.splice(bytes.len() - 1..bytes.len() - 1, extra);
+    let len = (forged.len() - 4) as u32;
+    forged[..4].copy_from_slice(&len.to_le_bytes());
+    let err = decode(&forged).unwrap_err();
+    assert_eq!(
+        err,
+        ProtoError::FieldTooLong {
+            field: "ring_stats",
+            len: MAX_RING_STATS + 1,
+            max: MAX_RING_STATS,
+        }
+    );
+    assert!(err.to_string().contains("ring_stats"), "{err}");
 }
 
 #[test]
