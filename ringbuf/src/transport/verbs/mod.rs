@@ -182,9 +182,10 @@
 //!
 //! Counters (`pull::PullCounters`, in the header page; `Connected::
 //! pull_stats`): switches each way at both ends, tail and slot READs,
-//! bytes READ, catch-up WRITEs. `ringsock-ctl status` does not show them
-//! (16 counters per entry, the verbs list fills it); a ring in pull shows
-//! there as slot_writes/slot_bytes that stop growing while bytes flow.
+//! bytes READ, catch-up WRITEs. `ringsock-ctl status` shows them after the
+//! verbs counters (`tx_to_pull` ... `catchup_writes`, offsets in
+//! `verbs_stats::offsets::PULL_*`); a ring in pull also shows there as
+//! slot_writes/slot_bytes that stop growing while bytes flow.
 //!
 //! One thread waits on a `Doorbell` at a time (as with an eventfd that is
 //! drained). A hostile peer can only write into our region where its rkey
