@@ -17,8 +17,11 @@
 #   4. the shim ignores RINGSOCK_VERBS_MODE=pull (its rings always push,
 #      README limits): streamcheck A<->B (--mode mixed) with the knob in
 #      both shims: hashes match, status says rdma in both daemons, each
-#      shim logs the knob as ignored, and the connections' slot WRITE
-#      bytes are at least half of what they sent.
+#      shim logs the knob as ignored, the connections' slot WRITE
+#      bytes are at least half of what they sent, and `ringsock-ctl
+#      status --json` shows their pull counters (tx_to_pull, rx_to_pull,
+#      tail_reads, slot_reads) in every report with verbs counters, all
+#      zero.
 # One "CHECK PASS|FAIL name: ..." line per check; exit 1 if any failed.
 MIB=2          # stream MiB each way per mode
 PP_ITERS=100   # ping-pong round trips per size
@@ -173,6 +176,22 @@ done
 if [ $busy -gt 0 ] && [ $busy = $okb ]; then
   pass "shim wire: in all $busy reports of connections past 1 MiB, slot WRITE bytes >= half the bytes sent (pushed)"
 else bad "shim wire: $okb of $busy reports past 1 MiB were pushed"; fi
+# Status carries the pull-mode counters of each end's region header: every
+# report of these connections with verbs counters (wr_posted: the daemon
+# read the region) has them, and none switched or READ.
+set -- $(awk -v want=":$port\"" '{ n = split($0, c, "\"session\":")
+    for (i = 2; i <= n; i++) if (index(c[i], want) && index(c[i], "\"wr_posted\":")) {
+      seen++; k = 0; z = 0
+      split("tx_to_pull rx_to_pull tail_reads slot_reads", names, " ")
+      for (j = 1; j <= 4; j++) if (match(c[i], "\"" names[j] "\":[0-9]+")) {
+        k++; if (substr(c[i], RSTART + length(names[j]) + 3, RLENGTH - length(names[j]) - 3) + 0 == 0) z++
+      }
+      if (k == 4) has++; if (z == 4) zero++
+    } }
+    END { print seen + 0, has + 0, zero + 0 }' /tmp/st.shim.A /tmp/st.shim.B)
+if [ "$1" -gt 0 ] && [ "$2" = "$1" ] && [ "$3" = "$1" ]; then
+  pass "shim status: all $1 reports with verbs counters show the pull counters, all zero (no switch, no READ)"
+else bad "shim status: of $1 reports with verbs counters, $2 show the pull counters and $3 have them all zero"; fi
 
 t1=$(cut -d' ' -f1 /proc/uptime)
 echo "GUEST-SECONDS from=$t0 to=$t1"

@@ -16,9 +16,10 @@
 # up to 256 KiB) and zcreuse (1 MiB blocks from buffers whose pages change
 # under the same address: free + malloc, munmap + mmap, MADV_DONTNEED; the
 # server checks every byte, so a stale registration fails it) on "rdma",
-# data right, and each shim's log must say a send went zero-copy (status
-# shows 16 counters per connection and the verbs list is full: zero-copy
-# WRITEs are folded into slot_writes there).
+# data right, each shim's log must say a send went zero-copy, and the
+# sending host's `ringsock-ctl status --json` must show the connection's
+# zc_writes > 0 and zc_bytes >= RINGSOCK_ZEROCOPY_MIN in some sample
+# (zero-copy WRITEs are also folded into slot_writes there).
 # Then the fallbacks, which must be on "tcp" with correct data, their bytes
 # on the ctl wire:
 #   - a shimmed client in B to servers in A that are not shimmed
@@ -275,6 +276,28 @@ zc_log() {
     tail -n +$(($3 + 1)) /tmp/shim$2.log | head -n 6 | sed 's/^/    /'
   fi
 }
+# zc_status NAME PORT HOST...: some status sample of run NAME in HOST's
+# daemon shows a connection on PORT with zc_writes > 0 and zc_bytes at
+# least ZC_MIN (the counters of the end that sent zero-copy: its own
+# region header, reported to its own daemon).
+zc_status() {
+  zname=$1; zport=$2; shift 2
+  for h in "$@"; do
+    r=$(awk -v want=":$zport\"" '{ n = split($0, c, "\"session\":")
+        for (i = 2; i <= n; i++) if (index(c[i], want)) {
+          if (match(c[i], /"zc_writes":[0-9]+/)) { v = substr(c[i], RSTART + 12, RLENGTH - 12) + 0; if (v > w) w = v }
+          if (match(c[i], /"zc_bytes":[0-9]+/)) { v = substr(c[i], RSTART + 11, RLENGTH - 11) + 0; if (v > b) b = v }
+        } }
+        END { print w + 0, b + 0 }' /tmp/st.$zname.$h)
+    zw=${r% *}; zb=${r#* }
+    if [ "$zw" -gt 0 ] && [ "$zb" -ge $ZC_MIN ]; then
+      pass "$zname status $h: zc_writes=$zw zc_bytes=$zb"
+    else
+      bad "$zname status $h: no sample shows zero-copy WRITEs (max zc_writes=$zw zc_bytes=$zb)"
+      last_sample $zname $zport
+    fi
+  done
+}
 ZA="$SA RINGSOCK_ZEROCOPY_MIN=$ZC_MIN"
 ZB="$SB RINGSOCK_ZEROCOPY_MIN=$ZC_MIN"
 
@@ -286,6 +309,7 @@ pay=$((ZC_MIB * 1048576))
 wire zcstream "$before" "$after" $pay $pay rdma
 zc_log zcstream A $la
 zc_log zcstream B $lb
+zc_status zcstream 7209 A B
 
 step "zero-copy buffer reuse: zcreuse client in B sends 1 MiB blocks from reused addresses, server in A checks every byte"
 lb=$(wc -l < /tmp/shimB.log)
@@ -314,6 +338,7 @@ if grep -q 'same-address 0 ' /tmp/zr.cli; then
 fi
 transports zcreuse 7210 rdma A B
 zc_log zcreuse B $lb
+zc_status zcreuse 7210 B
 
 # ---------------------------------------------------------------- fallbacks
 step "fallback: shimmed client in B, streamcheck server in A without the shim"
