@@ -13,6 +13,7 @@
 //! The protocol (`sender`, `receiver`) drives a `transport::Transport`;
 //! `transport::shm` runs it over memory shared by two processes.
 
+pub mod backoff;
 pub mod config;
 pub mod error;
 pub mod layout;
@@ -25,6 +26,7 @@ pub mod sender;
 mod sync;
 pub mod transport;
 pub mod wait;
+pub mod waiting;
 
 pub use config::RingConfig;
 pub use error::{Corruption, RingError};

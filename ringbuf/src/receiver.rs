@@ -7,6 +7,7 @@
 //! ring (sticky `Corrupt` error); it never panics or touches memory outside
 //! the ring.
 
+use crate::backoff::CompletionWait;
 use crate::config::RingConfig;
 use crate::error::{Corruption, RingError};
 use crate::layout::{bump, RingControl};
@@ -14,6 +15,7 @@ use crate::memory::RingMem;
 use crate::record::{self, Header, HEADER_BYTES};
 use crate::sync::{fence, Ordering};
 use crate::transport::{PeerWord, Transport, Visibility};
+use crate::waiting;
 
 pub struct Receiver<T: Transport> {
     mem: RingMem,
@@ -30,6 +32,8 @@ pub struct Receiver<T: Transport> {
     /// Our copy of the published tail.
     local_tail: u64,
     synced_head: u64,
+    /// The last head whose WRITE carried a kick (0: none).
+    kicked_head: u64,
     eof: bool,
     failed: Option<RingError>,
 }
@@ -59,6 +63,7 @@ impl<T: Transport> Receiver<T> {
             consumed: 0,
             local_tail: 0,
             synced_head: 0,
+            kicked_head: 0,
             eof: false,
             failed: None,
         })
@@ -294,10 +299,19 @@ impl<T: Transport> Receiver<T> {
     /// Head sync. Pairs with `Sender::prepare_wait` exactly like the tail
     /// and `rx_waiting` pair (see `Sender::tail_visible`).
     fn push_head(&mut self) -> Result<(), RingError> {
-        let vis = self
-            .transport
-            .write_word(PeerWord::LocalHead, self.head, false)
-            .map_err(|e| self.fail(e))?;
+        // As `Sender::sync_tail`: a sender known to wait for space gets
+        // its doorbell with the head itself.
+        let early = self.transport.kicks_with_word() && self.take_flag_tx_waiting(self.head);
+        let vis = if early {
+            bump(&self.ctrl().rx_stats.kicks, 1);
+            self.kicked_head = self.head;
+            self.transport
+                .write_word_kicking(PeerWord::LocalHead, self.head)
+        } else {
+            self.transport
+                .write_word(PeerWord::LocalHead, self.head, false)
+        }
+        .map_err(|e| self.fail(e))?;
         self.synced_head = self.head;
         let c = self.ctrl();
         c.head.value.store(self.head, Ordering::Relaxed);
@@ -312,15 +326,22 @@ impl<T: Transport> Receiver<T> {
     }
 
     fn head_visible(&mut self) -> Result<(), RingError> {
+        if self.synced_head <= self.kicked_head {
+            // That head carried its kick (`push_head`).
+            return Ok(());
+        }
         fence(Ordering::SeqCst);
-        let c = self.ctrl();
-        if c.tx_waiting.value.load(Ordering::Relaxed) != 0
-            && c.tx_waiting.value.swap(0, Ordering::Relaxed) != 0
-        {
-            bump(&c.rx_stats.kicks, 1);
+        if self.take_flag_tx_waiting(self.synced_head) {
+            bump(&self.ctrl().rx_stats.kicks, 1);
             self.transport.kick_peer().map_err(|e| self.fail(e))?;
         }
         Ok(())
+    }
+
+    /// Clears the sender's "I wait for space" flag if it waits without
+    /// having seen `head`; true then (we owe it a kick). See `waiting`.
+    fn take_flag_tx_waiting(&self, head: u64) -> bool {
+        waiting::take_if_unseen(&self.ctrl().tx_waiting.value, head)
     }
 
     /// Reaps transport completions (verbs head pushes).
@@ -349,16 +370,21 @@ impl<T: Transport> Receiver<T> {
         }
         let vis = self
             .transport
-            .write_word(PeerWord::RxWaiting, 1, true)
+            .write_word(
+                PeerWord::RxWaiting,
+                waiting::announce(self.local_tail),
+                true,
+            )
             .map_err(|e| self.fail(e))?;
         if vis == Visibility::AtCompletion {
+            let mut wait = CompletionWait::new();
             while self
                 .transport
                 .poll_completions()
                 .map_err(|e| self.fail(e))?
                 == 0
             {
-                std::hint::spin_loop();
+                wait.relax();
             }
             // That report also covers a head push made just above: run its
             // doorbell check, which `poll` will not see any more (verbs).

@@ -12,6 +12,7 @@
 //! call returns, except that batching may leave `esc_tail`/`synced_tail`
 //! behind `tail`; `flush()` makes them equal. `tail - local_head <= slots`.
 
+use crate::backoff::CompletionWait;
 use crate::config::RingConfig;
 use crate::error::{Corruption, RingError};
 use crate::layout::{bump, RingControl};
@@ -19,6 +20,7 @@ use crate::memory::RingMem;
 use crate::record::{self, Header, FLAG_EOS, HEADER_BYTES};
 use crate::sync::{fence, Ordering};
 use crate::transport::{ExternalSrc, PeerWord, Transport, Visibility};
+use crate::waiting;
 
 /// Most payload bytes `write_zero_copy` posts before it waits for them:
 /// posting a whole 1 MiB send at once made Soft-RoCE in the test guest
@@ -39,6 +41,8 @@ pub struct Sender<T: Transport> {
     synced_tail: u64,
     local_head: u64,
     tail_in_flight: bool,
+    /// The last tail whose WRITE carried a kick (0: none).
+    kicked_tail: u64,
     closed: bool,
     failed: Option<RingError>,
 }
@@ -63,6 +67,7 @@ impl<T: Transport> Sender<T> {
             synced_tail: 0,
             local_head: 0,
             tail_in_flight: false,
+            kicked_tail: 0,
             closed: false,
             failed: None,
         })
@@ -361,10 +366,25 @@ impl<T: Transport> Sender<T> {
 
     /// Tail sync: the second of the two writes (data, then tail).
     fn sync_tail(&mut self) -> Result<(), RingError> {
-        let vis = self
-            .transport
-            .write_word(PeerWord::LocalTail, self.tail, self.cfg.elastic)
-            .map_err(|e| self.fail(e))?;
+        // A receiver already known to sleep gets its doorbell with this
+        // tail (verbs: the tail WRITE carries the kick) rather than once
+        // the tail's completion is polled: a round trip and a poll less
+        // before it wakes. The flag is cleared as `tail_visible` would.
+        // The check at the completion is then not needed for this tail:
+        // the ring reaches the receiver after the tail, so a receiver
+        // that arms before it arrives is woken and one that arms after
+        // sees the tail (loom: `tests/loom_early_kick.rs`).
+        let early = self.transport.kicks_with_word() && self.take_flag_rx_waiting(self.tail);
+        let vis = if early {
+            bump(&self.ctrl().tx_stats.kicks, 1);
+            self.kicked_tail = self.tail;
+            self.transport
+                .write_word_kicking(PeerWord::LocalTail, self.tail)
+        } else {
+            self.transport
+                .write_word(PeerWord::LocalTail, self.tail, self.cfg.elastic)
+        }
+        .map_err(|e| self.fail(e))?;
         self.synced_tail = self.tail;
         let c = self.ctrl();
         c.tail.value.store(self.tail, Ordering::Relaxed);
@@ -389,15 +409,22 @@ impl<T: Transport> Sender<T> {
     /// side's store, so either the receiver sees the data or we see that it
     /// sleeps and ring its doorbell: no lost wakeup.
     fn tail_visible(&mut self) -> Result<(), RingError> {
+        if self.synced_tail <= self.kicked_tail {
+            // That tail carried its kick (`sync_tail`).
+            return Ok(());
+        }
         fence(Ordering::SeqCst);
-        let c = self.ctrl();
-        if c.rx_waiting.value.load(Ordering::Relaxed) != 0
-            && c.rx_waiting.value.swap(0, Ordering::Relaxed) != 0
-        {
-            bump(&c.tx_stats.kicks, 1);
+        if self.take_flag_rx_waiting(self.synced_tail) {
+            bump(&self.ctrl().tx_stats.kicks, 1);
             self.transport.kick_peer().map_err(|e| self.fail(e))?;
         }
         Ok(())
+    }
+
+    /// Clears the receiver's "I sleep" flag if it sleeps without having
+    /// seen `tail`; true then (we owe it a kick). See `waiting`.
+    fn take_flag_rx_waiting(&self, tail: u64) -> bool {
+        waiting::take_if_unseen(&self.ctrl().rx_waiting.value, tail)
     }
 
     /// Reaps transport completions (verbs); a completed tail write clears
@@ -472,7 +499,11 @@ impl<T: Transport> Sender<T> {
         }
         let vis = self
             .transport
-            .write_word(PeerWord::TxWaiting, 1, true)
+            .write_word(
+                PeerWord::TxWaiting,
+                waiting::announce(self.local_head),
+                true,
+            )
             .map_err(|e| self.fail(e))?;
         if vis == Visibility::AtCompletion {
             self.await_completion()?;
@@ -501,6 +532,7 @@ impl<T: Transport> Sender<T> {
     }
 
     fn await_completion(&mut self) -> Result<(), RingError> {
+        let mut wait = CompletionWait::new();
         loop {
             if self
                 .transport
@@ -517,7 +549,7 @@ impl<T: Transport> Sender<T> {
                 }
                 return Ok(());
             }
-            std::hint::spin_loop();
+            wait.relax();
         }
     }
 

@@ -73,6 +73,26 @@ pub trait Transport {
     /// Ring the peer's doorbell (it announced it sleeps).
     fn kick_peer(&mut self) -> Result<(), RingError>;
 
+    /// Whether a word write that rings the doorbell itself
+    /// (`write_word_kicking`) saves the peer time. On verbs a kick that
+    /// waits for the word's completion costs a network round trip more
+    /// before a sleeping peer wakes; on shared memory the store is visible
+    /// at once and the kick follows it immediately anyway.
+    fn kicks_with_word(&self) -> bool {
+        false
+    }
+
+    /// `write_word`, then ring the peer's doorbell such that the ring
+    /// reaches the peer only after the word is in its copy (verbs: one
+    /// WRITE_WITH_IMM, solicited, or a kick queued behind the word on the
+    /// same queue pair). A peer that sleeps on its doorbell wakes to see
+    /// the word. Signaled like `write_word(.., true)`.
+    fn write_word_kicking(&mut self, word: PeerWord, value: u64) -> Result<Visibility, RingError> {
+        let vis = self.write_word(word, value, true)?;
+        self.kick_peer()?;
+        Ok(vis)
+    }
+
     /// Receiver end, before it loads `local_tail` from its copy: a
     /// transport that fetches the data itself (verbs pull mode: RDMA READ
     /// of the sender's published tail, then of slots `[known, tail)` into

@@ -874,9 +874,10 @@ impl Shared {
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
+        let mut wait = crate::backoff::CompletionWait::new();
         while st.posted - st.done >= self.sq_depth as u64 {
             self.reap(st)?;
-            std::hint::spin_loop();
+            wait.relax();
         }
         Ok(st.posted + 1)
     }
@@ -912,9 +913,16 @@ impl Shared {
         // The inline source must outlive the post call: keep it here, not
         // in a match binding.
         let word: u64 = match src {
-            Src::Word(v) => v,
+            Src::Word(v) | Src::WordKick(v, _) => v,
             _ => 0,
         };
+        if let Src::WordKick(_, v) = src {
+            // The word's WRITE is the doorbell too: the peer's receive
+            // completes only after the word is placed.
+            opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+            flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
+            imm = v.to_be();
+        }
         match src {
             Src::Region { off, len } => {
                 sge.addr = self.region.addr(off);
@@ -927,7 +935,7 @@ impl Shared {
                 sge.length = x.len;
                 sge.lkey = x.lkey;
             }
-            Src::Word(v) => {
+            Src::Word(v) | Src::WordKick(v, _) => {
                 if self.inline {
                     // Inline: the library copies the bytes at post time.
                     sge.addr = &word as *const u64 as u64;
@@ -986,9 +994,14 @@ impl Shared {
 }
 
 enum Src {
-    Region { off: usize, len: u32 },
+    Region {
+        off: usize,
+        len: u32,
+    },
     External(ExternalSrc),
     Word(u64),
+    /// A word whose WRITE carries a doorbell ring (WRITE_WITH_IMM).
+    WordKick(u64, u32),
     Imm(u32),
 }
 
@@ -1166,6 +1179,7 @@ impl Transport for VerbsTransport {
 
     fn wait_external(&mut self, token: u64) -> Result<(), RingError> {
         let s = &*self.shared;
+        let mut wait = crate::backoff::CompletionWait::new();
         loop {
             {
                 let mut st = lock(&s.sq);
@@ -1174,7 +1188,7 @@ impl Transport for VerbsTransport {
                     return Ok(());
                 }
             }
-            std::hint::spin_loop();
+            wait.relax();
         }
     }
 
@@ -1193,6 +1207,38 @@ impl Transport for VerbsTransport {
         )?;
         bump(&s.counters().kicks_sent, 1);
         Ok(())
+    }
+
+    fn kicks_with_word(&self) -> bool {
+        true
+    }
+
+    fn write_word_kicking(&mut self, word: PeerWord, value: u64) -> Result<Visibility, RingError> {
+        if word == PeerWord::LocalTail {
+            if let Some(vis) = self.pull_tail(value)? {
+                // Pull mode (or a switch): the tail went where the
+                // receiver READs it, or with the mode word; a kick queued
+                // after that still reaches it after the tail.
+                self.kick_peer()?;
+                return Ok(vis);
+            }
+        }
+        let addr = self.word_addr(word);
+        let s = &*self.shared;
+        let mut st = lock(&s.sq);
+        let seq = s.post(
+            &mut st,
+            Src::WordKick(value, self.role as u32 + 1),
+            addr,
+            true,
+        )?;
+        let r = self.role as usize;
+        st.last_word[r] = seq;
+        st.unreported[r] += 1;
+        let c = s.counters();
+        bump(&c.word_writes, 1);
+        bump(&c.kicks_sent, 1);
+        Ok(Visibility::AtCompletion)
     }
 }
 

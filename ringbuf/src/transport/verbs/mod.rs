@@ -66,10 +66,29 @@
 //! sender's copy, `Receiver::head_visible`) is the mirror image.
 //!
 //! The sender clears `rx_waiting` in its own copy while the receiver may
-//! WRITE it: the receiver writes 1 only in `prepare_wait`, and a 1 that
-//! lands after the clear is a flag for a *later* sleep, which the argument
-//! above covers for the next tail; a stale 1 costs one spurious kick
-//! (drained and ignored).
+//! WRITE it: the receiver writes a flag only in `prepare_wait`, and one
+//! that lands after the clear is a flag for a *later* sleep, which the
+//! argument above covers for the next tail. The flag carries the tail the
+//! receiver had seen, plus one (`crate::waiting`): a check kicks only a
+//! receiver that has not seen the tail in question, so a flag written for
+//! the *next* sleep (after the receiver consumed this tail) costs no
+//! spurious wakeup.
+//!
+//! Early kick: a sender that already sees the flag when it posts a tail
+//! (the receiver went to sleep earlier, the usual case in a
+//! request/response exchange) clears it and sends the tail as a solicited
+//! WRITE_WITH_IMM (`Transport::write_word_kicking`), which rings the
+//! doorbell once the tail is placed: the receiver wakes one network trip
+//! and one completion poll earlier, and the check at the completion is
+//! skipped for that tail (a receiver arming before the ring arrives is
+//! woken by it, one arming after it sees the tail; loom:
+//! `tests/loom_early_kick.rs`). The head push and `tx_waiting` do the
+//! same in the other direction.
+//!
+//! Completion waits (R2, settle) spin a few microseconds, then yield the
+//! CPU each turn (`crate::backoff`): with Soft-RoCE the acknowledgement
+//! they wait for is produced by softirq work on this machine's CPUs,
+//! which a pure spin can hold off.
 //!
 //! What verbs need beyond shm:
 //!
@@ -217,12 +236,13 @@ pub fn settle(
     tx: &mut Sender<VerbsTransport>,
     rx: &mut Receiver<VerbsTransport>,
 ) -> Result<(), RingError> {
+    let mut wait = crate::backoff::CompletionWait::new();
     loop {
         tx.poll()?;
         rx.poll()?;
         if !tx.transport_mut().words_pending() && !rx.transport_mut().words_pending() {
             return Ok(());
         }
-        std::hint::spin_loop();
+        wait.relax();
     }
 }

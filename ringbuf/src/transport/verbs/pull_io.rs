@@ -205,6 +205,7 @@ impl Shared {
     fn wait_seq_for(&self, seq: u64, limit: std::time::Duration) -> Result<bool, RingError> {
         let start = std::time::Instant::now();
         let mut spins = 0u32;
+        let mut wait = crate::backoff::CompletionWait::new();
         loop {
             {
                 let mut st = lock(&self.sq);
@@ -214,10 +215,10 @@ impl Shared {
                 }
             }
             spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(1024) && start.elapsed() >= limit {
+            if spins.is_multiple_of(64) && start.elapsed() >= limit {
                 return Ok(false);
             }
-            std::hint::spin_loop();
+            wait.relax();
         }
     }
 
@@ -353,7 +354,7 @@ impl VerbsTransport {
         let s = &*self.shared;
         std::sync::atomic::fence(Ordering::SeqCst);
         let flag = s.ctrl_word(s.layout.out_ctrl, offset_of!(RingControl, rx_waiting));
-        if flag.load(Ordering::Relaxed) != 0 && flag.swap(0, Ordering::Relaxed) != 0 {
+        if crate::waiting::take_if_unseen(flag, self.pull.published) {
             use crate::transport::Transport;
             self.kick_peer()?;
         }
