@@ -68,6 +68,11 @@ pub fn spin(mut ready: impl FnMut() -> bool) -> bool {
     }
     let start = sys::monotonic_ns();
     let mut i = 0u32;
+    // Past a few microseconds the spin also yields the CPU: on an
+    // oversubscribed machine the peer, or the kernel work that carries
+    // the data (a software RDMA device's softirqs), may need this CPU to
+    // make the very progress we wait for.
+    let mut relax = ringbuf::backoff::CompletionWait::new();
     loop {
         if ready() {
             BUDGET_NS.with(|b| b.set(budget.saturating_mul(2).clamp(1000, max.max(1000))));
@@ -79,7 +84,7 @@ pub fn spin(mut ready: impl FnMut() -> bool) -> bool {
             BUDGET_NS.with(|b| b.set(budget / 2));
             return false;
         }
-        std::hint::spin_loop();
+        relax.relax();
     }
 }
 

@@ -34,6 +34,12 @@ use crate::{process, sockaddr, sys};
 
 /// Longest time a batched byte waits when the program does not block.
 const FLUSH_NS: u64 = 1_000_000;
+/// The thread leaves a connection queued less than this long alone: a
+/// program that sent and is about to block flushes and settles it itself
+/// within microseconds, and a tick that takes the connection's locks then
+/// makes the program wait for the thread's posts (two context switches on
+/// the round trip; seen in a Soft-RoCE ping-pong under strace).
+const FLUSH_GRACE_NS: u64 = 250_000;
 /// Idle ticks (nothing to flush) before the thread stops ticking.
 const IDLE_TICKS: u32 = 100;
 /// A pending client asks the daemon after this long, then at this period.
@@ -60,7 +66,8 @@ enum Report {
     Closed(RawFd, SocketAddr, SocketAddr),
 }
 
-static FLUSH: PLock<Vec<Arc<dyn Tracked>>> = PLock::new(Vec::new(), Vec::new);
+/// Connections with bytes or completions owed, with when they were queued.
+static FLUSH: PLock<Vec<(u64, Arc<dyn Tracked>)>> = PLock::new(Vec::new(), Vec::new);
 static DIRTY: AtomicUsize = AtomicUsize::new(0);
 static PENDING: PLock<Vec<Weak<dyn Tracked>>> = PLock::new(Vec::new(), Vec::new);
 /// Pending handshakes among PENDING that only the daemon can settle
@@ -211,7 +218,7 @@ pub fn start() {
 
 /// Queues `conn` for a timed flush.
 pub fn queue_flush(conn: Arc<dyn Tracked>) {
-    FLUSH.lock().push(conn);
+    FLUSH.lock().push((sys::monotonic_ns(), conn));
     if DIRTY.fetch_add(1, Ordering::AcqRel) == 0 {
         ensure_thread();
         // A system call only for a thread that stopped ticking.
@@ -227,7 +234,7 @@ pub fn flush_all() {
     }
     let list = std::mem::take(&mut *FLUSH.lock());
     DIRTY.fetch_sub(list.len(), Ordering::AcqRel);
-    for c in list {
+    for (_, c) in list {
         c.flush_ring();
     }
 }
@@ -236,13 +243,15 @@ pub fn flush_all() {
 fn flush_some() {
     let list = std::mem::take(&mut *FLUSH.lock());
     DIRTY.fetch_sub(list.len(), Ordering::AcqRel);
-    for c in list {
+    let now = sys::monotonic_ns();
+    for (since, c) in list {
         if c.is_released() {
             continue;
         }
-        if !c.try_flush_ring() {
-            // In use by the program: keep it queued for the next tick.
-            FLUSH.lock().push(c);
+        let young = now.saturating_sub(since) < FLUSH_GRACE_NS;
+        if young || !c.try_flush_ring() {
+            // Just queued, or in use by the program: the next tick.
+            FLUSH.lock().push((since, c));
             DIRTY.fetch_add(1, Ordering::AcqRel);
         }
     }

@@ -413,6 +413,7 @@ impl RdmaConn {
     fn settle_words(&self) {
         let start = sys::monotonic_ns();
         let mut spins = 0u32;
+        let mut wait = ringbuf::backoff::CompletionWait::new();
         loop {
             let mut owed = false;
             for end in [true, false] {
@@ -431,7 +432,7 @@ impl RdmaConn {
                 return;
             }
             spins += 1;
-            if spins.is_multiple_of(1024) {
+            if spins.is_multiple_of(64) {
                 self.check_tcp();
                 if self.peer_gone.load(Ordering::Acquire)
                     || sys::monotonic_ns() - start > SETTLE_LIMIT_NS
@@ -440,7 +441,7 @@ impl RdmaConn {
                     return;
                 }
             }
-            std::hint::spin_loop();
+            wait.relax();
         }
     }
 
@@ -993,11 +994,12 @@ impl AttachedConn for RdmaConn {
             return;
         };
         let _ = tx.flush();
+        let mut wait = ringbuf::backoff::CompletionWait::new();
         while tx.transport_mut().words_pending() && sys::monotonic_ns() < deadline_ns {
             if tx.poll().is_err() || self.peer_gone.load(Ordering::Acquire) {
                 return;
             }
-            std::hint::spin_loop();
+            wait.relax();
         }
     }
 
