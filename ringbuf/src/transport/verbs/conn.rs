@@ -1049,6 +1049,18 @@ impl VerbsTransport {
         self.shared.dev.zc_cache().acquire(buf)
     }
 
+    /// A word write at `word`'s place in the peer's copy (`post_word`).
+    fn post_word_at(&self, word: PeerWord, src: Src) -> Result<Visibility, RingError> {
+        let mut st = lock(&self.shared.sq);
+        self.post_word(&mut st, self.word_addr(word), src)?;
+        Ok(Visibility::AtCompletion)
+    }
+
+    /// The immediate a kick from this end carries.
+    fn kick_imm(&self) -> u32 {
+        self.role as u32 + 1
+    }
+
     fn word_addr(&self, word: PeerWord) -> u64 {
         let r = &self.shared.remote;
         match word {
@@ -1104,15 +1116,7 @@ impl Transport for VerbsTransport {
                 return Ok(vis);
             }
         }
-        let addr = self.word_addr(word);
-        let s = &*self.shared;
-        let mut st = lock(&s.sq);
-        let seq = s.post(&mut st, Src::Word(value), addr, true)?;
-        let r = self.role as usize;
-        st.last_word[r] = seq;
-        st.unreported[r] += 1;
-        bump(&s.counters().word_writes, 1);
-        Ok(Visibility::AtCompletion)
+        self.post_word_at(word, Src::Word(value))
     }
 
     fn poll_completions(&mut self) -> Result<u32, RingError> {
@@ -1199,12 +1203,7 @@ impl Transport for VerbsTransport {
     fn kick_peer(&mut self) -> Result<(), RingError> {
         let s = &*self.shared;
         let mut st = lock(&s.sq);
-        s.post(
-            &mut st,
-            Src::Imm(self.role as u32 + 1),
-            s.remote.in_ctrl,
-            false,
-        )?;
+        s.post(&mut st, Src::Imm(self.kick_imm()), s.remote.in_ctrl, false)?;
         bump(&s.counters().kicks_sent, 1);
         Ok(())
     }
@@ -1223,22 +1222,9 @@ impl Transport for VerbsTransport {
                 return Ok(vis);
             }
         }
-        let addr = self.word_addr(word);
-        let s = &*self.shared;
-        let mut st = lock(&s.sq);
-        let seq = s.post(
-            &mut st,
-            Src::WordKick(value, self.role as u32 + 1),
-            addr,
-            true,
-        )?;
-        let r = self.role as usize;
-        st.last_word[r] = seq;
-        st.unreported[r] += 1;
-        let c = s.counters();
-        bump(&c.word_writes, 1);
-        bump(&c.kicks_sent, 1);
-        Ok(Visibility::AtCompletion)
+        let vis = self.post_word_at(word, Src::WordKick(value, self.kick_imm()))?;
+        bump(&self.shared.counters().kicks_sent, 1);
+        Ok(vis)
     }
 }
 

@@ -255,11 +255,17 @@ impl VerbsTransport {
         }
     }
 
-    /// A signaled word WRITE at the peer's `remote`, reported like any
-    /// word write of this end (`poll_completions`). Returns its sequence.
-    fn post_word(&self, st: &mut SqState, remote: u64, value: u64) -> Result<u64, RingError> {
+    /// A signaled word WRITE (`Src::Word`, or `Src::WordKick` carrying a
+    /// kick) at the peer's `remote`, reported like any word write of this
+    /// end (`poll_completions`). Returns its sequence.
+    pub(super) fn post_word(
+        &self,
+        st: &mut SqState,
+        remote: u64,
+        src: Src,
+    ) -> Result<u64, RingError> {
         let s = &*self.shared;
-        let seq = s.post(st, Src::Word(value), remote, true)?;
+        let seq = s.post(st, src, remote, true)?;
         let r = self.role as usize;
         st.last_word[r] = seq;
         st.unreported[r] += 1;
@@ -384,8 +390,12 @@ impl VerbsTransport {
         self.pub_tail().store(tail, Ordering::SeqCst);
         let s = &*self.shared;
         let mut st = lock(&s.sq);
-        self.post_word(&mut st, self.word_addr(PeerWord::LocalTail), tail)?;
-        let seq = self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, w)?;
+        self.post_word(
+            &mut st,
+            self.word_addr(PeerWord::LocalTail),
+            Src::Word(tail),
+        )?;
+        let seq = self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, Src::Word(w))?;
         drop(st);
         self.pull.mode_seq = seq;
         bump(&s.pull_counters().tx_to_pull, 1);
@@ -454,8 +464,12 @@ impl VerbsTransport {
                 done += k;
             }
         }
-        self.post_word(&mut st, self.word_addr(PeerWord::LocalTail), tail)?;
-        let seq = self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, w)?;
+        self.post_word(
+            &mut st,
+            self.word_addr(PeerWord::LocalTail),
+            Src::Word(tail),
+        )?;
+        let seq = self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, Src::Word(w))?;
         drop(st);
         self.pull.catchup_seq = seq;
         self.pull.mode_seq = seq;
