@@ -34,6 +34,11 @@ pub struct Receiver<T: Transport> {
     synced_head: u64,
     /// The last head whose WRITE carried a kick (0: none).
     kicked_head: u64,
+    /// The epoch of our standing sleep flag while the sender honours it
+    /// (`waiting`: placed, and its ending ring not reaped yet).
+    standing: Option<u32>,
+    /// The epoch of the last standing flag announced.
+    epoch: u32,
     eof: bool,
     failed: Option<RingError>,
 }
@@ -64,6 +69,8 @@ impl<T: Transport> Receiver<T> {
             local_tail: 0,
             synced_head: 0,
             kicked_head: 0,
+            standing: None,
+            epoch: 0,
             eof: false,
             failed: None,
         })
@@ -306,7 +313,7 @@ impl<T: Transport> Receiver<T> {
             bump(&self.ctrl().rx_stats.kicks, 1);
             self.kicked_head = self.head;
             self.transport
-                .write_word_kicking(PeerWord::LocalHead, self.head)
+                .write_word_kicking(PeerWord::LocalHead, self.head, waiting::Ring::Plain)
         } else {
             self.transport
                 .write_word(PeerWord::LocalHead, self.head, false)
@@ -333,7 +340,9 @@ impl<T: Transport> Receiver<T> {
         fence(Ordering::SeqCst);
         if self.take_flag_tx_waiting(self.synced_head) {
             bump(&self.ctrl().rx_stats.kicks, 1);
-            self.transport.kick_peer().map_err(|e| self.fail(e))?;
+            self.transport
+                .kick_peer(waiting::Ring::Plain)
+                .map_err(|e| self.fail(e))?;
         }
         Ok(())
     }
@@ -361,6 +370,12 @@ impl<T: Transport> Receiver<T> {
     /// look at the tail once more (see `Sender::tail_visible` for why this
     /// order cannot lose a wakeup). Returns true when it is safe to block
     /// on our doorbell; false when data (or the end mark) arrived.
+    ///
+    /// With a standing flag still honoured (`waiting`) there is nothing to
+    /// announce: it was placed before an earlier look at the tail, so the
+    /// sender rings the doorbell for any tail this look misses, and the
+    /// ring that ends the flag, if not reaped before this call (the
+    /// doorbell is drained and armed before it), wakes us too.
     pub fn prepare_wait(&mut self) -> Result<bool, RingError> {
         if self.readable()? {
             return Ok(false);
@@ -368,13 +383,41 @@ impl<T: Transport> Receiver<T> {
         if self.head != self.synced_head {
             self.push_head()?;
         }
+        if let Some(epoch) = self.standing {
+            if self.transport.standing_ended(epoch) {
+                self.standing = None;
+            }
+        }
+        if self.standing.is_none() {
+            self.announce()?;
+        }
+        fence(Ordering::SeqCst);
+        self.refresh_tail()?;
+        if self.head != self.local_tail {
+            if self.standing.is_none() {
+                self.transport
+                    .write_word(PeerWord::RxWaiting, 0, false)
+                    .map_err(|e| self.fail(e))?;
+            }
+            return Ok(false);
+        }
+        bump(&self.ctrl().rx_stats.sleeps, 1);
+        Ok(true)
+    }
+
+    /// R1 and R2 of the wakeup argument: WRITE the flag (standing where
+    /// the transport allows it) and wait until it is placed.
+    fn announce(&mut self) -> Result<(), RingError> {
+        let standing = self.transport.standing_waits();
+        let value = if standing {
+            self.epoch = waiting::next_epoch(self.epoch);
+            waiting::announce_standing(self.epoch)
+        } else {
+            waiting::announce(self.local_tail)
+        };
         let vis = self
             .transport
-            .write_word(
-                PeerWord::RxWaiting,
-                waiting::announce(self.local_tail),
-                true,
-            )
+            .write_word(PeerWord::RxWaiting, value, true)
             .map_err(|e| self.fail(e))?;
         if vis == Visibility::AtCompletion {
             let mut wait = CompletionWait::new();
@@ -390,26 +433,24 @@ impl<T: Transport> Receiver<T> {
             // doorbell check, which `poll` will not see any more (verbs).
             self.head_visible()?;
         }
-        fence(Ordering::SeqCst);
-        self.refresh_tail()?;
-        if self.head != self.local_tail {
-            self.transport
-                .write_word(PeerWord::RxWaiting, 0, false)
-                .map_err(|e| self.fail(e))?;
-            return Ok(false);
+        if standing {
+            self.standing = Some(self.epoch);
         }
-        bump(&self.ctrl().rx_stats.sleeps, 1);
-        Ok(true)
+        Ok(())
     }
 
     /// After waking (or timing out) from a wait that `prepare_wait` allowed.
+    /// A standing flag stays: that is what saves the next sleep its
+    /// announcement.
     pub fn finish_wait(&mut self, woken: bool) -> Result<(), RingError> {
         if woken {
             bump(&self.ctrl().rx_stats.wakeups, 1);
         }
-        self.transport
-            .write_word(PeerWord::RxWaiting, 0, false)
-            .map_err(|e| self.fail(e))?;
+        if self.standing.is_none() {
+            self.transport
+                .write_word(PeerWord::RxWaiting, 0, false)
+                .map_err(|e| self.fail(e))?;
+        }
         Ok(())
     }
 

@@ -43,6 +43,8 @@ pub struct Sender<T: Transport> {
     tail_in_flight: bool,
     /// The last tail whose WRITE carried a kick (0: none).
     kicked_tail: u64,
+    /// Rings given to the receiver's current standing flag (`waiting`).
+    standing: waiting::StandingKicks,
     closed: bool,
     failed: Option<RingError>,
 }
@@ -68,6 +70,7 @@ impl<T: Transport> Sender<T> {
             local_head: 0,
             tail_in_flight: false,
             kicked_tail: 0,
+            standing: waiting::StandingKicks::default(),
             closed: false,
             failed: None,
         })
@@ -374,12 +377,18 @@ impl<T: Transport> Sender<T> {
         // the ring reaches the receiver after the tail, so a receiver
         // that arms before it arrives is woken and one that arms after
         // sees the tail (loom: `tests/loom_early_kick.rs`).
-        let early = self.transport.kicks_with_word() && self.take_flag_rx_waiting(self.tail);
-        let vis = if early {
+        // A standing flag (`waiting`) is owed a ring with every tail, so
+        // on verbs every tail to such a receiver takes this path.
+        let early = if self.transport.kicks_with_word() {
+            self.take_flag_rx_waiting(self.tail)
+        } else {
+            None
+        };
+        let vis = if let Some(ring) = early {
             bump(&self.ctrl().tx_stats.kicks, 1);
             self.kicked_tail = self.tail;
             self.transport
-                .write_word_kicking(PeerWord::LocalTail, self.tail)
+                .write_word_kicking(PeerWord::LocalTail, self.tail, ring)
         } else {
             self.transport
                 .write_word(PeerWord::LocalTail, self.tail, self.cfg.elastic)
@@ -414,17 +423,20 @@ impl<T: Transport> Sender<T> {
             return Ok(());
         }
         fence(Ordering::SeqCst);
-        if self.take_flag_rx_waiting(self.synced_tail) {
+        if let Some(ring) = self.take_flag_rx_waiting(self.synced_tail) {
             bump(&self.ctrl().tx_stats.kicks, 1);
-            self.transport.kick_peer().map_err(|e| self.fail(e))?;
+            self.transport.kick_peer(ring).map_err(|e| self.fail(e))?;
         }
         Ok(())
     }
 
-    /// Clears the receiver's "I sleep" flag if it sleeps without having
-    /// seen `tail`; true then (we owe it a kick). See `waiting`.
-    fn take_flag_rx_waiting(&self, tail: u64) -> bool {
-        waiting::take_if_unseen(&self.ctrl().rx_waiting.value, tail)
+    /// The ring the receiver is owed for `tail`, if any: it sleeps
+    /// without having seen it (the flag is cleared), or its flag is a
+    /// standing one (see `waiting`).
+    fn take_flag_rx_waiting(&mut self, tail: u64) -> Option<waiting::Ring> {
+        let mem = &self.mem;
+        let flag = &mem.ctrl().rx_waiting.value;
+        waiting::take_for_tail(flag, tail, &mut self.standing)
     }
 
     /// Reaps transport completions (verbs); a completed tail write clears

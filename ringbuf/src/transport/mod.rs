@@ -15,6 +15,7 @@ pub mod verbs;
 pub mod verbs_stats;
 
 use crate::error::RingError;
+use crate::waiting::Ring;
 
 /// The control words one end writes into the other end's copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,8 +71,9 @@ pub trait Transport {
     /// Number of signaled writes that completed since the last call.
     fn poll_completions(&mut self) -> Result<u32, RingError>;
 
-    /// Ring the peer's doorbell (it announced it sleeps).
-    fn kick_peer(&mut self) -> Result<(), RingError>;
+    /// Ring the peer's doorbell (it announced it sleeps). `ring` tells it
+    /// whether this ring ends its standing flag (verbs; shm ignores it).
+    fn kick_peer(&mut self, ring: Ring) -> Result<(), RingError>;
 
     /// Whether a word write that rings the doorbell itself
     /// (`write_word_kicking`) saves the peer time. On verbs a kick that
@@ -87,10 +89,29 @@ pub trait Transport {
     /// WRITE_WITH_IMM, solicited, or a kick queued behind the word on the
     /// same queue pair). A peer that sleeps on its doorbell wakes to see
     /// the word. Signaled like `write_word(.., true)`.
-    fn write_word_kicking(&mut self, word: PeerWord, value: u64) -> Result<Visibility, RingError> {
+    fn write_word_kicking(
+        &mut self,
+        word: PeerWord,
+        value: u64,
+        ring: Ring,
+    ) -> Result<Visibility, RingError> {
         let vis = self.write_word(word, value, true)?;
-        self.kick_peer()?;
+        self.kick_peer(ring)?;
         Ok(vis)
+    }
+
+    /// Receiver end: whether it may announce a *standing* sleep flag
+    /// (`crate::waiting`): the peer's sender honours them and this end's
+    /// doorbell has room for their rings. Verbs only: there an
+    /// announcement costs a network round trip.
+    fn standing_waits(&self) -> bool {
+        false
+    }
+
+    /// Receiver end: whether the ring ending the standing flag of `epoch`
+    /// was reaped from the doorbell (`Ring::EndsStanding`).
+    fn standing_ended(&self, _epoch: u32) -> bool {
+        true
     }
 
     /// Receiver end, before it loads `local_tail` from its copy: a

@@ -12,6 +12,7 @@ use crate::error::RingError;
 use crate::memory::RingMem;
 use crate::notify::Notify;
 use crate::sync::Ordering;
+use crate::waiting::Ring;
 
 /// One end's view of a shared ring.
 pub struct ShmTransport {
@@ -73,7 +74,8 @@ impl Transport for ShmTransport {
         Ok(std::mem::take(&mut self.signaled))
     }
 
-    fn kick_peer(&mut self) -> Result<(), RingError> {
+    fn kick_peer(&mut self, _ring: Ring) -> Result<(), RingError> {
+        // No standing flags on shm: the eventfd carries no message.
         match &self.peer {
             Some(bell) => bell.notify(),
             None => Ok(()),

@@ -3,7 +3,7 @@
 //! transports and doorbell built on them.
 
 use super::device::Device;
-use super::params::{QpParams, RingDesc};
+use super::params::{QpParams, RingDesc, FEATURE_STANDING_WAITS};
 use crate::config::RingConfig;
 use crate::error::RingError;
 use crate::layout::{RingControl, CONTROL_BYTES};
@@ -15,9 +15,11 @@ use crate::transport::verbs_stats::{
     VERBS_VERSION,
 };
 use crate::transport::{ExternalSrc, PeerWord, Transport, Visibility};
+use crate::waiting::{Ring, STANDING_KICKS};
 use rdma_sys::*;
 use std::mem::offset_of;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -31,6 +33,10 @@ const HUGE: usize = 2 << 20;
 const SQ_DEPTH: u32 = 256;
 /// Receive queue depth: doorbell rings that may be pending at once.
 const RQ_DEPTH: u32 = 64;
+/// Immediate bit of the ring that ends a standing flag (the low 31 bits
+/// carry its epoch, `waiting::Ring::EndsStanding`); plain kicks carry 1
+/// or 2.
+const IMM_ENDS_STANDING: u32 = 1 << 31;
 /// Staging words for control-word writes when the device cannot inline:
 /// more than the send queue can hold, so a word is never overwritten while
 /// its WRITE is outstanding.
@@ -210,6 +216,9 @@ struct Remote {
     /// READ its published tail and slots).
     out_ctrl: u64,
     out_slots: u64,
+    /// The peer's sender honours standing sleep flags
+    /// (`params::FEATURE_STANDING_WAITS`).
+    standing: bool,
 }
 
 struct Shared {
@@ -229,6 +238,9 @@ struct Shared {
     remote: Remote,
     sq: Mutex<SqState>,
     rq: Mutex<()>,
+    /// The epoch of the last standing flag whose ending ring the doorbell
+    /// reaped (`waiting::Ring::EndsStanding`); 0: none.
+    standing_ended: AtomicU32,
 }
 
 // SAFETY: the verbs objects are thread-safe in libibverbs; this crate
@@ -464,6 +476,7 @@ impl VerbsConn {
             remote: Remote::default(),
             sq: Mutex::new(SqState::default()),
             rq: Mutex::new(()),
+            standing_ended: AtomicU32::new(0),
         };
         // REMOTE_READ for pull mode (the receiver READs our sender copy):
         // it exposes what the rkey already reaches for WRITE, our two
@@ -571,6 +584,7 @@ impl VerbsConn {
             qpn: unsafe { (*s.qp).qp_num },
             psn: s.psn,
             mtu: s.dev.mtu,
+            features: FEATURE_STANDING_WAITS,
             // SAFETY: mr is valid for the life of self.
             rkey: unsafe { (*s.mr).rkey },
             out_ring: RingDesc {
@@ -635,6 +649,7 @@ impl VerbsConn {
             in_slots: peer.in_ring.slots_addr,
             out_ctrl: peer.out_ring.ctrl_addr,
             out_slots: peer.out_ring.slots_addr,
+            standing: peer.features & FEATURE_STANDING_WAITS != 0,
         };
         shared.to_init()?;
         {
@@ -1056,9 +1071,14 @@ impl VerbsTransport {
         Ok(Visibility::AtCompletion)
     }
 
-    /// The immediate a kick from this end carries.
-    fn kick_imm(&self) -> u32 {
-        self.role as u32 + 1
+    /// The immediate a kick from this end carries: the role (1, 2), or
+    /// for the ring that ends a standing flag `IMM_ENDS_STANDING` and its
+    /// epoch.
+    fn kick_imm(&self, ring: Ring) -> u32 {
+        match ring {
+            Ring::Plain => self.role as u32 + 1,
+            Ring::EndsStanding(epoch) => IMM_ENDS_STANDING | epoch,
+        }
     }
 
     fn word_addr(&self, word: PeerWord) -> u64 {
@@ -1200,10 +1220,15 @@ impl Transport for VerbsTransport {
         self.pull_fetch(head, known)
     }
 
-    fn kick_peer(&mut self) -> Result<(), RingError> {
+    fn kick_peer(&mut self, ring: Ring) -> Result<(), RingError> {
         let s = &*self.shared;
         let mut st = lock(&s.sq);
-        s.post(&mut st, Src::Imm(self.kick_imm()), s.remote.in_ctrl, false)?;
+        s.post(
+            &mut st,
+            Src::Imm(self.kick_imm(ring)),
+            s.remote.in_ctrl,
+            false,
+        )?;
         bump(&s.counters().kicks_sent, 1);
         Ok(())
     }
@@ -1212,19 +1237,36 @@ impl Transport for VerbsTransport {
         true
     }
 
-    fn write_word_kicking(&mut self, word: PeerWord, value: u64) -> Result<Visibility, RingError> {
+    fn write_word_kicking(
+        &mut self,
+        word: PeerWord,
+        value: u64,
+        ring: Ring,
+    ) -> Result<Visibility, RingError> {
         if word == PeerWord::LocalTail {
             if let Some(vis) = self.pull_tail(value)? {
                 // Pull mode (or a switch): the tail went where the
                 // receiver READs it, or with the mode word; a kick queued
                 // after that still reaches it after the tail.
-                self.kick_peer()?;
+                self.kick_peer(ring)?;
                 return Ok(vis);
             }
         }
-        let vis = self.post_word_at(word, Src::WordKick(value, self.kick_imm()))?;
+        let vis = self.post_word_at(word, Src::WordKick(value, self.kick_imm(ring)))?;
         bump(&self.shared.counters().kicks_sent, 1);
         Ok(vis)
+    }
+
+    fn standing_waits(&self) -> bool {
+        // Every ring of a standing flag takes one of our posted receives
+        // until the doorbell is drained: keep the budget a quarter of them.
+        self.role == Role::Receiver
+            && self.shared.remote.standing
+            && self.shared.rq_depth >= 4 * STANDING_KICKS
+    }
+
+    fn standing_ended(&self, epoch: u32) -> bool {
+        self.shared.standing_ended.load(Ordering::Acquire) == epoch
     }
 }
 
@@ -1297,6 +1339,17 @@ impl Doorbell {
                         .cq_errors
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     return Err(wc_error(w.status));
+                }
+                if w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
+                    continue;
+                }
+                // SAFETY: the union holds the immediate when the flag says
+                // so (and is plain data either way). The peer chose it
+                // (`kick_imm`): it is only compared, never trusted.
+                let imm = u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data });
+                if imm & IMM_ENDS_STANDING != 0 {
+                    s.standing_ended
+                        .store(imm & !IMM_ENDS_STANDING, Ordering::Release);
                 }
             }
             // Under the receive-queue lock: single writer.

@@ -85,6 +85,25 @@
 //! `tests/loom_early_kick.rs`). The head push and `tx_waiting` do the
 //! same in the other direction.
 //!
+//! Standing flags: R1 and R2 cost a WRITE and a network round trip
+//! before every sleep, and the clear on waking another WRITE. A receiver
+//! whose peer advertises `FEATURE_STANDING_WAITS` (in `QpParams`)
+//! announces a *standing* flag instead (`crate::waiting`): the sender
+//! rings the doorbell with every tail it publishes (the early kick above,
+//! or at the completion for a tail posted before the flag landed) and
+//! leaves the flag set; the receiver does R1/R2 once and then sleeps
+//! again and again with only R3 (the flag placed before an earlier R3 is
+//! still there, so the argument above holds for each later tail). Every
+//! ring takes one of the receiver's posted receives, so the sender rings a
+//! standing flag `STANDING_KICKS` times at most: the last ring clears it
+//! and carries `IMM_ENDS_STANDING | epoch` in its immediate. The doorbell
+//! records that epoch when it reaps the ring (`Doorbell::drain`, before
+//! the receiver's `prepare_wait`), and the receiver announces again
+//! before its next sleep; a receiver that drained before the ending ring
+//! arrived is woken by it (loom: `tests/loom_standing.rs`). In a
+//! request/response exchange that leaves one announcement per 16
+//! messages instead of two WRITEs and a round trip per message.
+//!
 //! Completion waits (R2, settle) spin a few microseconds, then yield the
 //! CPU each turn (`crate::backoff`): with Soft-RoCE the acknowledgement
 //! they wait for is produced by softirq work on this machine's CPUs,
@@ -223,7 +242,9 @@ pub use device::{
     find_roce_gid, gid_of, is_ipv4_mapped, netdev_of, parse_gid, route_source, Device,
     DeviceChoice, DeviceRoute,
 };
-pub use params::{QpParams, RingDesc, PARAMS_LEN, PARAMS_MAGIC, PARAMS_VERSION};
+pub use params::{
+    QpParams, RingDesc, FEATURE_STANDING_WAITS, PARAMS_LEN, PARAMS_MAGIC, PARAMS_VERSION,
+};
 
 use crate::error::RingError;
 use crate::receiver::Receiver;

@@ -54,6 +54,10 @@ pub struct QpParams {
     pub psn: u32,
     /// The port's active MTU as an `ibv_mtu` value (1 = 256 .. 5 = 4096).
     pub mtu: u8,
+    /// What this end's code does beyond version 1 (`FEATURE_*` bits).
+    /// Encoded in the first byte that version 1 reserved as zero, so an
+    /// older end reads 0 there: none.
+    pub features: u8,
     /// Remote key of the region holding both ring copies.
     pub rkey: u32,
     /// This end's *sender* copy of its outgoing ring: the peer's receiver
@@ -71,9 +75,16 @@ pub const PARAMS_VERSION: u16 = 1;
 /// Length of an encoded `QpParams` (version 1).
 pub const PARAMS_LEN: usize = 4 + 2 + 2 + 16 + 2 + 4 + 4 + 1 + 3 + 4 + 2 * 24;
 
+/// `features` bit: this end's sender honours *standing* sleep flags
+/// (`crate::waiting`): it rings with every tail and ends the flag after
+/// its budget with a tagged ring. A receiver announces them only to a
+/// sender that says so; an older one would never ring them.
+pub const FEATURE_STANDING_WAITS: u8 = 1;
+
 impl QpParams {
     /// Little-endian encoding: magic, version, total length, then the
-    /// fields in declaration order (3 reserved zero bytes after `mtu`).
+    /// fields in declaration order (`features`, then 2 reserved zero bytes
+    /// after `mtu`).
     pub fn encode(&self) -> [u8; PARAMS_LEN] {
         let mut out = [0u8; PARAMS_LEN];
         let mut w = Writer {
@@ -87,7 +98,7 @@ impl QpParams {
         w.put(&self.lid.to_le_bytes());
         w.put(&self.qpn.to_le_bytes());
         w.put(&self.psn.to_le_bytes());
-        w.put(&[self.mtu, 0, 0, 0]);
+        w.put(&[self.mtu, self.features, 0, 0]);
         w.put(&self.rkey.to_le_bytes());
         for r in [&self.out_ring, &self.in_ring] {
             w.put(&r.ctrl_addr.to_le_bytes());
@@ -121,7 +132,10 @@ impl QpParams {
         let lid = r.u16();
         let qpn = r.u32();
         let psn = r.u32();
-        let mtu = r.take(4)[0];
+        let (mtu, features) = {
+            let b = r.take(4);
+            (b[0], b[1])
+        };
         let rkey = r.u32();
         let mut ring = || RingDesc {
             ctrl_addr: r.u64(),
@@ -149,6 +163,7 @@ impl QpParams {
             qpn,
             psn,
             mtu,
+            features,
             rkey,
             out_ring,
             in_ring,
@@ -202,6 +217,7 @@ mod tests {
             qpn: 0x11,
             psn: 0x00ab_cdef,
             mtu: 3,
+            features: FEATURE_STANDING_WAITS,
             rkey: 0xdead_beef,
             out_ring: RingDesc {
                 ctrl_addr: 0x7f00_0000_0000,
@@ -224,6 +240,15 @@ mod tests {
         let enc = p.encode();
         assert_eq!(&enc[0..4], b"RSQP");
         assert_eq!(QpParams::decode(&enc), Ok(p));
+    }
+
+    #[test]
+    fn features_sit_in_a_byte_older_ends_leave_zero() {
+        let enc = sample().encode();
+        assert_eq!(enc[35], FEATURE_STANDING_WAITS, "right after mtu");
+        let mut old = enc;
+        old[35] = 0;
+        assert_eq!(QpParams::decode(&old).map(|p| p.features), Ok(0));
     }
 
     #[test]

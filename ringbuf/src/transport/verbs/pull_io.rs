@@ -360,9 +360,9 @@ impl VerbsTransport {
         let s = &*self.shared;
         std::sync::atomic::fence(Ordering::SeqCst);
         let flag = s.ctrl_word(s.layout.out_ctrl, offset_of!(RingControl, rx_waiting));
-        if crate::waiting::take_if_unseen(flag, self.pull.published) {
+        if crate::waiting::take_or_ring_standing(flag, self.pull.published) {
             use crate::transport::Transport;
-            self.kick_peer()?;
+            self.kick_peer(crate::waiting::Ring::Plain)?;
         }
         Ok(())
     }
