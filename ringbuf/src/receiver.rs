@@ -229,11 +229,11 @@ impl<T: Transport> Receiver<T> {
         let (n, eos) = self.transfer(buf, true)?;
         if n == 0 && !eos {
             bump(&self.ctrl().rx_stats.empty, 1);
-            // Going idle: hand all consumed space back now rather than
-            // making the sender wait for the lazy push.
-            if self.head != self.synced_head {
-                self.push_head()?;
-            }
+            // Going idle: the lazy rule as in `prepare_wait`, which says
+            // why a sender cannot be stranded by less than gamma unpushed.
+            // (Every consumed slot pushed here cost verbs a WRITE per
+            // message of a ping-pong.)
+            self.maybe_push()?;
             return Err(RingError::WouldBlock);
         }
         Ok(n)
@@ -380,9 +380,14 @@ impl<T: Transport> Receiver<T> {
         if self.readable()? {
             return Ok(false);
         }
-        if self.head != self.synced_head {
-            self.push_head()?;
-        }
+        // The lazy rule, not a push of every consumed slot: on verbs a
+        // push is a WRITE whose completion the process waits for before
+        // it sleeps, once per message in a ping-pong. Less than gamma
+        // (at most half the ring) unpushed leaves the sender room, so it
+        // cannot be blocked on space before it publishes a tail we have
+        // not seen, and that tail wakes us (its ring, or our flag's
+        // check) to push by this rule again.
+        self.maybe_push()?;
         if let Some(epoch) = self.standing {
             if self.transport.standing_ended(epoch) {
                 self.standing = None;

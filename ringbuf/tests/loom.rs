@@ -113,6 +113,49 @@ fn sender_sleeping_on_full_ring_wakes() {
     });
 }
 
+/// With lazy head pushes (gamma 2 of 4 slots) the receiver may sleep
+/// with a consumed slot not handed back (`Receiver::prepare_wait` pushes
+/// by the lazy rule only): the sender still has room then, and the tail
+/// that fills the ring wakes the receiver, which pushes. No side sleeps
+/// for good and every byte arrives in order.
+#[test]
+fn lazy_head_push_never_strands_a_full_sender() {
+    model(|| {
+        let rx_bell = Bell::default();
+        let tx_bell = Bell::default();
+        let cfg = RingConfig { gamma: 2, ..cfg(4) };
+        let (mut tx, mut rx) = heap_pair(
+            cfg,
+            Some(Box::new(rx_bell.clone())),
+            Some(Box::new(tx_bell.clone())),
+        )
+        .unwrap();
+        let writer = thread::spawn(move || {
+            for i in 0..5u8 {
+                loop {
+                    match tx.write(&[i; 50]) {
+                        Ok(50) => break,
+                        Ok(n) => panic!("short write {n}"),
+                        Err(RingError::WouldBlock) => {
+                            if tx.prepare_wait().unwrap() {
+                                tx_bell.wait();
+                                tx.finish_wait(true).unwrap();
+                            }
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
+            tx.flush().unwrap();
+        });
+        let got = read_all(&mut rx, &rx_bell, 250);
+        for (i, chunk) in got.chunks(50).enumerate() {
+            assert!(chunk.iter().all(|b| *b == i as u8));
+        }
+        writer.join().unwrap();
+    });
+}
+
 /// End of stream after data: the mark is seen only after every byte.
 #[test]
 fn end_of_stream_follows_data() {
