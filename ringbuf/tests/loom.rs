@@ -73,44 +73,48 @@ fn data_is_published_and_sleeping_receiver_wakes() {
     });
 }
 
+/// 5 one-slot records into a 4-slot ring (the last must wait for space),
+/// each side sleeping on its own bell whenever it cannot go on; every
+/// byte must arrive in order and no side may sleep for good.
+fn five_records_through_four_slots(cfg: RingConfig) {
+    let rx_bell = Bell::default();
+    let tx_bell = Bell::default();
+    let (mut tx, mut rx) = heap_pair(
+        cfg,
+        Some(Box::new(rx_bell.clone())),
+        Some(Box::new(tx_bell.clone())),
+    )
+    .unwrap();
+    let writer = thread::spawn(move || {
+        for i in 0..5u8 {
+            loop {
+                match tx.write(&[i; 50]) {
+                    Ok(50) => break,
+                    Ok(n) => panic!("short write {n}"),
+                    Err(RingError::WouldBlock) => {
+                        if tx.prepare_wait().unwrap() {
+                            tx_bell.wait();
+                            tx.finish_wait(true).unwrap();
+                        }
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        tx.flush().unwrap();
+    });
+    let got = read_all(&mut rx, &rx_bell, 250);
+    for (i, chunk) in got.chunks(50).enumerate() {
+        assert!(chunk.iter().all(|b| *b == i as u8));
+    }
+    writer.join().unwrap();
+}
+
 /// A sender that sleeps on a full ring is always woken by the receiver's
 /// head push, and every byte arrives in order.
 #[test]
 fn sender_sleeping_on_full_ring_wakes() {
-    model(|| {
-        let rx_bell = Bell::default();
-        let tx_bell = Bell::default();
-        let (mut tx, mut rx) = heap_pair(
-            cfg(4),
-            Some(Box::new(rx_bell.clone())),
-            Some(Box::new(tx_bell.clone())),
-        )
-        .unwrap();
-        let writer = thread::spawn(move || {
-            // 5 one-slot records into a 4-slot ring: the last must wait.
-            for i in 0..5u8 {
-                loop {
-                    match tx.write(&[i; 50]) {
-                        Ok(50) => break,
-                        Ok(n) => panic!("short write {n}"),
-                        Err(RingError::WouldBlock) => {
-                            if tx.prepare_wait().unwrap() {
-                                tx_bell.wait();
-                                tx.finish_wait(true).unwrap();
-                            }
-                        }
-                        Err(e) => panic!("{e}"),
-                    }
-                }
-            }
-            tx.flush().unwrap();
-        });
-        let got = read_all(&mut rx, &rx_bell, 250);
-        for (i, chunk) in got.chunks(50).enumerate() {
-            assert!(chunk.iter().all(|b| *b == i as u8));
-        }
-        writer.join().unwrap();
-    });
+    model(|| five_records_through_four_slots(cfg(4)));
 }
 
 /// With lazy head pushes (gamma 2 of 4 slots) the receiver may sleep
@@ -120,40 +124,7 @@ fn sender_sleeping_on_full_ring_wakes() {
 /// for good and every byte arrives in order.
 #[test]
 fn lazy_head_push_never_strands_a_full_sender() {
-    model(|| {
-        let rx_bell = Bell::default();
-        let tx_bell = Bell::default();
-        let cfg = RingConfig { gamma: 2, ..cfg(4) };
-        let (mut tx, mut rx) = heap_pair(
-            cfg,
-            Some(Box::new(rx_bell.clone())),
-            Some(Box::new(tx_bell.clone())),
-        )
-        .unwrap();
-        let writer = thread::spawn(move || {
-            for i in 0..5u8 {
-                loop {
-                    match tx.write(&[i; 50]) {
-                        Ok(50) => break,
-                        Ok(n) => panic!("short write {n}"),
-                        Err(RingError::WouldBlock) => {
-                            if tx.prepare_wait().unwrap() {
-                                tx_bell.wait();
-                                tx.finish_wait(true).unwrap();
-                            }
-                        }
-                        Err(e) => panic!("{e}"),
-                    }
-                }
-            }
-            tx.flush().unwrap();
-        });
-        let got = read_all(&mut rx, &rx_bell, 250);
-        for (i, chunk) in got.chunks(50).enumerate() {
-            assert!(chunk.iter().all(|b| *b == i as u8));
-        }
-        writer.join().unwrap();
-    });
+    model(|| five_records_through_four_slots(RingConfig { gamma: 2, ..cfg(4) }));
 }
 
 /// End of stream after data: the mark is seen only after every byte.
