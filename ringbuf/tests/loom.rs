@@ -7,7 +7,10 @@
 
 #![cfg(loom)]
 
+mod loom_support;
+
 use loom::thread;
+use loom_support::model;
 use ringbuf::notify::modeled::Bell;
 use ringbuf::{heap_pair, RingConfig, RingError};
 
@@ -23,12 +26,6 @@ fn cfg(slots: u32) -> RingConfig {
         elastic: false,
         sync_ahead: true,
     }
-}
-
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(f);
 }
 
 /// Reads `want` bytes, sleeping on `bell` whenever the ring is empty.

@@ -29,19 +29,16 @@
 
 #![cfg(loom)]
 
+mod loom_support;
+
 use loom::sync::atomic::{fence, AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
+use loom_support::model;
 use ringbuf::waiting::{announce, take_if_unseen};
 
 /// The tail the sender publishes.
 const TAIL: u64 = 1;
-
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(f);
-}
 
 #[derive(Clone, Copy)]
 struct Variant {

@@ -21,15 +21,12 @@
 
 #![cfg(loom)]
 
+mod loom_support;
+
 use loom::sync::atomic::{fence, AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(f);
-}
+use loom_support::model;
 
 #[derive(Clone, Copy)]
 struct Variant {

@@ -30,21 +30,18 @@
 
 #![cfg(loom)]
 
+mod loom_support;
+
 use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
+use loom_support::model;
 use ringbuf::waiting::{
     announce_standing, next_epoch, take_for_tail, Ring, StandingKicks, STANDING_KICKS,
 };
 
 /// The sender publishes tails 1..=LAST.
 const LAST: u64 = 2;
-
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound = Some(3);
-    b.check(f);
-}
 
 struct Mem {
     // Sender copy.

@@ -379,6 +379,15 @@ impl VerbsTransport {
         Ok(st.done >= self.pull.catchup_seq)
     }
 
+    /// The end of either switch: WRITE the tail, then the mode word `w`
+    /// (RC order: a receiver that sees the word has the tail). Returns the
+    /// mode word's sequence number. Caller holds `sq`.
+    fn post_tail_and_mode(&self, st: &mut SqState, tail: u64, w: u64) -> Result<u64, RingError> {
+        self.post_word(st, self.word_addr(PeerWord::LocalTail), Src::Word(tail))?;
+        let s = &*self.shared;
+        self.post_word(st, s.remote.in_ctrl + MODE_WORD as u64, Src::Word(w))
+    }
+
     /// PUSH -> PULL at a publish of `tail` (all slots before it are
     /// already WRITTEN: `Sender::transmit` sends them before the tail):
     /// publish `tail` in our copy, WRITE the tail and then the pull mode
@@ -389,14 +398,7 @@ impl VerbsTransport {
         self.pull.pull_from = tail;
         self.pub_tail().store(tail, Ordering::SeqCst);
         let s = &*self.shared;
-        let mut st = lock(&s.sq);
-        self.post_word(
-            &mut st,
-            self.word_addr(PeerWord::LocalTail),
-            Src::Word(tail),
-        )?;
-        let seq = self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, Src::Word(w))?;
-        drop(st);
+        let seq = self.post_tail_and_mode(&mut lock(&s.sq), tail, w)?;
         self.pull.mode_seq = seq;
         bump(&s.pull_counters().tx_to_pull, 1);
         Ok(Visibility::AtCompletion)
@@ -464,12 +466,7 @@ impl VerbsTransport {
                 done += k;
             }
         }
-        self.post_word(
-            &mut st,
-            self.word_addr(PeerWord::LocalTail),
-            Src::Word(tail),
-        )?;
-        let seq = self.post_word(&mut st, s.remote.in_ctrl + MODE_WORD as u64, Src::Word(w))?;
+        let seq = self.post_tail_and_mode(&mut st, tail, w)?;
         drop(st);
         self.pull.catchup_seq = seq;
         self.pull.mode_seq = seq;
