@@ -24,6 +24,7 @@ pub mod receiver;
 pub mod record;
 pub mod sender;
 mod sync;
+pub mod tail_hint;
 pub mod transport;
 pub mod wait;
 pub mod waiting;
