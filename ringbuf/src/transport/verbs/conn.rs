@@ -3,7 +3,7 @@
 //! transports and doorbell built on them.
 
 use super::device::Device;
-use super::params::{QpParams, RingDesc, FEATURE_STANDING_WAITS};
+use super::params::{QpParams, RingDesc, FEATURE_STANDING_WAITS, FEATURE_TAIL_IN_IMM};
 use crate::config::RingConfig;
 use crate::error::RingError;
 use crate::layout::{RingControl, CONTROL_BYTES};
@@ -37,6 +37,15 @@ const RQ_DEPTH: u32 = 64;
 /// carry its epoch, `waiting::Ring::EndsStanding`); plain kicks carry 1
 /// or 2.
 const IMM_ENDS_STANDING: u32 = 1 << 31;
+/// Immediate bit of a ring that carries the sender's new tail in its low
+/// `tail_hint::HINT_BITS` (never together with `IMM_ENDS_STANDING`).
+const IMM_CARRIES_TAIL: u32 = 1 << 30;
+const _: () = assert!(crate::tail_hint::HINT_BITS == 30);
+/// Largest slot write held back to carry the tail and the ring that
+/// follows it (`FEATURE_TAIL_IN_IMM`): a small batch, where one packet
+/// less is a large part of its latency. Larger ones go out at once, so
+/// sync-ahead keeps the wire busy while the batch grows.
+const TAIL_IN_IMM_MAX_BYTES: u32 = 16 << 10;
 /// Staging words for control-word writes when the device cannot inline:
 /// more than the send queue can hold, so a word is never overwritten while
 /// its WRITE is outstanding.
@@ -202,7 +211,20 @@ struct SqState {
     /// word writes it has not been told about yet.
     last_word: [u64; 2],
     unreported: [u32; 2],
+    /// The sender's latest slot write, not posted yet: the tail write
+    /// that follows may turn it into the WRITE_WITH_IMM that carries the
+    /// tail and the ring (`FEATURE_TAIL_IN_IMM`). Any other post sends it
+    /// first, as a plain WRITE, so the queue pair's order is unchanged.
+    held_slots: Option<HeldSlots>,
     failed: Option<RingError>,
+}
+
+/// A slot write held back (`SqState::held_slots`).
+#[derive(Clone, Copy)]
+struct HeldSlots {
+    off: usize,
+    len: u32,
+    remote: u64,
 }
 
 /// Peer addresses, fixed at connect.
@@ -219,6 +241,9 @@ struct Remote {
     /// The peer's sender honours standing sleep flags
     /// (`params::FEATURE_STANDING_WAITS`).
     standing: bool,
+    /// The peer's receiver takes a tail from a ring's immediate
+    /// (`params::FEATURE_TAIL_IN_IMM`).
+    tail_in_imm: bool,
 }
 
 struct Shared {
@@ -584,7 +609,7 @@ impl VerbsConn {
             qpn: unsafe { (*s.qp).qp_num },
             psn: s.psn,
             mtu: s.dev.mtu,
-            features: FEATURE_STANDING_WAITS,
+            features: FEATURE_STANDING_WAITS | FEATURE_TAIL_IN_IMM,
             // SAFETY: mr is valid for the life of self.
             rkey: unsafe { (*s.mr).rkey },
             out_ring: RingDesc {
@@ -650,6 +675,7 @@ impl VerbsConn {
             out_ctrl: peer.out_ring.ctrl_addr,
             out_slots: peer.out_ring.slots_addr,
             standing: peer.features & FEATURE_STANDING_WAITS != 0,
+            tail_in_imm: peer.features & FEATURE_TAIL_IN_IMM != 0,
         };
         shared.to_init()?;
         {
@@ -907,6 +933,7 @@ impl Shared {
         remote: u64,
         signaled: bool,
     ) -> Result<u64, RingError> {
+        self.post_held_slots(st)?;
         let seq = self.next_seq(st)?;
         let force = st.unsignaled + 1 >= (self.sq_depth / 2).max(1);
         let signaled = signaled || force;
@@ -931,15 +958,15 @@ impl Shared {
             Src::Word(v) | Src::WordKick(v, _) => v,
             _ => 0,
         };
-        if let Src::WordKick(_, v) = src {
-            // The word's WRITE is the doorbell too: the peer's receive
-            // completes only after the word is placed.
+        if let Src::WordKick(_, v) | Src::RegionKick { imm: v, .. } = src {
+            // The WRITE is the doorbell too: the peer's receive completes
+            // only after its data is placed.
             opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
             flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
             imm = v.to_be();
         }
         match src {
-            Src::Region { off, len } => {
+            Src::Region { off, len } | Src::RegionKick { off, len, .. } => {
                 sge.addr = self.region.addr(off);
                 sge.length = len;
             }
@@ -1006,12 +1033,84 @@ impl Shared {
         );
         Ok(seq)
     }
+
+    /// Posts the held slot write, if any, as a plain unsignaled WRITE.
+    /// Caller holds `sq`.
+    fn post_held_slots(&self, st: &mut SqState) -> Result<(), RingError> {
+        if let Some(h) = st.held_slots.take() {
+            self.post(
+                st,
+                Src::Region {
+                    off: h.off,
+                    len: h.len,
+                },
+                h.remote,
+                false,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Reaps receive completions (doorbell rings), learns what their
+    /// immediates say (a standing flag's end, a tail) and reposts as many
+    /// receives. Caller holds `rq`.
+    fn poll_recv(&self) -> Result<u32, RingError> {
+        let s = self;
+        // SAFETY: plain data.
+        let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
+        let mut total = 0;
+        loop {
+            // SAFETY: recv_cq valid, room for 16.
+            let n = unsafe { ibv_poll_cq(s.recv_cq, wc.len() as i32, wc.as_mut_ptr()) };
+            if n < 0 {
+                return Err(RingError::Config("verbs: ibv_poll_cq (receive) failed"));
+            }
+            for w in &wc[..n as usize] {
+                if w.status != ibv_wc_status::IBV_WC_SUCCESS {
+                    s.rq_counters()
+                        .cq_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return Err(wc_error(w.status));
+                }
+                if w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
+                    continue;
+                }
+                // SAFETY: the union holds the immediate when the flag says
+                // so (and is plain data either way). The peer chose it
+                // (`kick_imm`): it is only compared, never trusted.
+                let imm = u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data });
+                if imm & IMM_ENDS_STANDING != 0 {
+                    s.standing_ended
+                        .store(imm & !IMM_ENDS_STANDING, Ordering::Release);
+                } else if imm & IMM_CARRIES_TAIL != 0 {
+                    // The ring's WRITE placed the slots before this
+                    // completion: raise our copy's tail over them.
+                    let tail = s.ctrl_word(s.layout.in_ctrl, offset_of!(RingControl, local_tail));
+                    crate::tail_hint::apply(tail, imm & !IMM_CARRIES_TAIL);
+                }
+            }
+            // Under the receive-queue lock: single writer.
+            bump(&s.rq_counters().rings_received, n as u64);
+            s.post_recvs(n as u32)?;
+            total += n as u32;
+            if (n as usize) < wc.len() {
+                return Ok(total);
+            }
+        }
+    }
 }
 
 enum Src {
     Region {
         off: usize,
         len: u32,
+    },
+    /// Slots whose WRITE carries a doorbell ring and the tail
+    /// (`FEATURE_TAIL_IN_IMM`).
+    RegionKick {
+        off: usize,
+        len: u32,
+        imm: u32,
     },
     External(ExternalSrc),
     Word(u64),
@@ -1081,6 +1180,33 @@ impl VerbsTransport {
         }
     }
 
+    /// The tail write of a sender whose slots are held (`write_slots`):
+    /// those slots go out as one WRITE_WITH_IMM that rings the receiver
+    /// and carries `tail` (`crate::tail_hint`), reported as this end's
+    /// word write. `None`: nothing held, write the tail word.
+    fn post_tail_in_imm(&self, tail: u64) -> Result<Option<Visibility>, RingError> {
+        let s = &*self.shared;
+        let mut st = lock(&s.sq);
+        let Some(h) = st.held_slots.take() else {
+            return Ok(None);
+        };
+        let imm = IMM_CARRIES_TAIL | crate::tail_hint::encode(tail);
+        let seq = s.post(
+            &mut st,
+            Src::RegionKick {
+                off: h.off,
+                len: h.len,
+                imm,
+            },
+            h.remote,
+            true,
+        )?;
+        let r = self.role as usize;
+        st.last_word[r] = seq;
+        st.unreported[r] += 1;
+        Ok(Some(Visibility::AtCompletion))
+    }
+
     fn word_addr(&self, word: PeerWord) -> u64 {
         let r = &self.shared.remote;
         match word {
@@ -1107,15 +1233,29 @@ impl Transport for VerbsTransport {
             return Ok(());
         }
         let mut st = lock(&s.sq);
-        s.post(
-            &mut st,
-            Src::Region {
-                off: l.out_slots + off as usize,
+        let src_off = l.out_slots + off as usize;
+        let remote = s.remote.in_slots + off;
+        if s.remote.tail_in_imm && len <= TAIL_IN_IMM_MAX_BYTES as u64 {
+            // Held for the tail write that follows (`sync_tail`); an
+            // earlier held write (the first half of a wrapped batch) goes
+            // out now.
+            s.post_held_slots(&mut st)?;
+            st.held_slots = Some(HeldSlots {
+                off: src_off,
                 len: len as u32,
-            },
-            s.remote.in_slots + off,
-            false,
-        )?;
+                remote,
+            });
+        } else {
+            s.post(
+                &mut st,
+                Src::Region {
+                    off: src_off,
+                    len: len as u32,
+                },
+                remote,
+                false,
+            )?;
+        }
         bump(&s.counters().slot_writes, 1);
         bump(&s.counters().slot_bytes, len);
         Ok(())
@@ -1217,7 +1357,17 @@ impl Transport for VerbsTransport {
     }
 
     fn fetch_tail(&mut self, head: u64, known: u64) -> Result<Option<u64>, RingError> {
-        self.pull_fetch(head, known)
+        let fetched = self.pull_fetch(head, known)?;
+        if fetched.is_none() && self.role == Role::Receiver && self.shared.remote.tail_in_imm {
+            // A tail may have come in a ring's immediate only: reap the
+            // rings, which raises our copy's tail (`poll_recv`). The
+            // channel's events stay for the doorbell's waiter, and a
+            // drain that finds events but no completions still counts as
+            // rung (`Doorbell::drain`).
+            let _g = lock(&self.shared.rq);
+            self.shared.poll_recv()?;
+        }
+        Ok(fetched)
     }
 
     fn kick_peer(&mut self, ring: Ring) -> Result<(), RingError> {
@@ -1249,6 +1399,12 @@ impl Transport for VerbsTransport {
                 // receiver READs it, or with the mode word; a kick queued
                 // after that still reaches it after the tail.
                 self.kick_peer(ring)?;
+                return Ok(vis);
+            }
+        }
+        if word == PeerWord::LocalTail && ring == Ring::Plain {
+            if let Some(vis) = self.post_tail_in_imm(value)? {
+                bump(&self.shared.counters().kicks_sent, 1);
                 return Ok(vis);
             }
         }
@@ -1309,57 +1465,18 @@ impl Doorbell {
             // SAFETY: acks exactly the events just received on recv_cq.
             unsafe { ibv_ack_cq_events(s.recv_cq, events) };
         }
-        let mut got = self.poll_recv()?;
+        let mut got = self.shared.poll_recv()?;
         // SAFETY: recv_cq valid; solicited events only.
         if unsafe { ibv_req_notify_cq(s.recv_cq, 1) } != 0 {
             return Err(RingError::Config("verbs: ibv_req_notify_cq failed"));
         }
         // A ring that completed between the poll and the arm raised no
         // event: look once more.
-        got += self.poll_recv()?;
-        Ok(got > 0)
-    }
-
-    /// Reaps receive completions and reposts as many receives. Caller
-    /// holds `rq`.
-    fn poll_recv(&self) -> Result<u32, RingError> {
-        let s = &*self.shared;
-        // SAFETY: plain data.
-        let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
-        let mut total = 0;
-        loop {
-            // SAFETY: recv_cq valid, room for 16.
-            let n = unsafe { ibv_poll_cq(s.recv_cq, wc.len() as i32, wc.as_mut_ptr()) };
-            if n < 0 {
-                return Err(RingError::Config("verbs: ibv_poll_cq (receive) failed"));
-            }
-            for w in &wc[..n as usize] {
-                if w.status != ibv_wc_status::IBV_WC_SUCCESS {
-                    s.rq_counters()
-                        .cq_errors
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    return Err(wc_error(w.status));
-                }
-                if w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
-                    continue;
-                }
-                // SAFETY: the union holds the immediate when the flag says
-                // so (and is plain data either way). The peer chose it
-                // (`kick_imm`): it is only compared, never trusted.
-                let imm = u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data });
-                if imm & IMM_ENDS_STANDING != 0 {
-                    s.standing_ended
-                        .store(imm & !IMM_ENDS_STANDING, Ordering::Release);
-                }
-            }
-            // Under the receive-queue lock: single writer.
-            bump(&s.rq_counters().rings_received, n as u64);
-            s.post_recvs(n as u32)?;
-            total += n as u32;
-            if (n as usize) < wc.len() {
-                return Ok(total);
-            }
-        }
+        got += self.shared.poll_recv()?;
+        // An event whose completion the receiver already reaped (its
+        // check before looking at the tail, `fetch_tail`) still rings:
+        // the ring may have been for this end's other waiter.
+        Ok(got > 0 || events > 0)
     }
 
     /// Blocks until rung or `timeout` passes (`None`: forever). Returns

@@ -104,6 +104,23 @@
 //! request/response exchange that leaves one announcement per 16
 //! messages instead of two WRITEs and a round trip per message.
 //!
+//! Tail in the ring: with the early kick a small message still took two
+//! packets, the slot WRITE and the tail's WRITE_WITH_IMM. Where the peer
+//! advertises `FEATURE_TAIL_IN_IMM` the sender holds a slot write of at
+//! most 16 KiB back (any other request posts it first, so the queue
+//! pair's order is kept); a tail write that rings the doorbell
+//! (`Ring::Plain`) then turns it into one WRITE_WITH_IMM whose immediate
+//! carries `IMM_CARRIES_TAIL` and the tail's low 30 bits, and writes no
+//! tail word. The receiver's end raises its copy's `local_tail` to that
+//! tail when it reaps the ring (`crate::tail_hint`): in the doorbell's
+//! drain, and in `fetch_tail` before every look at the tail, since a
+//! receiver that is spinning sees such a tail only through its ring. The
+//! wakeup argument is the early kick's: the ring, and with it the tail,
+//! is reaped before R3 by the drain that precedes `prepare_wait`. A drain
+//! that finds events whose completions `fetch_tail` already reaped still
+//! counts as rung, so a waiter for the other direction sharing the
+//! doorbell is not left asleep (loom: `tests/loom_tail_hint.rs`).
+//!
 //! Completion waits (R2, settle) spin a few microseconds, then yield the
 //! CPU each turn (`crate::backoff`): with Soft-RoCE the acknowledgement
 //! they wait for is produced by softirq work on this machine's CPUs,
@@ -243,7 +260,8 @@ pub use device::{
     DeviceChoice, DeviceRoute,
 };
 pub use params::{
-    QpParams, RingDesc, FEATURE_STANDING_WAITS, PARAMS_LEN, PARAMS_MAGIC, PARAMS_VERSION,
+    QpParams, RingDesc, FEATURE_STANDING_WAITS, FEATURE_TAIL_IN_IMM, PARAMS_LEN, PARAMS_MAGIC,
+    PARAMS_VERSION,
 };
 
 use crate::error::RingError;

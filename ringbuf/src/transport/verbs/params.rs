@@ -81,6 +81,13 @@ pub const PARAMS_LEN: usize = 4 + 2 + 2 + 16 + 2 + 4 + 4 + 1 + 3 + 4 + 2 * 24;
 /// sender that says so; an older one would never ring them.
 pub const FEATURE_STANDING_WAITS: u8 = 1;
 
+/// `features` bit: this end's receiver takes a tail from a ring's
+/// immediate (`crate::tail_hint`), so the peer's sender may send a small
+/// batch as one WRITE_WITH_IMM of its slots that rings the doorbell and
+/// carries the tail, without the tail WRITE. An older receiver would
+/// never see such a tail.
+pub const FEATURE_TAIL_IN_IMM: u8 = 2;
+
 impl QpParams {
     /// Little-endian encoding: magic, version, total length, then the
     /// fields in declaration order (`features`, then 2 reserved zero bytes
@@ -217,7 +224,7 @@ mod tests {
             qpn: 0x11,
             psn: 0x00ab_cdef,
             mtu: 3,
-            features: FEATURE_STANDING_WAITS,
+            features: FEATURE_STANDING_WAITS | FEATURE_TAIL_IN_IMM,
             rkey: 0xdead_beef,
             out_ring: RingDesc {
                 ctrl_addr: 0x7f00_0000_0000,
@@ -245,7 +252,16 @@ mod tests {
     #[test]
     fn features_sit_in_a_byte_older_ends_leave_zero() {
         let enc = sample().encode();
-        assert_eq!(enc[35], FEATURE_STANDING_WAITS, "right after mtu");
+        assert_eq!(
+            enc[35],
+            FEATURE_STANDING_WAITS | FEATURE_TAIL_IN_IMM,
+            "right after mtu"
+        );
+        assert_eq!(
+            FEATURE_STANDING_WAITS & FEATURE_TAIL_IN_IMM,
+            0,
+            "distinct bits"
+        );
         let mut old = enc;
         old[35] = 0;
         assert_eq!(QpParams::decode(&old).map(|p| p.features), Ok(0));

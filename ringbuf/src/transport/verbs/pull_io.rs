@@ -132,7 +132,7 @@ impl PullState {
 impl Shared {
     /// A word of one of our control pages (`ctrl`: its offset in the
     /// region, `off`: the word's offset in the page).
-    fn ctrl_word(&self, ctrl: usize, off: usize) -> &AtomicU64 {
+    pub(super) fn ctrl_word(&self, ctrl: usize, off: usize) -> &AtomicU64 {
         debug_assert!(off.is_multiple_of(8) && off + 8 <= crate::layout::CONTROL_BYTES);
         // SAFETY: the control pages are inside the region, page-aligned,
         // and `off` is 8-aligned within the page; the region lives as long
@@ -164,6 +164,9 @@ impl Shared {
         len: u32,
         remote: u64,
     ) -> Result<u64, RingError> {
+        // Held slots first: every request goes out in the order it was
+        // asked for.
+        self.post_held_slots(st)?;
         let seq = self.next_seq(st)?;
         // SAFETY: mr valid while self lives.
         let lkey = unsafe { (*self.mr).lkey };
