@@ -91,6 +91,30 @@ if ! $B timeout 90 verbscheck pingpong --connect $SRV:7001 --sizes $SIZES --iter
   echo "CHECK FAILED: verbs ping-pong/bw between A and B"; fail=1
 fi
 
+step "ping-pong over verbs with both ends asleep between messages: the tails ride in the rings"
+# With no spin every receive sleeps, so every request rings the server
+# (standing flag). A small request's slot WRITE then carries the tail and
+# the ring (FEATURE_TAIL_IN_IMM): the client's word WRITEs are its flag
+# announcements and head pushes only, far fewer than its tails.
+$A verbscheck serve --listen $SRV:7004 --spin-us 0 > /tmp/vsrv0.log 2>&1 &
+zpid=$!
+sleep 1
+$B timeout 90 verbscheck pingpong --connect $SRV:7004 --spin-us 0 --sizes 64 --iters 100 \
+  --bw-mib 1 --reps 1 | tee /tmp/pp0.log
+line=$(grep 'RESULT transport=verbs test=pingpong' /tmp/pp0.log)
+kv() { echo "$line" | sed -n "s/.* $1=\([0-9]*\).*/\1/p"; }
+msgs=$(kv messages); tails=$(kv ring_tail_writes); words=$(kv word_writes)
+kicks=$(kv kicks_sent); lost=$(kv lost_wakeups)
+if [ -n "$msgs" ] && [ -n "$tails" ] && [ -n "$words" ] && [ -n "$kicks" ] && [ "$lost" = 0 ] \
+  && [ $tails -ge $msgs ] && [ $((kicks * 2)) -ge $msgs ] && [ $((words * 2)) -lt $tails ]; then
+  echo "CHECK PASS tails in rings: $msgs messages, $tails tails, $kicks rings, $words word WRITEs, no lost wakeup"
+else
+  echo "CHECK FAILED: tails in rings: messages=$msgs tails=$tails rings=$kicks word_writes=$words lost=$lost"
+  fail=1
+fi
+kill $zpid 2>/dev/null
+wait $zpid 2>/dev/null
+
 step "ping-pong and bw over kernel TCP B->A (ctl wire)"
 $B timeout 90 verbscheck pingpong --tcp --connect $SRV:7002 --sizes $SIZES --iters $ITERS --bw-mib $BW_MIB
 

@@ -565,12 +565,18 @@ pub fn pingpong(o: &Opts) -> Result<(), String> {
         settle(&mut end.c.tx, &mut end.c.rx).map_err(e2s)?;
         finish(&mut ctl);
         let (med, p99) = median_us(rtts);
+        // The ring and verbs counters say how the messages went: tails
+        // published against word WRITEs and rings sent (a tail carried in
+        // a ring is no word WRITE).
+        let vc = shared_counters(&end.c)?;
         println!(
             "RESULT transport=verbs test=pingpong size={size} iters={} rtt_med_us={med:.1} \
-             rtt_p99_us={p99:.1} sleeps={} lost_wakeups={} {}",
+             rtt_p99_us={p99:.1} sleeps={} lost_wakeups={} messages={} ring_tail_writes={} {vc} {}",
             o.iters,
             end.waits.sleeps,
             end.waits.lost,
+            h.count,
+            end.c.tx.stats().tx_tail_writes,
             pull_kv(&end.c)
         );
     }
