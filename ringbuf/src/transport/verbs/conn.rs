@@ -908,24 +908,30 @@ impl Shared {
     }
 
     /// The sequence number of the next request, once the send queue has
-    /// room for it; the connection's error if it failed. Caller holds
-    /// `sq`. Reaping makes progress: at least one outstanding request is
-    /// signaled (`post` forces one every sq_depth / 2; READs always are).
-    fn next_seq(&self, st: &mut SqState) -> Result<u64, RingError> {
+    /// room for `n` more; the connection's error if it failed. Caller
+    /// holds `sq`. Reaping makes progress: at least one outstanding
+    /// request is signaled (`post` forces one every sq_depth / 2; READs
+    /// always are).
+    fn next_seq_for(&self, st: &mut SqState, n: u64) -> Result<u64, RingError> {
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
         let mut wait = crate::backoff::CompletionWait::new();
-        while st.posted - st.done >= self.sq_depth as u64 {
+        while st.posted + n - st.done > self.sq_depth as u64 {
             self.reap(st)?;
             wait.relax();
         }
         Ok(st.posted + 1)
     }
 
-    /// Posts one WRITE (`imm`: WRITE_WITH_IMM, solicited, no payload).
-    /// `local`: source (address, length) inside the region, or an inline
-    /// word. Caller holds `sq`. Returns the request's sequence number.
+    fn next_seq(&self, st: &mut SqState) -> Result<u64, RingError> {
+        self.next_seq_for(st, 1)
+    }
+
+    /// Posts one WRITE (`imm`: WRITE_WITH_IMM, solicited, no payload),
+    /// chained behind the held slot write if there is one: one
+    /// `ibv_post_send`, so one system call on Soft-RoCE, for a batch and
+    /// its tail. Caller holds `sq`. Returns the request's sequence number.
     fn post(
         &self,
         st: &mut SqState,
@@ -933,12 +939,104 @@ impl Shared {
         remote: u64,
         signaled: bool,
     ) -> Result<u64, RingError> {
-        self.post_held_slots(st)?;
-        let seq = self.next_seq(st)?;
-        let force = st.unsignaled + 1 >= (self.sq_depth / 2).max(1);
+        let held = st.held_slots.take();
+        let n = 1 + u64::from(held.is_some());
+        let first = self.next_seq_for(st, n)?;
+        // SAFETY: ibv_send_wr and ibv_sge are plain data (pointers may be
+        // null); `fill_wr` sets every field the opcode uses.
+        let mut wrs: [ibv_send_wr; 2] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut sges: [ibv_sge; 2] = unsafe { std::mem::zeroed() };
+        // Inline sources: the library copies them during the post call.
+        let mut words = [0u64; 2];
+        let mut flags = [0u32; 2];
+        let mut unsignaled = st.unsignaled;
+        let mut k = 0;
+        if let Some(h) = held {
+            let src = Src::Region {
+                off: h.off,
+                len: h.len,
+            };
+            flags[0] = self.fill_wr(
+                (&mut wrs[0], &mut sges[0], &mut words[0]),
+                src,
+                h.remote,
+                false,
+                first,
+                &mut unsignaled,
+            );
+            k = 1;
+        }
+        flags[k] = self.fill_wr(
+            (&mut wrs[k], &mut sges[k], &mut words[k]),
+            src,
+            remote,
+            signaled,
+            first + k as u64,
+            &mut unsignaled,
+        );
+        // The arrays stay where they are until the call returns.
+        for i in 0..=k {
+            if wrs[i].num_sge > 0 {
+                wrs[i].sg_list = &mut sges[i];
+            }
+            if flags[i] & ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
+                sges[i].addr = &words[i] as *const u64 as u64;
+            }
+        }
+        if k == 1 {
+            let (a, b) = wrs.split_at_mut(1);
+            a[0].next = &mut b[0];
+        }
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: qp valid; the requests, their sges and inline words live
+        // across the call (an inline source is copied during it); a region
+        // source stays valid until the request completes (the protocol
+        // does not rewrite transmitted slots before the receiver consumed
+        // them).
+        if unsafe { ibv_post_send(self.qp, &mut wrs[0], &mut bad) } != 0 {
+            let e =
+                RingError::Config("verbs: ibv_post_send failed (send queue full or QP in error)");
+            st.failed = Some(e.clone());
+            return Err(e);
+        }
+        let seq = first + k as u64;
+        st.posted = seq;
+        st.unsignaled = unsignaled;
+        // Under the send-queue lock: single writer (see `bump`).
+        let c = self.counters();
+        for f in &flags[..=k] {
+            bump(&c.wr_posted, 1);
+            bump(
+                &c.wr_signaled,
+                u64::from(f & ibv_send_flags::IBV_SEND_SIGNALED.0 != 0),
+            );
+            bump(
+                &c.wr_inline,
+                u64::from(f & ibv_send_flags::IBV_SEND_INLINE.0 != 0),
+            );
+        }
+        Ok(seq)
+    }
+
+    /// Fills one work request `seq` for `src` at the peer's `remote`
+    /// (sg_list, and the inline source's address, are set by the caller
+    /// once the arrays are final). `unsignaled`: requests since the last
+    /// signaled one, updated. Returns the send flags.
+    fn fill_wr(
+        &self,
+        (wr, sge, word): (&mut ibv_send_wr, &mut ibv_sge, &mut u64),
+        src: Src,
+        remote: u64,
+        signaled: bool,
+        seq: u64,
+        unsignaled: &mut u32,
+    ) -> u32 {
+        let force = *unsignaled + 1 >= (self.sq_depth / 2).max(1);
         let signaled = signaled || force;
+        *unsignaled = if signaled { 0 } else { *unsignaled + 1 };
         // SAFETY: mr valid while self lives.
-        let lkey = unsafe { (*self.mr).lkey };
+        sge.lkey = unsafe { (*self.mr).lkey };
         let mut flags = if signaled {
             ibv_send_flags::IBV_SEND_SIGNALED.0
         } else {
@@ -946,18 +1044,7 @@ impl Shared {
         };
         let mut opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
         let mut imm = 0u32;
-        let mut sge = ibv_sge {
-            addr: 0,
-            length: 0,
-            lkey,
-        };
         let mut num_sge = 1;
-        // The inline source must outlive the post call: keep it here, not
-        // in a match binding.
-        let word: u64 = match src {
-            Src::Word(v) | Src::WordKick(v, _) => v,
-            _ => 0,
-        };
         if let Src::WordKick(_, v) | Src::RegionKick { imm: v, .. } = src {
             // The WRITE is the doorbell too: the peer's receive completes
             // only after its data is placed.
@@ -978,9 +1065,10 @@ impl Shared {
                 sge.lkey = x.lkey;
             }
             Src::Word(v) | Src::WordKick(v, _) => {
+                *word = v;
                 if self.inline {
-                    // Inline: the library copies the bytes at post time.
-                    sge.addr = &word as *const u64 as u64;
+                    // Inline: the library copies the bytes at post time
+                    // (the caller points the sge at `word`).
                     flags |= ibv_send_flags::IBV_SEND_INLINE.0;
                 } else {
                     let off = self.layout.staging + (seq as usize % STAGING_WORDS) * 8;
@@ -999,39 +1087,14 @@ impl Shared {
                 num_sge = 0;
             }
         }
-        // SAFETY: ibv_send_wr is plain data (pointers may be null); every
-        // field the opcode uses is set below.
-        let mut wr: ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = seq;
-        wr.sg_list = &mut sge;
         wr.num_sge = num_sge;
         wr.opcode = opcode;
         wr.send_flags = flags;
         wr.imm_data_invalidated_rkey_union.imm_data = imm;
         wr.wr.rdma.remote_addr = remote;
         wr.wr.rdma.rkey = self.remote.rkey;
-        let mut bad = std::ptr::null_mut();
-        // SAFETY: qp valid; wr and sge live across the call; an inline
-        // source is copied during it; a region source stays valid until the
-        // request completes (the protocol does not rewrite transmitted
-        // slots before the receiver consumed them).
-        if unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) } != 0 {
-            let e =
-                RingError::Config("verbs: ibv_post_send failed (send queue full or QP in error)");
-            st.failed = Some(e.clone());
-            return Err(e);
-        }
-        st.posted = seq;
-        st.unsignaled = if signaled { 0 } else { st.unsignaled + 1 };
-        // Under the send-queue lock: single writer (see `bump`).
-        let c = self.counters();
-        bump(&c.wr_posted, 1);
-        bump(&c.wr_signaled, u64::from(signaled));
-        bump(
-            &c.wr_inline,
-            u64::from(flags & ibv_send_flags::IBV_SEND_INLINE.0 != 0),
-        );
-        Ok(seq)
+        flags
     }
 
     /// Posts the held slot write, if any, as a plain unsignaled WRITE.
@@ -1100,6 +1163,7 @@ impl Shared {
     }
 }
 
+#[derive(Clone, Copy)]
 enum Src {
     Region {
         off: usize,
