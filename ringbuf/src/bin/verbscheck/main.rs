@@ -29,7 +29,11 @@
 //! checksums (FNV-1a) what it sent and what it received, and the checksums
 //! are compared over the control connection. `pingpong`: median round trip
 //! per message size, then one-way throughput (median of R transfers of M
-//! MiB, acknowledged by one byte). Results are `RESULT key=value...` lines.
+//! MiB, acknowledged by one byte; the clock starts once the connection is
+//! up: after the queue pair's setup in verbs mode, after a one-byte
+//! "ready" from the server in the TCP modes, since under the shim a
+//! connect returns before the ring is set up). Results are
+//! `RESULT key=value...` lines.
 //! The TCP modes use raw `socket/connect/send/recv` on one socket (no
 //! `accept4`, no control connection), so they also run under rsocket's
 //! preload library.

@@ -250,6 +250,11 @@ fn session(s: Sock) -> io::Result<()> {
             }
         }
         _ => {
+            // Ready: the client starts its clock on this byte, so the
+            // rate is the connection's, not its setup's (under the shim a
+            // connect returns before the ring is set up; verbs mode sets
+            // its queue pair up before the clock too).
+            s.send_all(&[0])?;
             let mut buf = vec![0u8; 1 << 16];
             let mut left = h.count;
             while left > 0 {
@@ -354,6 +359,8 @@ pub fn pingpong(o: &Opts) -> Result<(), String> {
             };
             let s = client(o, h)?;
             let buf = vec![0xa5u8; size as usize];
+            let mut ready = [0u8; 1];
+            s.recv_exact(&mut ready).map_err(e2s)?;
             let t = Instant::now();
             let mut left = total;
             while left > 0 {
