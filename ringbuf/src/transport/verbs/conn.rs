@@ -953,13 +953,13 @@ impl Shared {
         let mut unsignaled = st.unsignaled;
         let mut k = 0;
         if let Some(h) = held {
-            let src = Src::Region {
+            let held_src = Src::Region {
                 off: h.off,
                 len: h.len,
             };
             flags[0] = self.fill_wr(
                 (&mut wrs[0], &mut sges[0], &mut words[0]),
-                src,
+                held_src,
                 h.remote,
                 false,
                 first,
@@ -1118,19 +1118,18 @@ impl Shared {
     /// immediates say (a standing flag's end, a tail) and reposts as many
     /// receives. Caller holds `rq`.
     fn poll_recv(&self) -> Result<u32, RingError> {
-        let s = self;
         // SAFETY: plain data.
         let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
         let mut total = 0;
         loop {
             // SAFETY: recv_cq valid, room for 16.
-            let n = unsafe { ibv_poll_cq(s.recv_cq, wc.len() as i32, wc.as_mut_ptr()) };
+            let n = unsafe { ibv_poll_cq(self.recv_cq, wc.len() as i32, wc.as_mut_ptr()) };
             if n < 0 {
                 return Err(RingError::Config("verbs: ibv_poll_cq (receive) failed"));
             }
             for w in &wc[..n as usize] {
                 if w.status != ibv_wc_status::IBV_WC_SUCCESS {
-                    s.rq_counters()
+                    self.rq_counters()
                         .cq_errors
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     return Err(wc_error(w.status));
@@ -1140,21 +1139,23 @@ impl Shared {
                 }
                 // SAFETY: the union holds the immediate when the flag says
                 // so (and is plain data either way). The peer chose it
-                // (`kick_imm`): it is only compared, never trusted.
+                // (`kick_imm`, `post_tail_in_imm`): an epoch is only
+                // compared, a tail is validated by the receiver.
                 let imm = u32::from_be(unsafe { w.imm_data_invalidated_rkey_union.imm_data });
                 if imm & IMM_ENDS_STANDING != 0 {
-                    s.standing_ended
+                    self.standing_ended
                         .store(imm & !IMM_ENDS_STANDING, Ordering::Release);
                 } else if imm & IMM_CARRIES_TAIL != 0 {
                     // The ring's WRITE placed the slots before this
                     // completion: raise our copy's tail over them.
-                    let tail = s.ctrl_word(s.layout.in_ctrl, offset_of!(RingControl, local_tail));
+                    let tail =
+                        self.ctrl_word(self.layout.in_ctrl, offset_of!(RingControl, local_tail));
                     crate::tail_hint::apply(tail, imm & !IMM_CARRIES_TAIL);
                 }
             }
             // Under the receive-queue lock: single writer.
-            bump(&s.rq_counters().rings_received, n as u64);
-            s.post_recvs(n as u32)?;
+            bump(&self.rq_counters().rings_received, n as u64);
+            self.post_recvs(n as u32)?;
             total += n as u32;
             if (n as usize) < wc.len() {
                 return Ok(total);
@@ -1255,19 +1256,12 @@ impl VerbsTransport {
             return Ok(None);
         };
         let imm = IMM_CARRIES_TAIL | crate::tail_hint::encode(tail);
-        let seq = s.post(
-            &mut st,
-            Src::RegionKick {
-                off: h.off,
-                len: h.len,
-                imm,
-            },
-            h.remote,
-            true,
-        )?;
-        let r = self.role as usize;
-        st.last_word[r] = seq;
-        st.unreported[r] += 1;
+        let src = Src::RegionKick {
+            off: h.off,
+            len: h.len,
+            imm,
+        };
+        self.post_reported(&mut st, h.remote, src)?;
         Ok(Some(Visibility::AtCompletion))
     }
 

@@ -267,12 +267,24 @@ impl VerbsTransport {
         remote: u64,
         src: Src,
     ) -> Result<u64, RingError> {
-        let s = &*self.shared;
-        let seq = s.post(st, src, remote, true)?;
+        let seq = self.post_reported(st, remote, src)?;
+        bump(&self.shared.counters().word_writes, 1);
+        Ok(seq)
+    }
+
+    /// A signaled WRITE that `poll_completions` reports as this end's
+    /// latest word write (a word, or slots carrying the tail in their
+    /// ring). Returns its sequence.
+    pub(super) fn post_reported(
+        &self,
+        st: &mut SqState,
+        remote: u64,
+        src: Src,
+    ) -> Result<u64, RingError> {
+        let seq = self.shared.post(st, src, remote, true)?;
         let r = self.role as usize;
         st.last_word[r] = seq;
         st.unreported[r] += 1;
-        bump(&s.counters().word_writes, 1);
         Ok(seq)
     }
 
