@@ -1416,12 +1416,18 @@ impl Transport for VerbsTransport {
 
     fn fetch_tail(&mut self, head: u64, known: u64) -> Result<Option<u64>, RingError> {
         let fetched = self.pull_fetch(head, known)?;
-        if fetched.is_none() && self.role == Role::Receiver && self.shared.remote.tail_in_imm {
-            // A tail may have come in a ring's immediate only: reap the
-            // rings, which raises our copy's tail (`poll_recv`). The
-            // channel's events stay for the doorbell's waiter, and a
-            // drain that finds events but no completions still counts as
-            // rung (`Doorbell::drain`).
+        if self.role == Role::Receiver {
+            // Reap the rings before every look at the tail. In push mode a
+            // tail may have come in a ring's immediate only (`poll_recv`
+            // raises our copy's tail). In either mode each ring takes a
+            // posted receive, which only a reap puts back: a receiver that
+            // keeps finding data without sleeping (pulling, or spinning
+            // to the end of a stream) would otherwise let the queue run
+            // dry, and the peer's queue pair then waits on RNR retries
+            // with everything behind the ring (a switch back to push
+            // among it). The channel's events stay for the doorbell's
+            // waiter, and a drain that finds events but no completions
+            // still counts as rung (`Doorbell::drain`).
             let _g = lock(&self.shared.rq);
             self.shared.poll_recv()?;
         }
