@@ -159,6 +159,10 @@ pub struct Opts {
     pub spin: Duration,
     /// Pick the verbs device by the route to this address.
     pub via: Option<std::net::IpAddr>,
+    /// `--tcp` client: bind its socket to this local address first (under
+    /// rsocket's preload that picks the RDMA device the connection leaves
+    /// from, as `--via` does for the verbs mode).
+    pub bind: Option<std::net::Ipv4Addr>,
     /// `rpc`: client connections (threads) and seconds of round trips.
     pub clients: usize,
     pub secs: u64,
@@ -176,6 +180,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         reps: 3,
         spin: Duration::from_micros(2000),
         via: None,
+        bind: None,
         clients: 1,
         secs: 3,
     };
@@ -198,6 +203,13 @@ fn parse(args: &[String]) -> Result<Opts, String> {
                 o.via = Some(
                     v.parse()
                         .map_err(|_| format!("--via: not an IP address: {v}"))?,
+                )
+            }
+            "--bind" => {
+                let v = val()?;
+                o.bind = Some(
+                    v.parse()
+                        .map_err(|_| format!("--bind: not an IPv4 address: {v}"))?,
                 )
             }
             "--mib" => o.mib = num(val()?)?,
@@ -227,7 +239,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
 const USAGE: &str =
     "usage: verbscheck info | pick ADDR... | conn-loop [--iters N] | serve --listen ADDR | tcp-serve --listen ADDR | \
 stream --connect ADDR [--tcp] [--mib N] [--seed S] | pingpong --connect ADDR [--tcp] \
-[--sizes 64,4096,65536] [--iters N] [--bw-mib M] [--reps R] [--spin-us U] [--via ADDR] | \
+[--sizes 64,4096,65536] [--iters N] [--bw-mib M] [--reps R] [--spin-us U] [--via ADDR] [--bind ADDR] | \
 rpc-serve --listen ADDR | rpc --connect ADDR [--clients N] [--sizes 64,4096] [--secs S]";
 
 fn main() {

@@ -5,7 +5,7 @@ use crate::{
     fnv, median, median_us, Header, Opts, Rng, FNV_INIT, MODE_BW, MODE_PINGPONG, MODE_STREAM,
 };
 use std::io;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::time::Instant;
 
 /// An owned TCP socket; closed on drop.
@@ -67,9 +67,20 @@ impl Sock {
         Ok(())
     }
 
-    fn connect(addr: &str) -> io::Result<Sock> {
+    fn connect(addr: &str, bind: Option<Ipv4Addr>) -> io::Result<Sock> {
         let sa = sockaddr(&resolve(addr)?)?;
         let s = Sock::new()?;
+        if let Some(ip) = bind {
+            let local = sockaddr(&SocketAddr::from((ip, 0)))?;
+            // SAFETY: valid fd and address.
+            cvt(unsafe {
+                libc::bind(
+                    s.0,
+                    &local as *const _ as *const libc::sockaddr,
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            })?;
+        }
         // SAFETY: valid fd and address.
         cvt(unsafe {
             libc::connect(
@@ -284,7 +295,7 @@ pub fn serve(o: &Opts) -> Result<(), String> {
 }
 
 fn client(o: &Opts, h: Header) -> Result<Sock, String> {
-    let s = Sock::connect(&o.addr).map_err(|e| format!("connect {}: {e}", o.addr))?;
+    let s = Sock::connect(&o.addr, o.bind).map_err(|e| format!("connect {}: {e}", o.addr))?;
     s.send_all(&h.encode()).map_err(|e| e.to_string())?;
     Ok(s)
 }
