@@ -1,23 +1,35 @@
 # Guest script for scripts/softroce-vm (busybox sh, run as /guest.sh), used
 # by scripts/bench-softroce: unmodified sockperf and iperf3, and
-# verbscheck's raw send/recv test, on three systems in one guest,
-# alternating them run by run:
+# verbscheck's raw send/recv test, on three systems in one guest (and,
+# for the raw test, three references), alternating them run by run:
 #   kernel    kernel TCP between hosts A and B (namespaces, twohosts.sh),
 #             over the ctlA<->ctlB veth wire;
 #   ringsock  the same programs under libringsock.so between A and B, a
 #             ringsock-ctl daemon in each host: RDMA verbs over rxeA/rxeB
 #             and the vethA<->vethB wire;
 #   rsocket   the same programs under rsocket's preload, both ends in the
-#             root namespace on rxeA (rsocket resolves addresses with
-#             rdma_cm in the caller's namespace, where namespaces A and B
-#             have no rxe netdev: it cannot run A<->B on this kernel);
+#             root namespace (rsocket resolves addresses with rdma_cm in
+#             the caller's namespace, where namespaces A and B have no rxe
+#             netdev), the client bound to vethB's address 10.9.0.2 and
+#             the server on vethA's 10.9.0.1: rdma_cm then puts the client
+#             on rxeB and the server on rxeA, and the packets cross the
+#             vethA<->vethB wire as ringsock's do (its check column counts
+#             rxeB's sent packets: 0 would mean it ran over loopback);
+#   rsocket-lo  (raw test only) rsocket's preload with both ends on rxeA
+#             (rxe loopback: no IP stack and no wire, about 3x cheaper per
+#             message than the wire here), for reference;
+#   perftest  (raw bulk only) ib_write_bw A<->B: the device's own ceiling
+#             for one-sided WRITEs of that size, for reference;
+#   ringsock-spin50  (raw test only) the shim at its default spin budget
+#             (50 us; the ringsock runs use SHIM_SPIN_US below);
 #   verbs     (raw test only) ringsock's verbs ring library itself between
 #             A and B, no shim and no socket calls, for reference.
 # Prints one machine-readable line per run:
 #   ROW <workload> <system> <rep> <value> <unit> <transport-check>
 # where the check is, for ringsock, the transports both daemons reported
 # for the run's connections ("rdma=N,tcp=M,shm=K"; anything but rdma means
-# the run did not measure the verbs ring). A system that cannot run a
+# the run did not measure the verbs ring), and for rsocket the packets
+# rxeB sent during the run ("rxeB_sent=N"). A system that cannot run a
 # program prints value FAIL (a finding, not an error) and is not tried
 # again on that workload in later repetitions (SKIP). Exit 0 unless the
 # setup failed. Under TCG only ratios within one run mean anything.
@@ -44,6 +56,8 @@ SHIM_SPIN_US=20000
 . /guest.d/twohosts.sh
 . /guest.d/shimhosts.sh
 # Benchmarks log warnings only.
+SA50=$(echo "$SA" | sed "s/RINGSOCK_LOG=info/RINGSOCK_LOG=warn/")
+SB50=$(echo "$SB" | sed "s/RINGSOCK_LOG=info/RINGSOCK_LOG=warn/")
 SA=$(echo "$SA" | sed "s/RINGSOCK_LOG=info/RINGSOCK_LOG=warn RINGSOCK_SPIN_US=$SHIM_SPIN_US/")
 SB=$(echo "$SB" | sed "s/RINGSOCK_LOG=info/RINGSOCK_LOG=warn RINGSOCK_SPIN_US=$SHIM_SPIN_US/")
 
@@ -52,18 +66,23 @@ srvenv() {
   case $1 in
     kernel) echo "$PA" ;;
     ringsock) echo "$SA" ;;
-    rsocket) echo "env LD_PRELOAD=$RSPRELOAD" ;;
+    ringsock-spin50) echo "$SA50" ;;
+    rsocket*) echo "env LD_PRELOAD=$RSPRELOAD" ;;
   esac
 }
 clienv() {
   case $1 in
     kernel) echo "$PB" ;;
     ringsock) echo "$SB" ;;
-    rsocket) echo "env LD_PRELOAD=$RSPRELOAD" ;;
+    ringsock-spin50) echo "$SB50" ;;
+    rsocket*) echo "env LD_PRELOAD=$RSPRELOAD" ;;
   esac
 }
-srvaddr() { [ $1 = rsocket ] && echo 10.9.0.1 || echo $SRV; }
-srvhost() { [ $1 = rsocket ] && echo root || echo A; }
+srvaddr() { case $1 in rsocket*) echo 10.9.0.1 ;; *) echo $SRV ;; esac; }
+srvhost() { case $1 in rsocket*) echo root ;; *) echo A ;; esac; }
+# The rsocket client's source address (see the header); empty otherwise.
+RS_SRC=10.9.0.2
+rxeb_sent() { cat /sys/class/infiniband/rxeB/ports/1/hw_counters/sent_pkts 2>/dev/null || echo 0; }
 
 port=7100
 next_port() { port=$((port + 1)); }
@@ -80,8 +99,13 @@ start_server() { # SYSTEM CMD...
 }
 
 check_of() { # SYSTEM NAME
-  if [ $1 = ringsock ]; then tally $2 $port; else echo "-"; fi
+  case $1 in
+    ringsock*) tally $2 $port ;;
+    rsocket) echo "rxeB_sent=$(($(rxeb_sent) - rs_sent0))" ;;
+    *) echo "-" ;;
+  esac
 }
+rs_sent0=0
 
 pingpong() { # SYSTEM SIZE REP
   w=pingpong-$2
@@ -89,7 +113,9 @@ pingpong() { # SYSTEM SIZE REP
   next_port
   start_server $1 sockperf server --tcp -i $(srvaddr $1) -p $port
   sample_start $w
-  out=$(timeout $((SECS + 30)) $(clienv $1) sockperf ping-pong --tcp -i $(srvaddr $1) -p $port -t $SECS -m $2 --full-rtt 2>&1)
+  src=; [ $1 = rsocket ] && src="--client_ip $RS_SRC"
+  rs_sent0=$(rxeb_sent)
+  out=$(timeout $((SECS + 30)) $(clienv $1) sockperf ping-pong --tcp -i $(srvaddr $1) -p $port -t $SECS -m $2 --full-rtt $src 2>&1)
   sample_stop $w
   v=$(echo "$out" | sed -n 's/.*percentile 50.000 = *\([0-9.]*\).*/\1/p' | head -n 1)
   [ -n "$v" ] || { v=FAIL; mark_failed $w $1; echo "$out" | tail -n 3; }
@@ -103,7 +129,9 @@ iperf() { # SYSTEM SIZE REP
   next_port
   start_server $1 iperf3 -s -B $(srvaddr $1) -p $port
   sample_start $w
-  timeout $((SECS + 30)) $(clienv $1) iperf3 -c $(srvaddr $1) -p $port -t $SECS -l $2 -J > /tmp/iperf.json 2>&1
+  src=; [ $1 = rsocket ] && src="-B $RS_SRC"
+  rs_sent0=$(rxeb_sent)
+  timeout $((SECS + 30)) $(clienv $1) iperf3 -c $(srvaddr $1) -p $port -t $SECS -l $2 -J $src > /tmp/iperf.json 2>&1
   sample_stop $w
   # The receiver's rate: what arrived, not what was queued.
   v=$(awk 'index($0, "\"sum_received\"") { f = 1 } f && /"bits_per_second":/ { gsub(/[^0-9.]/, "", $2); printf "%.2f\n", $2 / 1e6; exit }' /tmp/iperf.json)
@@ -132,8 +160,10 @@ raw() { # SYSTEM REP
   else
     start_server $1 verbscheck tcp-serve --listen $(srvaddr $1):$port
     sample_start $w
+    src=; [ $1 = rsocket ] && src="--bind $RS_SRC"
+    rs_sent0=$(rxeb_sent)
     out=$(timeout 150 $(clienv $1) verbscheck pingpong --tcp --connect $(srvaddr $1):$port \
-      --sizes $RAW_SIZES --iters $RAW_ITERS --bw-mib $RAW_MIB --reps 1 2>&1)
+      --sizes $RAW_SIZES --iters $RAW_ITERS --bw-mib $RAW_MIB --reps 1 $src 2>&1)
     sample_stop $w
     chk=$(check_of $1 $w)
   fi
@@ -150,7 +180,24 @@ raw() { # SYSTEM REP
   stop $srvpid
 }
 
-echo "GUEST cpus=$(grep -c ^processor /proc/cpuinfo) kernel=$(uname -r) topology=A<->B(ringsock,kernel),root-rxeA-loopback(rsocket)"
+# ib_write_bw A<->B at SIZE: one-sided WRITEs straight from perftest, the
+# device's ceiling for the raw bulk rows (Gb/s converted to MB/s).
+devbw() { # SIZE REP
+  next_port
+  n=$((4 * 1048576 / $1)); [ $n -lt 200 ] && n=200; [ $n -gt 20000 ] && n=20000
+  $IP netns exec A timeout 120 ib_write_bw -d rxeA -x $gidA -p $port -s $1 -n $n --report_gbits > /tmp/bw_srv.log 2>&1 &
+  bwpid=$!
+  sleep 1
+  out=$($IP netns exec B timeout 120 ib_write_bw -d rxeB -x $gidB -p $port -s $1 -n $n --report_gbits $SRV 2>&1)
+  wait $bwpid 2>/dev/null
+  v=$(echo "$out" | awk -v s=$1 '$1 == s && NF >= 4 { printf "%.1f\n", $4 * 125; exit }')
+  [ -n "$v" ] || { v=FAIL; echo "$out" | tail -n 3; }
+  echo "ROW rawbw-$1 perftest $2 $v MB/s -"
+}
+gidA=$($A verbscheck info | sed -n 's/.*gid_index=\([0-9]*\).*/\1/p')
+gidB=$($B verbscheck info | sed -n 's/.*gid_index=\([0-9]*\).*/\1/p')
+
+echo "GUEST cpus=$(grep -c ^processor /proc/cpuinfo) kernel=$(uname -r) topology=A<->B(ringsock,kernel,rsocket:rxeB->rxeA),root-rxeA-loopback(rsocket-lo)"
 rep=1
 while [ $rep -le $REPS ]; do
   step "repetition $rep"
@@ -160,7 +207,8 @@ while [ $rep -le $REPS ]; do
   for size in $IPERF_SIZES; do
     for s in kernel ringsock rsocket; do iperf $s $size $rep; done
   done
-  for s in kernel ringsock rsocket verbs; do raw $s $rep; done
+  for s in kernel ringsock ringsock-spin50 rsocket rsocket-lo verbs; do raw $s $rep; done
+  for size in $(echo $RAW_SIZES | tr , ' '); do devbw $size $rep; done
   rep=$((rep + 1))
 done
 
