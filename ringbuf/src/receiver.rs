@@ -98,13 +98,24 @@ impl<T: Transport> Receiver<T> {
     /// Re-reads the published tail and validates it.
     fn refresh_tail(&mut self) -> Result<(), RingError> {
         // Verbs pull mode fetches the tail (and the slots) itself.
-        let fetched = self
-            .transport
-            .fetch_tail(self.head, self.local_tail)
-            .map_err(|e| self.fail(e))?;
-        let tail = match fetched {
-            Some(t) => t,
-            None => self.ctrl().local_tail.value.load(Ordering::Acquire),
+        let tail = match self.transport.fetch_tail(self.head, self.local_tail) {
+            Ok(Some(t)) => t,
+            Ok(None) => self.ctrl().local_tail.value.load(Ordering::Acquire),
+            Err(e) => {
+                let e = self.fail(e);
+                // A transport failure that corrupts nothing (verbs: the
+                // receive queue flushed in error once the peer's queue
+                // pair went away) leaves the bytes the peer placed in our
+                // copy, and the tail it published there, as they were:
+                // deliver those first. The error comes back from the call
+                // that finds nothing more, so a peer that exited right
+                // after its last send loses nothing.
+                let placed = self.ctrl().local_tail.value.load(Ordering::Acquire);
+                if self.failed.is_some() || placed <= self.local_tail {
+                    return Err(e);
+                }
+                placed
+            }
         };
         if tail < self.local_tail || tail - self.head > self.slots {
             return Err(self.fail(RingError::Corrupt(Corruption::Tail {
@@ -155,7 +166,13 @@ impl<T: Transport> Receiver<T> {
                         if refreshed {
                             break;
                         }
-                        self.refresh_tail()?;
+                        match self.refresh_tail() {
+                            Ok(()) => {}
+                            // Bytes copied in this call are delivered; the
+                            // error repeats at the next one.
+                            Err(_) if done > 0 && self.failed.is_none() => break,
+                            Err(e) => return Err(e),
+                        }
                         refreshed = true;
                         continue;
                     }

@@ -1,0 +1,162 @@
+//! A receiver whose transport fails without corrupting anything (verbs: its
+//! receive queue flushed in error once the peer's queue pair went away)
+//! still delivers every byte the peer placed in its copy before the
+//! failure, and reports the error only once nothing more is there.
+//!
+//! The failure is injected into `fetch_tail` of a shared-memory transport:
+//! that is where the verbs transport reaps its receive completions, and
+//! where a peer that exited right after its last send made the reader see
+//! the error while the last bytes sat unread in its ring.
+
+#![cfg(not(loom))]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ringbuf::waiting::Ring;
+use ringbuf::{
+    PeerWord, Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport, Transport, Visibility,
+};
+
+const FLUSHED: RingError = RingError::Config("verbs: work request flushed (test)");
+
+/// `ShmTransport` whose `fetch_tail` fails once `broken` is set.
+struct Breakable {
+    inner: ShmTransport,
+    broken: Arc<AtomicBool>,
+}
+
+impl Transport for Breakable {
+    fn write_slots(&mut self, first: u32, count: u32) -> Result<(), RingError> {
+        self.inner.write_slots(first, count)
+    }
+
+    fn write_word(
+        &mut self,
+        word: PeerWord,
+        value: u64,
+        signaled: bool,
+    ) -> Result<Visibility, RingError> {
+        self.inner.write_word(word, value, signaled)
+    }
+
+    fn poll_completions(&mut self) -> Result<u32, RingError> {
+        self.inner.poll_completions()
+    }
+
+    fn kick_peer(&mut self, ring: Ring) -> Result<(), RingError> {
+        self.inner.kick_peer(ring)
+    }
+
+    fn fetch_tail(&mut self, head: u64, known: u64) -> Result<Option<u64>, RingError> {
+        if self.broken.load(Ordering::Relaxed) {
+            return Err(FLUSHED);
+        }
+        self.inner.fetch_tail(head, known)
+    }
+}
+
+fn pair() -> (Sender<ShmTransport>, Receiver<Breakable>, Arc<AtomicBool>) {
+    let cfg = RingConfig {
+        slots: 64,
+        slot_size: 64,
+        alpha: 1,
+        beta: 1,
+        gamma: 1,
+        max_record_slots: 16,
+        ..RingConfig::default()
+    };
+    let mem = RingMem::heap(&cfg);
+    let tx = Sender::new(mem.clone(), ShmTransport::new(mem.clone(), None), cfg).unwrap();
+    let broken = Arc::new(AtomicBool::new(false));
+    let rx = Receiver::new(
+        mem.clone(),
+        Breakable {
+            inner: ShmTransport::new(mem, None),
+            broken: broken.clone(),
+        },
+        cfg,
+    )
+    .unwrap();
+    (tx, rx, broken)
+}
+
+fn send_all(tx: &mut Sender<ShmTransport>, data: &[u8]) {
+    let mut off = 0;
+    while off < data.len() {
+        off += tx.write(&data[off..]).unwrap();
+    }
+    tx.flush().unwrap();
+}
+
+fn message(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+#[test]
+fn bytes_published_before_the_failure_are_delivered_then_the_error() {
+    let (mut tx, mut rx, broken) = pair();
+    let data = message(1500, 7);
+    send_all(&mut tx, &data);
+    broken.store(true, Ordering::Relaxed);
+
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    let err = loop {
+        match rx.read(&mut buf) {
+            Ok(0) => panic!("end of stream that was never sent"),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(got, data, "every published byte arrives before the error");
+    assert_eq!(err, FLUSHED);
+    // And it stays an error, not a silent "nothing yet".
+    assert_eq!(rx.read(&mut buf), Err(FLUSHED));
+}
+
+#[test]
+fn a_reader_midway_keeps_what_it_had_and_what_followed() {
+    let (mut tx, mut rx, broken) = pair();
+    let first = message(600, 1);
+    send_all(&mut tx, &first);
+    let mut buf = vec![0u8; 600];
+    let mut got = 0;
+    while got < 600 {
+        got += rx.read(&mut buf[got..]).unwrap();
+    }
+    assert_eq!(buf, first);
+
+    // More arrives, then the transport breaks before the reader looks.
+    let second = message(900, 2);
+    send_all(&mut tx, &second);
+    broken.store(true, Ordering::Relaxed);
+    // One call larger than what is there: the bytes it copied come back
+    // with it rather than being lost to the error of its second look.
+    let mut big = vec![0u8; 4096];
+    let n = rx.read(&mut big).unwrap();
+    assert_eq!(&big[..n], &second[..n]);
+    let mut rest = big[..n].to_vec();
+    loop {
+        match rx.read(&mut big) {
+            Ok(m) if m > 0 => rest.extend_from_slice(&big[..m]),
+            Ok(_) => panic!("end of stream that was never sent"),
+            Err(e) => {
+                assert_eq!(e, FLUSHED);
+                break;
+            }
+        }
+    }
+    assert_eq!(rest, second);
+}
+
+#[test]
+fn nothing_published_means_the_error_at_once() {
+    let (_tx, mut rx, broken) = pair();
+    broken.store(true, Ordering::Relaxed);
+    let mut buf = [0u8; 64];
+    assert_eq!(rx.read(&mut buf), Err(FLUSHED));
+    assert_eq!(rx.readable(), Err(FLUSHED));
+}
