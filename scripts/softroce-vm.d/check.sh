@@ -95,7 +95,11 @@ step "ping-pong over verbs with both ends asleep between messages: the tails rid
 # With no spin every receive sleeps, so every request rings the server
 # (standing flag). A small request's slot WRITE then carries the tail and
 # the ring (FEATURE_TAIL_IN_IMM): the client's word WRITEs are its flag
-# announcements and head pushes only, far fewer than its tails.
+# announcements, its head pushes and the tails of the requests that found
+# the server not yet asleep, fewer than its tails (without the feature
+# every tail is a word WRITE, so there are more word WRITEs than tails).
+# How many requests find the server asleep varies from boot to boot: 17
+# to 61 word WRITEs for 110 tails have been seen.
 $A verbscheck serve --listen $SRV:7004 --spin-us 0 > /tmp/vsrv0.log 2>&1 &
 zpid=$!
 sleep 1
@@ -106,7 +110,7 @@ kv() { echo "$line" | sed -n "s/.* $1=\([0-9]*\).*/\1/p"; }
 msgs=$(kv messages); tails=$(kv ring_tail_writes); words=$(kv word_writes)
 kicks=$(kv kicks_sent); lost=$(kv lost_wakeups)
 if [ -n "$msgs" ] && [ -n "$tails" ] && [ -n "$words" ] && [ -n "$kicks" ] && [ "$lost" = 0 ] \
-  && [ $tails -ge $msgs ] && [ $((kicks * 2)) -ge $msgs ] && [ $((words * 2)) -lt $tails ]; then
+  && [ $tails -ge $msgs ] && [ $((kicks * 2)) -ge $msgs ] && [ $words -lt $tails ]; then
   echo "CHECK PASS tails in rings: $msgs messages, $tails tails, $kicks rings, $words word WRITEs, no lost wakeup"
 else
   echo "CHECK FAILED: tails in rings: messages=$msgs tails=$tails rings=$kicks word_writes=$words lost=$lost"
