@@ -987,8 +987,21 @@ impl AttachedConn for RdmaConn {
         if process::pid() != self.owner_pid || self.mode() != MODE_RING {
             return;
         }
-        let Ok(mut guard) = self.tx.try_lock() else {
-            return;
+        // The background thread may hold the sender for a flush of its
+        // own: wait for it, within the deadline. Not a blocking lock: the
+        // thread exiting may hold it itself (`_exit` from a signal handler
+        // that interrupted a send), and would wait forever.
+        let mut guard = loop {
+            match self.tx.try_lock() {
+                Ok(g) => break g,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if sys::monotonic_ns() >= deadline_ns {
+                        return;
+                    }
+                    std::thread::yield_now();
+                }
+            }
         };
         let Some(tx) = guard.as_mut() else {
             return;
