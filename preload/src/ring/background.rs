@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use ringbuf::park::WorkerPark;
@@ -226,9 +226,20 @@ pub fn queue_flush(conn: Arc<dyn Tracked>) {
     }
 }
 
+/// Blocks of this process so far (`flush_all` runs before each): a
+/// sender that sees it move knows the program waited since its last
+/// write, which ends a stream's large batches (`Sender::end_stream`).
+static BLOCKS: AtomicU64 = AtomicU64::new(0);
+
+/// The count of this process's blocks (see BLOCKS).
+pub fn blocks() -> u64 {
+    BLOCKS.load(Ordering::Relaxed)
+}
+
 /// Flushes every connection with batched bytes (before this process
-/// blocks). One atomic load when there is nothing to do.
+/// blocks). Two atomic operations when there is nothing to do.
 pub fn flush_all() {
+    BLOCKS.fetch_add(1, Ordering::Relaxed);
     if DIRTY.load(Ordering::Acquire) == 0 {
         return;
     }

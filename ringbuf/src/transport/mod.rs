@@ -84,6 +84,15 @@ pub trait Transport {
         false
     }
 
+    /// Whether the sender should batch a stream into large transmissions
+    /// (`Sender`: "Streaming batches"). On verbs every WRITE costs the
+    /// device a packet train, an acknowledgement and its headers, and a
+    /// record that fills whole packets; on shared memory a transmission is
+    /// a store, and the receiver sees data sooner in small batches.
+    fn batches_streams(&self) -> bool {
+        false
+    }
+
     /// `write_word`, then ring the peer's doorbell such that the ring
     /// reaches the peer only after the word is in its copy (verbs: one
     /// WRITE_WITH_IMM, solicited, or a kick queued behind the word on the

@@ -35,7 +35,7 @@
 use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use libc::c_int;
@@ -112,6 +112,10 @@ pub struct RdmaConn {
     eos_owed: AtomicBool,
     /// Queued on the background thread's flush list.
     dirty: AtomicBool,
+    /// `background::blocks()` at the last send: when it moved, the
+    /// program waited since, and its next send starts no stream
+    /// (`Sender::end_stream`).
+    send_blocks: AtomicU64,
     waiters: Mutex<Waiters>,
     released: AtomicBool,
     report: ReportState,
@@ -150,6 +154,7 @@ impl RdmaConn {
             wr_shut: AtomicBool::new(false),
             eos_owed: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
+            send_blocks: AtomicU64::new(0),
             waiters: Mutex::new(Waiters::default()),
             released: AtomicBool::new(false),
             report: ReportState::new(),
@@ -845,6 +850,10 @@ impl AttachedConn for RdmaConn {
         let Some(tx) = guard.as_mut() else {
             return Err(Errno(libc::EAGAIN));
         };
+        let blocks = background::blocks();
+        if self.send_blocks.swap(blocks, Ordering::Relaxed) != blocks {
+            tx.end_stream();
+        }
         let mut total = 0;
         let mut failed = None;
         for b in bufs.iter().filter(|b| !b.is_empty()) {

@@ -1451,6 +1451,12 @@ impl Transport for VerbsTransport {
         true
     }
 
+    fn batches_streams(&self) -> bool {
+        // In pull mode the receiver READs what it wants when it wants it:
+        // the sender's batches save no WRITE there.
+        !self.pulling()
+    }
+
     fn write_word_kicking(
         &mut self,
         word: PeerWord,

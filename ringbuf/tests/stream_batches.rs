@@ -1,0 +1,166 @@
+//! Streaming batches (`Sender` module docs): on a transport that asks for
+//! them, the first write after the program waited goes out at the small
+//! thresholds, and writes that follow without a wait coalesce into large
+//! batches, published by the next flush or once a batch is full. Counted
+//! here on a shared-memory ring whose transport claims the verbs
+//! behaviour and counts the tail writes.
+
+#![cfg(not(loom))]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ringbuf::waiting::Ring;
+use ringbuf::{
+    PeerWord, Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport, Transport, Visibility,
+};
+
+/// `ShmTransport` that batches streams (or not) and counts tail writes.
+struct Counting {
+    inner: ShmTransport,
+    streams: bool,
+    tails: Arc<AtomicU64>,
+}
+
+impl Transport for Counting {
+    fn write_slots(&mut self, first: u32, count: u32) -> Result<(), RingError> {
+        self.inner.write_slots(first, count)
+    }
+
+    fn write_word(
+        &mut self,
+        word: PeerWord,
+        value: u64,
+        signaled: bool,
+    ) -> Result<Visibility, RingError> {
+        if word == PeerWord::LocalTail {
+            self.tails.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.write_word(word, value, signaled)
+    }
+
+    fn poll_completions(&mut self) -> Result<u32, RingError> {
+        self.inner.poll_completions()
+    }
+
+    fn kick_peer(&mut self, ring: Ring) -> Result<(), RingError> {
+        self.inner.kick_peer(ring)
+    }
+
+    fn batches_streams(&self) -> bool {
+        self.streams
+    }
+}
+
+struct Pair {
+    tx: Sender<Counting>,
+    rx: Receiver<ShmTransport>,
+    tails: Arc<AtomicU64>,
+}
+
+fn pair(streams: bool) -> Pair {
+    let cfg = RingConfig::default();
+    let mem = RingMem::heap(&cfg);
+    let tails = Arc::new(AtomicU64::new(0));
+    let tx = Sender::new(
+        mem.clone(),
+        Counting {
+            inner: ShmTransport::new(mem.clone(), None),
+            streams,
+            tails: tails.clone(),
+        },
+        cfg,
+    )
+    .unwrap();
+    let rx = Receiver::new(mem.clone(), ShmTransport::new(mem, None), cfg).unwrap();
+    Pair { tx, rx, tails }
+}
+
+fn chunk(i: usize) -> Vec<u8> {
+    (0..4096).map(|j| (i * 7 + j) as u8).collect()
+}
+
+fn write_all(tx: &mut Sender<Counting>, data: &[u8]) {
+    let mut off = 0;
+    while off < data.len() {
+        off += tx.write(&data[off..]).unwrap();
+    }
+}
+
+/// Everything the receiver can read now.
+fn drain(rx: &mut Receiver<ShmTransport>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    loop {
+        match rx.read(&mut buf) {
+            Ok(n) if n > 0 => out.extend_from_slice(&buf[..n]),
+            Ok(_) => panic!("end of stream that was never sent"),
+            Err(RingError::WouldBlock) => return out,
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+#[test]
+fn a_stream_goes_out_in_large_batches() {
+    let mut p = pair(true);
+    let mut sent = Vec::new();
+    for i in 0..32 {
+        let c = chunk(i);
+        write_all(&mut p.tx, &c);
+        sent.extend_from_slice(&c);
+    }
+    // The first 4 KiB write went out alone (the small thresholds); the 31
+    // after it coalesced into batches of max_record_slots (256 slots, 64
+    // KiB with the headers): 2 more tails, not 31.
+    let tails = p.tails.load(Ordering::Relaxed);
+    assert!(tails <= 3, "{tails} tail writes for 32 streamed writes");
+    let early = drain(&mut p.rx);
+    assert!(
+        early.len() < sent.len(),
+        "the last batch waits for the flush"
+    );
+    p.tx.flush().unwrap();
+    let mut got = early;
+    got.extend(drain(&mut p.rx));
+    assert_eq!(got, sent);
+}
+
+#[test]
+fn writes_between_waits_go_out_at_once() {
+    let mut p = pair(true);
+    for i in 0..8 {
+        let c = chunk(i);
+        write_all(&mut p.tx, &c);
+        // Visible without a flush: the first write after a wait is not
+        // held for a batch.
+        assert_eq!(drain(&mut p.rx), c);
+        // The program waits (the shim: a block moved its count).
+        p.tx.end_stream();
+    }
+    assert_eq!(p.tails.load(Ordering::Relaxed), 8);
+}
+
+#[test]
+fn a_flush_ends_the_stream() {
+    let mut p = pair(true);
+    for i in 0..4 {
+        write_all(&mut p.tx, &chunk(i));
+    }
+    p.tx.flush().unwrap();
+    drain(&mut p.rx);
+    let c = chunk(99);
+    write_all(&mut p.tx, &c);
+    assert_eq!(drain(&mut p.rx), c);
+}
+
+#[test]
+fn shared_memory_keeps_the_small_thresholds() {
+    let mut p = pair(false);
+    for i in 0..16 {
+        let c = chunk(i);
+        write_all(&mut p.tx, &c);
+        assert_eq!(drain(&mut p.rx), c);
+    }
+    assert_eq!(p.tails.load(Ordering::Relaxed), 16);
+}
