@@ -7,80 +7,40 @@
 
 #![cfg(not(loom))]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+mod shm_probe;
 
-use ringbuf::waiting::Ring;
-use ringbuf::{
-    PeerWord, Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport, Transport, Visibility,
-};
-
-/// `ShmTransport` that batches streams (or not) and counts tail writes.
-struct Counting {
-    inner: ShmTransport,
-    streams: bool,
-    tails: Arc<AtomicU64>,
-}
-
-impl Transport for Counting {
-    fn write_slots(&mut self, first: u32, count: u32) -> Result<(), RingError> {
-        self.inner.write_slots(first, count)
-    }
-
-    fn write_word(
-        &mut self,
-        word: PeerWord,
-        value: u64,
-        signaled: bool,
-    ) -> Result<Visibility, RingError> {
-        if word == PeerWord::LocalTail {
-            self.tails.fetch_add(1, Ordering::Relaxed);
-        }
-        self.inner.write_word(word, value, signaled)
-    }
-
-    fn poll_completions(&mut self) -> Result<u32, RingError> {
-        self.inner.poll_completions()
-    }
-
-    fn kick_peer(&mut self, ring: Ring) -> Result<(), RingError> {
-        self.inner.kick_peer(ring)
-    }
-
-    fn batches_streams(&self) -> bool {
-        self.streams
-    }
-}
+use ringbuf::{Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport};
+use shm_probe::{Probed, Probes};
 
 struct Pair {
-    tx: Sender<Counting>,
+    tx: Sender<Probed>,
     rx: Receiver<ShmTransport>,
-    tails: Arc<AtomicU64>,
+    probes: Probes,
 }
 
 fn pair(streams: bool) -> Pair {
     let cfg = RingConfig::default();
     let mem = RingMem::heap(&cfg);
-    let tails = Arc::new(AtomicU64::new(0));
+    let probes = Probes::default();
     let tx = Sender::new(
         mem.clone(),
-        Counting {
+        Probed {
             inner: ShmTransport::new(mem.clone(), None),
             streams,
-            tails: tails.clone(),
+            probes: probes.clone(),
         },
         cfg,
     )
     .unwrap();
     let rx = Receiver::new(mem.clone(), ShmTransport::new(mem, None), cfg).unwrap();
-    Pair { tx, rx, tails }
+    Pair { tx, rx, probes }
 }
 
 fn chunk(i: usize) -> Vec<u8> {
     (0..4096).map(|j| (i * 7 + j) as u8).collect()
 }
 
-fn write_all(tx: &mut Sender<Counting>, data: &[u8]) {
+fn write_all(tx: &mut Sender<Probed>, data: &[u8]) {
     let mut off = 0;
     while off < data.len() {
         off += tx.write(&data[off..]).unwrap();
@@ -113,7 +73,7 @@ fn a_stream_goes_out_in_large_batches() {
     // The first 4 KiB write went out alone (the small thresholds); the 31
     // after it coalesced into batches of max_record_slots (256 slots, 64
     // KiB with the headers): 2 more tails, not 31.
-    let tails = p.tails.load(Ordering::Relaxed);
+    let tails = p.probes.tails();
     assert!(tails <= 3, "{tails} tail writes for 32 streamed writes");
     let early = drain(&mut p.rx);
     assert!(
@@ -138,7 +98,7 @@ fn writes_between_waits_go_out_at_once() {
         // The program waits (the shim: a block moved its count).
         p.tx.end_stream();
     }
-    assert_eq!(p.tails.load(Ordering::Relaxed), 8);
+    assert_eq!(p.probes.tails(), 8);
 }
 
 #[test]
@@ -162,5 +122,5 @@ fn shared_memory_keeps_the_small_thresholds() {
         write_all(&mut p.tx, &c);
         assert_eq!(drain(&mut p.rx), c);
     }
-    assert_eq!(p.tails.load(Ordering::Relaxed), 16);
+    assert_eq!(p.probes.tails(), 16);
 }

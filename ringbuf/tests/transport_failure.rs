@@ -10,53 +10,12 @@
 
 #![cfg(not(loom))]
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+mod shm_probe;
 
-use ringbuf::waiting::Ring;
-use ringbuf::{
-    PeerWord, Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport, Transport, Visibility,
-};
+use ringbuf::{Receiver, RingConfig, RingMem, Sender, ShmTransport};
+use shm_probe::{Probed, Probes, FLUSHED};
 
-const FLUSHED: RingError = RingError::Config("verbs: work request flushed (test)");
-
-/// `ShmTransport` whose `fetch_tail` fails once `broken` is set.
-struct Breakable {
-    inner: ShmTransport,
-    broken: Arc<AtomicBool>,
-}
-
-impl Transport for Breakable {
-    fn write_slots(&mut self, first: u32, count: u32) -> Result<(), RingError> {
-        self.inner.write_slots(first, count)
-    }
-
-    fn write_word(
-        &mut self,
-        word: PeerWord,
-        value: u64,
-        signaled: bool,
-    ) -> Result<Visibility, RingError> {
-        self.inner.write_word(word, value, signaled)
-    }
-
-    fn poll_completions(&mut self) -> Result<u32, RingError> {
-        self.inner.poll_completions()
-    }
-
-    fn kick_peer(&mut self, ring: Ring) -> Result<(), RingError> {
-        self.inner.kick_peer(ring)
-    }
-
-    fn fetch_tail(&mut self, head: u64, known: u64) -> Result<Option<u64>, RingError> {
-        if self.broken.load(Ordering::Relaxed) {
-            return Err(FLUSHED);
-        }
-        self.inner.fetch_tail(head, known)
-    }
-}
-
-fn pair() -> (Sender<ShmTransport>, Receiver<Breakable>, Arc<AtomicBool>) {
+fn pair() -> (Sender<ShmTransport>, Receiver<Probed>, Probes) {
     let cfg = RingConfig {
         slots: 64,
         slot_size: 64,
@@ -68,17 +27,18 @@ fn pair() -> (Sender<ShmTransport>, Receiver<Breakable>, Arc<AtomicBool>) {
     };
     let mem = RingMem::heap(&cfg);
     let tx = Sender::new(mem.clone(), ShmTransport::new(mem.clone(), None), cfg).unwrap();
-    let broken = Arc::new(AtomicBool::new(false));
+    let probes = Probes::default();
     let rx = Receiver::new(
         mem.clone(),
-        Breakable {
+        Probed {
             inner: ShmTransport::new(mem, None),
-            broken: broken.clone(),
+            streams: false,
+            probes: probes.clone(),
         },
         cfg,
     )
     .unwrap();
-    (tx, rx, broken)
+    (tx, rx, probes)
 }
 
 fn send_all(tx: &mut Sender<ShmTransport>, data: &[u8]) {
@@ -97,10 +57,10 @@ fn message(len: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn bytes_published_before_the_failure_are_delivered_then_the_error() {
-    let (mut tx, mut rx, broken) = pair();
+    let (mut tx, mut rx, probes) = pair();
     let data = message(1500, 7);
     send_all(&mut tx, &data);
-    broken.store(true, Ordering::Relaxed);
+    probes.break_fetch();
 
     let mut got = Vec::new();
     let mut buf = [0u8; 256];
@@ -119,7 +79,7 @@ fn bytes_published_before_the_failure_are_delivered_then_the_error() {
 
 #[test]
 fn a_reader_midway_keeps_what_it_had_and_what_followed() {
-    let (mut tx, mut rx, broken) = pair();
+    let (mut tx, mut rx, probes) = pair();
     let first = message(600, 1);
     send_all(&mut tx, &first);
     let mut buf = vec![0u8; 600];
@@ -132,7 +92,7 @@ fn a_reader_midway_keeps_what_it_had_and_what_followed() {
     // More arrives, then the transport breaks before the reader looks.
     let second = message(900, 2);
     send_all(&mut tx, &second);
-    broken.store(true, Ordering::Relaxed);
+    probes.break_fetch();
     // One call larger than what is there: the bytes it copied come back
     // with it rather than being lost to the error of its second look.
     let mut big = vec![0u8; 4096];
@@ -154,8 +114,8 @@ fn a_reader_midway_keeps_what_it_had_and_what_followed() {
 
 #[test]
 fn nothing_published_means_the_error_at_once() {
-    let (_tx, mut rx, broken) = pair();
-    broken.store(true, Ordering::Relaxed);
+    let (_tx, mut rx, probes) = pair();
+    probes.break_fetch();
     let mut buf = [0u8; 64];
     assert_eq!(rx.read(&mut buf), Err(FLUSHED));
     assert_eq!(rx.readable(), Err(FLUSHED));

@@ -1,0 +1,80 @@
+//! A shared-memory transport with probes, for tests of the sender and
+//! receiver logic that depends on what the transport says or does:
+//! whether it batches streams (as verbs does), a count of the tail writes
+//! it carried, and a switch that makes `fetch_tail` fail the way a verbs
+//! receive queue flushed in error does.
+
+// Each test file that includes this module uses a part of it.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ringbuf::waiting::Ring;
+use ringbuf::{PeerWord, RingError, ShmTransport, Transport, Visibility};
+
+/// What `fetch_tail` returns once `Probes::broken` is set.
+pub const FLUSHED: RingError = RingError::Config("verbs: work request flushed (test)");
+
+/// Shared with the test while the transport is owned by a ring end.
+#[derive(Clone, Default)]
+pub struct Probes {
+    /// Tail writes carried (`PeerWord::LocalTail`).
+    pub tails: Arc<AtomicU64>,
+    /// From now on `fetch_tail` fails with `FLUSHED`.
+    pub broken: Arc<AtomicBool>,
+}
+
+impl Probes {
+    pub fn tails(&self) -> u64 {
+        self.tails.load(Ordering::Relaxed)
+    }
+
+    pub fn break_fetch(&self) {
+        self.broken.store(true, Ordering::Relaxed);
+    }
+}
+
+pub struct Probed {
+    pub inner: ShmTransport,
+    /// `Transport::batches_streams`.
+    pub streams: bool,
+    pub probes: Probes,
+}
+
+impl Transport for Probed {
+    fn write_slots(&mut self, first: u32, count: u32) -> Result<(), RingError> {
+        self.inner.write_slots(first, count)
+    }
+
+    fn write_word(
+        &mut self,
+        word: PeerWord,
+        value: u64,
+        signaled: bool,
+    ) -> Result<Visibility, RingError> {
+        if word == PeerWord::LocalTail {
+            self.probes.tails.fetch_add(1, Ordering::Relaxed);
+        }
+        self.inner.write_word(word, value, signaled)
+    }
+
+    fn poll_completions(&mut self) -> Result<u32, RingError> {
+        self.inner.poll_completions()
+    }
+
+    fn kick_peer(&mut self, ring: Ring) -> Result<(), RingError> {
+        self.inner.kick_peer(ring)
+    }
+
+    fn batches_streams(&self) -> bool {
+        self.streams
+    }
+
+    fn fetch_tail(&mut self, head: u64, known: u64) -> Result<Option<u64>, RingError> {
+        if self.probes.broken.load(Ordering::Relaxed) {
+            return Err(FLUSHED);
+        }
+        self.inner.fetch_tail(head, known)
+    }
+}
