@@ -56,8 +56,9 @@ pub struct Sender<T: Transport> {
     synced_tail: u64,
     local_head: u64,
     tail_in_flight: bool,
-    /// A transmission happened since the last `flush` (module docs,
-    /// "Streaming batches"; only where the transport batches streams).
+    /// A transmission happened since the program last waited (module
+    /// docs, "Streaming batches"; it counts only where the transport
+    /// batches streams).
     streaming: bool,
     /// The last tail whose WRITE carried a kick (0: none).
     kicked_tail: u64,
@@ -351,19 +352,21 @@ impl<T: Transport> Sender<T> {
 
     /// The batch, in slots, that publishes a tail (module docs).
     fn alpha(&self) -> u64 {
-        if self.streaming && self.transport.batches_streams() {
-            u64::from(self.cfg.max_record_slots.max(self.cfg.alpha))
-        } else {
-            u64::from(self.cfg.alpha)
-        }
+        self.batch(self.cfg.alpha)
     }
 
     /// The batch, in slots, that closes a record and transmits slots.
     fn beta(&self) -> u64 {
+        self.batch(self.cfg.beta)
+    }
+
+    /// `base`, or a whole record's worth while a stream runs on a
+    /// transport that batches streams (module docs).
+    fn batch(&self, base: u32) -> u64 {
         if self.streaming && self.transport.batches_streams() {
-            u64::from(self.cfg.max_record_slots.max(self.cfg.beta))
+            u64::from(self.cfg.max_record_slots.max(base))
         } else {
-            u64::from(self.cfg.beta)
+            u64::from(base)
         }
     }
 
@@ -377,7 +380,7 @@ impl<T: Transport> Sender<T> {
         if unsynced == 0 || (!force && unsynced < self.alpha()) {
             return Ok(());
         }
-        if !force && self.transport.batches_streams() {
+        if !force {
             self.streaming = true;
         }
         if self.cfg.elastic && self.tail_in_flight && !force {

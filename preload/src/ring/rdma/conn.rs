@@ -850,8 +850,10 @@ impl AttachedConn for RdmaConn {
         let Some(tx) = guard.as_mut() else {
             return Err(Errno(libc::EAGAIN));
         };
+        // Under the sender's lock: a plain load and store, no swap.
         let blocks = background::blocks();
-        if self.send_blocks.swap(blocks, Ordering::Relaxed) != blocks {
+        if self.send_blocks.load(Ordering::Relaxed) != blocks {
+            self.send_blocks.store(blocks, Ordering::Relaxed);
             tx.end_stream();
         }
         let mut total = 0;

@@ -67,19 +67,23 @@ impl Sock {
         Ok(())
     }
 
+    fn bind(&self, sa: &libc::sockaddr_in) -> io::Result<()> {
+        // SAFETY: valid fd and address.
+        cvt(unsafe {
+            libc::bind(
+                self.0,
+                sa as *const _ as *const libc::sockaddr,
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        })?;
+        Ok(())
+    }
+
     fn connect(addr: &str, bind: Option<Ipv4Addr>) -> io::Result<Sock> {
         let sa = sockaddr(&resolve(addr)?)?;
         let s = Sock::new()?;
         if let Some(ip) = bind {
-            let local = sockaddr(&SocketAddr::from((ip, 0)))?;
-            // SAFETY: valid fd and address.
-            cvt(unsafe {
-                libc::bind(
-                    s.0,
-                    &local as *const _ as *const libc::sockaddr,
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            })?;
+            s.bind(&sockaddr(&SocketAddr::from((ip, 0)))?)?;
         }
         // SAFETY: valid fd and address.
         cvt(unsafe {
@@ -107,14 +111,7 @@ impl Sock {
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             )
         })?;
-        // SAFETY: valid fd and address.
-        cvt(unsafe {
-            libc::bind(
-                s.0,
-                &sa as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            )
-        })?;
+        s.bind(&sa)?;
         // SAFETY: valid fd.
         cvt(unsafe { libc::listen(s.0, 16) })?;
         Ok(s)
