@@ -1087,6 +1087,9 @@ fn kernel_events(
             }
         }
     };
+    // A blocking wait holds no lock: the program's signal handlers may run
+    // in it as the program's own code (guard::sleeping).
+    let _asleep = block.then(guard::sleeping);
     // SAFETY: out is valid for out.len() entries.
     let r = unsafe {
         real::epoll_pwait(

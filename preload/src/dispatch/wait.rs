@@ -15,6 +15,7 @@
 use std::cell::Cell;
 
 use crate::attached::{AttachedConn, Ready};
+use crate::hook::guard;
 use crate::{config, real, sys};
 
 thread_local! {
@@ -165,6 +166,7 @@ pub fn sleep(
     let tsp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    let _asleep = guard::sleeping();
     // SAFETY: pfds is a valid array of its length; tsp is null or points to
     // `ts`, alive for the call; the mask, if any, is the caller's.
     let r = unsafe {

@@ -46,9 +46,38 @@ impl Drop for Shim {
     }
 }
 
+/// Leaves the shim scope for a blocking sleep (a ppoll or epoll_wait that
+/// waits for a ring or socket), until dropped. A signal handler the
+/// program installed may run on this thread while it sleeps, and its
+/// calls are the program's, not ours: iperf3's SIGTERM handler writes
+/// CLIENT_TERMINATE on its control socket while the main thread sleeps in
+/// select, and that write must go through the ring, not straight to the
+/// kernel socket underneath it. The sleeping thread holds no lock of the
+/// shim's, so the handler's call cannot deadlock on one.
+pub fn sleeping() -> Shim {
+    let was = IN_SHIM.with(|c| c.replace(false));
+    Shim { was }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sleeping_leaves_and_restores() {
+        let _a = enter();
+        {
+            let _s = sleeping();
+            assert!(!active());
+            {
+                // A signal handler's hooked call during the sleep.
+                let _h = enter();
+                assert!(active());
+            }
+            assert!(!active());
+        }
+        assert!(active());
+    }
 
     #[test]
     fn nests_and_restores() {
