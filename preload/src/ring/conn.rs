@@ -110,6 +110,8 @@ pub struct ShmConn {
     peer_gone: AtomicBool,
     /// Pending SO_ERROR for the program.
     error: AtomicI32,
+    /// A write after the peer closed was taken (sockio::send_after_peer_closed).
+    closed_write_taken: AtomicBool,
     rd_shut: AtomicBool,
     wr_shut: AtomicBool,
     /// The end-of-stream mark could not be written yet (ring full).
@@ -175,6 +177,7 @@ impl ShmConn {
             ctl_declined: AtomicBool::new(false),
             peer_gone: AtomicBool::new(false),
             error: AtomicI32::new(0),
+            closed_write_taken: AtomicBool::new(false),
             rd_shut: AtomicBool::new(false),
             wr_shut: AtomicBool::new(false),
             eos_owed: AtomicBool::new(false),
@@ -448,11 +451,7 @@ impl ShmConn {
     }
 
     fn tcp_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
-        let e = self.error.swap(0, Ordering::AcqRel);
-        if e != 0 {
-            return Err(Errno(e));
-        }
-        sockio::recv_vec(self.tcp_fd(), bufs, peek)
+        sockio::recv_then_error(self.tcp_fd(), &self.error, bufs, peek)
     }
 
     fn tcp_send(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
@@ -684,6 +683,13 @@ impl AttachedConn for ShmConn {
                 Err(e) if total > 0 => {
                     let _ = e;
                     break;
+                }
+                Err(RingError::PeerClosed) => {
+                    // The peer closed its socket before its FIN reached
+                    // us. An EPIPE at once failed iperf3's cookie write to
+                    // a server that answered "busy" and closed.
+                    drop(tx);
+                    return sockio::send_after_peer_closed(&self.closed_write_taken, bufs);
                 }
                 Err(e) => return Err(self.ring_failed(&e, "send")),
             }

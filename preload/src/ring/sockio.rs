@@ -5,6 +5,7 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use libc::c_int;
@@ -175,6 +176,43 @@ pub fn recv_vec(fd: RawFd, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<us
     Ok(total)
 }
 
+/// recv on the kernel socket of a connection that fell back to TCP or
+/// whose peer is gone, with `error` the failure the connection holds
+/// (a resend of the early bytes that met the peer's reset, say). As on
+/// kernel TCP, bytes the socket already holds come first and the error
+/// after them, once: a server that wrote one byte and closed (iperf3's
+/// "busy" answer) must not read as a bare reset.
+pub fn recv_then_error(
+    fd: RawFd,
+    error: &AtomicI32,
+    bufs: &mut [IoSliceMut<'_>],
+    peek: bool,
+) -> Result<usize, Errno> {
+    let got = recv_vec(fd, bufs, peek);
+    if matches!(got, Ok(n) if n > 0) {
+        return got;
+    }
+    match error.swap(0, Ordering::AcqRel) {
+        0 => got,
+        e => Err(Errno(e)),
+    }
+}
+
+/// A send that met the peer's closed flag (its reader closed: the peer
+/// program closed its socket) before its FIN reached us. Kernel TCP takes
+/// the first such write (the peer's kernel then answers with a reset) and
+/// fails the ones after with EPIPE; so does this: the first write is
+/// taken and dropped, as the peer would drop it, and later ones fail. It
+/// does not go to the kernel socket: the peer may still hold that open
+/// for a moment and would read data there as a broken ring connection.
+/// `taken` remembers that the one write was taken.
+pub fn send_after_peer_closed(taken: &AtomicBool, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
+    if taken.swap(true, Ordering::AcqRel) {
+        return Err(Errno(libc::EPIPE));
+    }
+    Ok(bufs.iter().map(|b| b.len()).sum())
+}
+
 /// send several buffers without blocking, as far as the socket takes them.
 pub fn send_vec(fd: RawFd, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
     let mut total = 0;
@@ -219,4 +257,46 @@ pub fn fionread(fd: RawFd) -> usize {
     // SAFETY: FIONREAD writes one int.
     unsafe { libc::syscall(libc::SYS_ioctl, fd, libc::FIONREAD, &mut n) };
     n.max(0) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn socketpair() -> (RawFd, RawFd) {
+        let mut fds = [0; 2];
+        // SAFETY: fds has room for the two descriptors.
+        let r = unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM, 0, fds.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        (fds[0], fds[1])
+    }
+
+    fn recv_one(fd: RawFd, error: &AtomicI32) -> Result<usize, Errno> {
+        let mut b = [0u8; 8];
+        recv_then_error(fd, error, &mut [IoSliceMut::new(&mut b)], false)
+    }
+
+    #[test]
+    fn held_bytes_come_before_the_error_once() {
+        let (a, b) = socketpair();
+        assert_eq!(sys_send(b, b"\xfe"), Ok(1));
+        let error = AtomicI32::new(libc::ECONNRESET);
+        assert_eq!(recv_one(a, &error), Ok(1));
+        assert_eq!(recv_one(a, &error), Err(Errno(libc::ECONNRESET)));
+        assert_eq!(recv_one(a, &error), Err(Errno(libc::EAGAIN)));
+        sys::close(b);
+        assert_eq!(recv_one(a, &error), Ok(0));
+        sys::close(a);
+    }
+
+    #[test]
+    fn one_write_is_taken_after_the_peer_closed() {
+        let taken = AtomicBool::new(false);
+        let bufs = [IoSlice::new(b"cookie"), IoSlice::new(b"!")];
+        assert_eq!(send_after_peer_closed(&taken, &bufs), Ok(7));
+        assert_eq!(
+            send_after_peer_closed(&taken, &bufs),
+            Err(Errno(libc::EPIPE))
+        );
+    }
 }

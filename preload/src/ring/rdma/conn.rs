@@ -106,6 +106,8 @@ pub struct RdmaConn {
     peer_gone: AtomicBool,
     /// Pending SO_ERROR for the program.
     error: AtomicI32,
+    /// A write after the peer closed was taken (sockio::send_after_peer_closed).
+    closed_write_taken: AtomicBool,
     rd_shut: AtomicBool,
     wr_shut: AtomicBool,
     /// The end-of-stream mark could not be written yet (ring full).
@@ -150,6 +152,7 @@ impl RdmaConn {
             mode: AtomicU8::new(mode),
             peer_gone: AtomicBool::new(false),
             error: AtomicI32::new(0),
+            closed_write_taken: AtomicBool::new(false),
             rd_shut: AtomicBool::new(false),
             wr_shut: AtomicBool::new(false),
             eos_owed: AtomicBool::new(false),
@@ -556,11 +559,7 @@ impl RdmaConn {
     }
 
     fn tcp_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
-        let e = self.error.swap(0, Ordering::AcqRel);
-        if e != 0 {
-            return Err(Errno(e));
-        }
-        sockio::recv_vec(self.tcp_fd(), bufs, peek)
+        sockio::recv_then_error(self.tcp_fd(), &self.error, bufs, peek)
     }
 
     fn drain_bells(&self) -> bool {
@@ -882,6 +881,10 @@ impl AttachedConn for RdmaConn {
             self.mark_dirty();
         }
         if let Some(e) = failed {
+            if e == RingError::PeerClosed {
+                // The peer closed its socket before its FIN reached us.
+                return sockio::send_after_peer_closed(&self.closed_write_taken, bufs);
+            }
             let errno = self.ring_failed(&e, "send");
             if errno == Errno(libc::EPIPE) && self.peer_gone.load(Ordering::Acquire) {
                 return sockio::send_vec(self.tcp_fd(), bufs);
