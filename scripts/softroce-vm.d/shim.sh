@@ -173,8 +173,14 @@ for dir in fwd rev; do
   flag=; [ $dir = rev ] && flag=-R
   sample_start $name
   before=$(cnt)
-  timeout 30 $SB iperf3 -c $SRV -p 7202 -n $IPERF_BYTES -l 64K -J $flag > /tmp/$name.json 2>&1
-  rc=$?
+  # The server may still be ending the previous test and answer "busy"
+  # (iperf3 -J then exits 0); such a try moves no data: try again.
+  for try in 1 2 3 4 5; do
+    timeout 30 $SB iperf3 -c $SRV -p 7202 -n $IPERF_BYTES -l 64K -J $flag > /tmp/$name.json 2>&1
+    rc=$?
+    grep -q 'server is busy' /tmp/$name.json || break
+    echo "    server busy with the previous test, try $try"; sleep 1
+  done
   echo "    client exit $rc [t=$(uptime_s)]"
   [ $rc -eq 0 ] || last_sample $name 7202
   after=$(cnt)
