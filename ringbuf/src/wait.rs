@@ -36,11 +36,13 @@ impl SpinBudget {
         self.max / 8
     }
 
-    fn hit(&mut self) {
+    /// A spin found what it waited for.
+    pub fn hit(&mut self) {
         self.now = (self.now * 2).min(self.max);
     }
 
-    fn miss(&mut self) {
+    /// The wait had to sleep after all.
+    pub fn miss(&mut self) {
         self.now = (self.now / 2).max(self.floor());
     }
 

@@ -9,18 +9,22 @@
 //!
 //! The spin budget adapts per thread: a spin that found the connection
 //! ready doubles it (up to RINGSOCK_SPIN_US), a spin that ended in sleep
-//! halves it, so an idle program quickly stops burning CPU before each
-//! sleep and a busy ping-pong keeps spinning.
+//! halves it down to an eighth of that (`ringbuf::SpinBudget`), so an idle
+//! program spins little before each sleep and a busy ping-pong keeps
+//! spinning.
 
 use std::cell::Cell;
+use std::time::Duration;
+
+use ringbuf::SpinBudget;
 
 use crate::attached::{AttachedConn, Ready};
 use crate::hook::guard;
 use crate::{config, real, sys};
 
 thread_local! {
-    /// Current spin budget in ns; u64::MAX = not yet initialised.
-    static BUDGET_NS: Cell<u64> = const { Cell::new(u64::MAX) };
+    /// This thread's spin budget; None until its first wait.
+    static BUDGET: Cell<Option<SpinBudget>> = const { Cell::new(None) };
 }
 
 /// How a wait ended.
@@ -44,29 +48,39 @@ pub fn deadline_after(timeout_ns: u64) -> Option<u64> {
     (timeout_ns != 0).then(|| sys::monotonic_ns().saturating_add(timeout_ns))
 }
 
-fn max_budget_ns() -> u64 {
-    u64::from(config::get().spin_us) * 1000
-}
-
 /// Readiness that ends a wait for `interest`: errors and hangups always do.
 fn wanted(interest: Ready) -> Ready {
     interest | Ready::ERR | Ready::HUP
 }
 
 /// Spins until `ready()` returns true or the per-thread budget is spent.
-/// True if it became ready.
+/// True if it became ready. The budget adapts by the ring library's rule
+/// (`SpinBudget`: doubles on a hit, halves on a miss, never below an
+/// eighth of RINGSOCK_SPIN_US). This copy of the rule had lost the floor:
+/// one miss after another took the budget to zero, where a stream only
+/// recovers through a hit within its first look.
 pub fn spin(mut ready: impl FnMut() -> bool) -> bool {
-    let max = max_budget_ns();
-    let budget = BUDGET_NS.with(|b| {
-        if b.get() == u64::MAX {
-            b.set(max);
-        }
-        b.get().min(max)
+    let mut budget = BUDGET.with(|b| {
+        b.get()
+            .unwrap_or_else(|| SpinBudget::new(Duration::from_micros(config::get().spin_us.into())))
     });
-    if budget == 0 {
-        BUDGET_NS.with(|b| b.set(max.min(1000)));
-        return ready();
+    let limit = budget.current().as_nanos() as u64;
+    let hit = if limit == 0 {
+        ready()
+    } else {
+        spin_for(limit, &mut ready)
+    };
+    if hit {
+        budget.hit();
+    } else {
+        budget.miss();
     }
+    BUDGET.with(|b| b.set(Some(budget)));
+    hit
+}
+
+/// Polls `ready` for up to `limit_ns`.
+fn spin_for(limit_ns: u64, ready: &mut impl FnMut() -> bool) -> bool {
     let start = sys::monotonic_ns();
     let mut i = 0u32;
     // Past a few microseconds the spin also yields the CPU: on an
@@ -76,13 +90,11 @@ pub fn spin(mut ready: impl FnMut() -> bool) -> bool {
     let mut relax = ringbuf::backoff::CompletionWait::new();
     loop {
         if ready() {
-            BUDGET_NS.with(|b| b.set(budget.saturating_mul(2).clamp(1000, max.max(1000))));
             return true;
         }
         i = i.wrapping_add(1);
         // Reading the clock every iteration would dominate a short spin.
-        if i.is_multiple_of(64) && sys::monotonic_ns().saturating_sub(start) >= budget {
-            BUDGET_NS.with(|b| b.set(budget / 2));
+        if i.is_multiple_of(64) && sys::monotonic_ns().saturating_sub(start) >= limit_ns {
             return false;
         }
         relax.relax();
