@@ -130,6 +130,12 @@ pub trait AttachedConn: Send + Sync {
     /// Current readiness, without blocking and without arming anything.
     fn readiness(&self) -> Ready;
 
+    /// Looks at `readiness` a spinning waiter takes back to back before it
+    /// yields the CPU between looks (`ringbuf::backoff::CompletionWait`).
+    fn spin_looks(&self) -> u32 {
+        ringbuf::backoff::SPIN_TURNS
+    }
+
     /// Asks to be woken through `wait_fds` when any of `interest` may have
     /// become true (publishes the "sleeping" flag), then re-checks and
     /// returns the readiness seen *after* arming. If that intersects

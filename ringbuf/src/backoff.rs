@@ -11,24 +11,42 @@
 
 /// Busy turns before the wait starts yielding (about 5-20 µs of
 /// `spin_loop` hints on current x86 cores).
-const SPIN_TURNS: u32 = 256;
+pub const SPIN_TURNS: u32 = 256;
 
 /// The state of one completion wait: call `relax` once per poll that
 /// found nothing.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CompletionWait {
     turns: u32,
+    /// Busy turns before the yields start.
+    spin_turns: u32,
+}
+
+impl Default for CompletionWait {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl CompletionWait {
     pub fn new() -> Self {
-        CompletionWait { turns: 0 }
+        Self::with_spin_turns(SPIN_TURNS)
+    }
+
+    /// A wait that starts yielding after `spin_turns` busy turns: for a
+    /// poll that is itself expensive enough that `SPIN_TURNS` of them
+    /// would hold the CPU far longer than a NIC needs.
+    pub fn with_spin_turns(spin_turns: u32) -> Self {
+        CompletionWait {
+            turns: 0,
+            spin_turns,
+        }
     }
 
     /// Between two polls: a spin hint at first, then a yield of the CPU.
     /// Async-signal-safe (a system call at most).
     pub fn relax(&mut self) {
-        if self.turns < SPIN_TURNS {
+        if self.turns < self.spin_turns {
             self.turns += 1;
             std::hint::spin_loop();
         } else {
@@ -52,5 +70,14 @@ mod tests {
         w.relax();
         w.relax();
         assert_eq!(w.turns, SPIN_TURNS);
+    }
+
+    #[test]
+    fn fewer_spin_turns_start_yielding_sooner() {
+        let mut w = CompletionWait::with_spin_turns(16);
+        for _ in 0..40 {
+            w.relax();
+        }
+        assert_eq!(w.turns, 16);
     }
 }

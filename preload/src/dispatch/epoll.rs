@@ -968,7 +968,12 @@ pub unsafe fn wait_mixed(
             (n, cands)
         };
         // 2. Spin.
-        if n == 0 && !cands.is_empty() && spin(|| cands.iter().any(Candidate::ready)) {
+        let looks = cands
+            .iter()
+            .filter_map(|c| c.st.conn().map(|c| c.spin_looks()))
+            .min()
+            .unwrap_or(ringbuf::backoff::SPIN_TURNS);
+        if n == 0 && !cands.is_empty() && spin(looks, || cands.iter().any(Candidate::ready)) {
             let mut locked = set.lock();
             let inner = &mut *locked;
             for c in &cands {

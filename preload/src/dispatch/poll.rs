@@ -53,12 +53,19 @@ pub fn poll_mixed(
     if let Some(a) = attached::attacher() {
         a.flush_all();
     }
+    // The spin starts yielding after the fewest looks any ring asks for.
+    let looks = rings
+        .iter()
+        .flatten()
+        .filter_map(|st| st.conn().map(|c| c.spin_looks()))
+        .min()
+        .unwrap_or(ringbuf::backoff::SPIN_TURNS);
     loop {
         // 1. Rings first; if one is ready, collect the kernel side without
         //    sleeping and return.
         let mut ready = answer_rings(fds, &rings);
         let may_spin = deadline.is_none_or(|d| d > sys::monotonic_ns());
-        if ready == 0 && may_spin && spin(|| answer_rings(fds, &rings) > 0) {
+        if ready == 0 && may_spin && spin(looks, || answer_rings(fds, &rings) > 0) {
             ready = 1;
         }
         if ready > 0 {

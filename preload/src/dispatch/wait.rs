@@ -59,7 +59,7 @@ fn wanted(interest: Ready) -> Ready {
 /// eighth of RINGSOCK_SPIN_US). This copy of the rule had lost the floor:
 /// one miss after another took the budget to zero, where a stream only
 /// recovers through a hit within its first look.
-pub fn spin(mut ready: impl FnMut() -> bool) -> bool {
+pub fn spin(looks: u32, mut ready: impl FnMut() -> bool) -> bool {
     let mut budget = BUDGET.with(|b| {
         b.get()
             .unwrap_or_else(|| SpinBudget::new(Duration::from_micros(config::get().spin_us.into())))
@@ -68,7 +68,7 @@ pub fn spin(mut ready: impl FnMut() -> bool) -> bool {
     let hit = if limit == 0 {
         ready()
     } else {
-        spin_for(limit, &mut ready)
+        spin_for(limit, looks, &mut ready)
     };
     if hit {
         budget.hit();
@@ -79,15 +79,16 @@ pub fn spin(mut ready: impl FnMut() -> bool) -> bool {
     hit
 }
 
-/// Polls `ready` for up to `limit_ns`.
-fn spin_for(limit_ns: u64, ready: &mut impl FnMut() -> bool) -> bool {
+/// Polls `ready` for up to `limit_ns`, yielding the CPU between polls
+/// after the first `looks`.
+fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> bool {
     let start = sys::monotonic_ns();
     let mut i = 0u32;
-    // Past a few microseconds the spin also yields the CPU: on an
-    // oversubscribed machine the peer, or the kernel work that carries
+    // After `looks` busy looks the spin yields the CPU between looks: on
+    // an oversubscribed machine the peer, or the kernel work that carries
     // the data (a software RDMA device's softirqs), may need this CPU to
-    // make the very progress we wait for.
-    let mut relax = ringbuf::backoff::CompletionWait::new();
+    // make the very progress we wait for (`AttachedConn::spin_looks`).
+    let mut relax = ringbuf::backoff::CompletionWait::with_spin_turns(looks);
     loop {
         if ready() {
             return true;
@@ -107,7 +108,7 @@ fn spin_for(limit_ns: u64, ready: &mut impl FnMut() -> bool) -> bool {
 pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Option<u64>) -> Woke {
     let want = wanted(interest);
     conn.flush();
-    if spin(|| conn.readiness().intersects(want)) {
+    if spin(conn.spin_looks(), || conn.readiness().intersects(want)) {
         return Woke::Ready;
     }
     loop {
