@@ -59,7 +59,7 @@ use std::sync::Mutex;
 
 use libc::{c_int, epoll_event};
 
-use super::wait::{remaining, spin};
+use super::wait::{fewest_looks, remaining, spin};
 use crate::attached::{AttachedConn, Ready};
 use crate::fdtable::FdRef;
 use crate::hook::guard;
@@ -968,11 +968,7 @@ pub unsafe fn wait_mixed(
             (n, cands)
         };
         // 2. Spin.
-        let looks = cands
-            .iter()
-            .filter_map(|c| c.st.conn().map(|c| c.spin_looks()))
-            .min()
-            .unwrap_or(ringbuf::backoff::SPIN_TURNS);
+        let looks = fewest_looks(cands.iter().filter_map(|c| c.st.conn()));
         if n == 0 && !cands.is_empty() && spin(looks, || cands.iter().any(Candidate::ready)) {
             let mut locked = set.lock();
             let inner = &mut *locked;

@@ -10,7 +10,7 @@
 
 use libc::{c_int, pollfd};
 
-use super::wait::{sleep, spin};
+use super::wait::{fewest_looks, sleep, spin};
 use crate::attached::Ready;
 use crate::fdtable::{self, FdRef};
 use crate::hook::guard;
@@ -53,13 +53,7 @@ pub fn poll_mixed(
     if let Some(a) = attached::attacher() {
         a.flush_all();
     }
-    // The spin starts yielding after the fewest looks any ring asks for.
-    let looks = rings
-        .iter()
-        .flatten()
-        .filter_map(|st| st.conn().map(|c| c.spin_looks()))
-        .min()
-        .unwrap_or(ringbuf::backoff::SPIN_TURNS);
+    let looks = fewest_looks(rings.iter().flatten().filter_map(|st| st.conn()));
     loop {
         // 1. Rings first; if one is ready, collect the kernel side without
         //    sleeping and return.

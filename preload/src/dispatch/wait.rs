@@ -79,6 +79,16 @@ pub fn spin(looks: u32, mut ready: impl FnMut() -> bool) -> bool {
     hit
 }
 
+/// The busy looks for a spin over several connections: the fewest any of
+/// them asks for (`AttachedConn::spin_looks`), the library's default for
+/// none.
+pub fn fewest_looks<'a>(conns: impl Iterator<Item = &'a dyn AttachedConn>) -> u32 {
+    conns
+        .map(|c| c.spin_looks())
+        .min()
+        .unwrap_or(ringbuf::backoff::SPIN_TURNS)
+}
+
 /// Polls `ready` for up to `limit_ns`, yielding the CPU between polls
 /// after the first `looks`.
 fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> bool {
