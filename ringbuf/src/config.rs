@@ -40,12 +40,28 @@ impl Default for RingConfig {
             alpha: 16,
             beta: 8,
             gamma: 64,
-            max_record_slots: 256,
+            max_record_slots: record_slots(256),
             coalesce: true,
             elastic: true,
             sync_ahead: true,
         }
     }
+}
+
+/// Payload bytes the default record cap holds: a 64 KiB write, the
+/// largest most programs make (sockperf's and our benchmarks' large
+/// messages, half of iperf3's block), is one record, so one slot WRITE
+/// and one tail. A cap of 256 slots of 256 B held 8 bytes less (the
+/// header) and cut every 64 KiB write into a record and an 8-byte
+/// straggler with its own WRITE, tail and doorbell: under Soft-RoCE the
+/// receiver slept once more per message for those 8 bytes.
+pub const RECORD_PAYLOAD: usize = 64 * 1024;
+
+/// The default record cap, in slots of `slot_size` bytes: `RECORD_PAYLOAD`
+/// and its header (257 slots of 256 B). Callers clamp it to `slots / 2`.
+pub fn record_slots(slot_size: u32) -> u32 {
+    let slots = crate::record::slots_for(RECORD_PAYLOAD, slot_size.max(1) as usize);
+    u32::try_from(slots).unwrap_or(u32::MAX)
 }
 
 /// Cache line size the layout is built around.

@@ -71,7 +71,7 @@ fn a_stream_goes_out_in_large_batches() {
         sent.extend_from_slice(&c);
     }
     // The first 4 KiB write went out alone (the small thresholds); the 31
-    // after it coalesced into batches of max_record_slots (256 slots, 64
+    // after it coalesced into batches of max_record_slots (257 slots, 64
     // KiB with the headers): 2 more tails, not 31.
     let tails = p.probes.tails();
     assert!(tails <= 3, "{tails} tail writes for 32 streamed writes");
@@ -123,4 +123,17 @@ fn shared_memory_keeps_the_small_thresholds() {
         assert_eq!(drain(&mut p.rx), c);
     }
     assert_eq!(p.probes.tails(), 16);
+}
+
+#[test]
+fn a_64_kib_write_goes_out_whole() {
+    // The default record holds 64 KiB of payload: such a write is one
+    // record, one tail, visible at once. A cap 8 bytes short left the last
+    // 8 bytes in a record of their own, held until the next flush.
+    let mut p = pair(true);
+    let msg: Vec<u8> = (0..65536).map(|j| (j * 13 + 5) as u8).collect();
+    assert_eq!(p.tx.write(&msg).unwrap(), msg.len());
+    assert_eq!(drain(&mut p.rx), msg);
+    assert_eq!(p.tx.records_written(), 1);
+    assert_eq!(p.probes.tails(), 1);
 }

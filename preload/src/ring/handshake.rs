@@ -51,7 +51,7 @@ pub(super) fn config_for(slots: u32, slot_size: u32) -> RingConfig {
         alpha,
         beta: c.beta.min(alpha),
         gamma: c.gamma.min(half),
-        max_record_slots: RingConfig::default().max_record_slots.min(half),
+        max_record_slots: ringbuf::config::record_slots(slot_size).min(half),
         ..RingConfig::default()
     }
 }
