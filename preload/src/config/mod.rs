@@ -47,8 +47,9 @@ pub struct Config {
     pub alpha: u32,
     /// RINGSOCK_BETA (8): slot transmission interval, 1..=alpha.
     pub beta: u32,
-    /// RINGSOCK_GAMMA (64): lazy head push interval, 1..=slots/2.
-    pub gamma: u32,
+    /// RINGSOCK_GAMMA (unset: 64 on shared memory, slots/4 on RDMA): lazy
+    /// head push interval, 1..=slots/2 (`ring::handshake::config_for`).
+    pub gamma: Option<u32>,
     /// RINGSOCK_SPIN_US (50): spin budget before sleeping, 0..=100000.
     pub spin_us: u32,
     /// RINGSOCK_CONNECT_TIMEOUT_MS (1000): ring handshake budget (the
@@ -96,7 +97,7 @@ impl Default for Config {
             slot_size: 256,
             alpha: 16,
             beta: 8,
-            gamma: 64,
+            gamma: None,
             spin_us: 50,
             connect_timeout_ms: 1000,
             claim_wait_ms: 1000,
@@ -185,7 +186,7 @@ impl Config {
             parse::number(s, 1..=u64::from(alpha)).map(|v| v as u32)
         });
         let gamma = b.parse("RINGSOCK_GAMMA", d.gamma, |s| {
-            parse::number(s, 1..=half).map(|v| v as u32)
+            parse::number(s, 1..=half).map(|v| Some(v as u32))
         });
         let spin_us = b.parse("RINGSOCK_SPIN_US", d.spin_us, |s| {
             parse::number(s, 0..=100_000).map(|v| v as u32)
@@ -300,6 +301,8 @@ fn show_default<T: fmt::Debug>(v: &T) -> String {
     let s = format!("{v:?}");
     match s.as_str() {
         "PortSet { ranges: [] }" | "[]" => "(none)".into(),
+        // RINGSOCK_GAMMA, the one knob whose default depends on the wire.
+        "None" => "(64 on shared memory, a quarter of the ring on RDMA)".into(),
         _ => s.to_lowercase(),
     }
 }
@@ -375,7 +378,7 @@ mod tests {
         assert!(d.is_empty());
         assert_eq!(c, Config::default());
         assert_eq!(c.ring_slots, 4096);
-        assert_eq!((c.alpha, c.beta, c.gamma), (16, 8, 64));
+        assert_eq!((c.alpha, c.beta, c.gamma), (16, 8, None));
         assert_eq!(c.ctl_sock, OsString::from(DEFAULT_CTL_SOCK));
     }
 
@@ -402,7 +405,7 @@ mod tests {
         assert_eq!(c.log_file, Some(OsString::from("/tmp/x.log")));
         assert_eq!(c.ring_slots, 1024);
         assert_eq!(c.slot_size, 4096);
-        assert_eq!((c.alpha, c.beta, c.gamma), (512, 512, 1));
+        assert_eq!((c.alpha, c.beta, c.gamma), (512, 512, Some(1)));
         assert_eq!(c.spin_us, 0);
         assert_eq!(c.connect_timeout_ms, 1500);
         assert!(c.allows("127.0.0.1".parse().unwrap(), 6379).is_ok());
@@ -436,7 +439,7 @@ mod tests {
         let defaults = Config::default();
         assert_eq!(c.ring_slots, defaults.ring_slots);
         assert_eq!(c.slot_size, defaults.slot_size);
-        assert_eq!((c.alpha, c.beta, c.gamma), (16, 8, 64));
+        assert_eq!((c.alpha, c.beta, c.gamma), (16, 8, None));
         assert_eq!(c.spin_us, 50);
         assert_eq!(c.connect_timeout_ms, 1000);
         assert!(c.include_ports.is_empty());
@@ -447,6 +450,13 @@ mod tests {
             assert!(line.contains("using default"), "{line}");
             assert!(!line.contains('\n'));
         }
+        let gamma = d.iter().find(|x| x.var == "RINGSOCK_GAMMA").unwrap();
+        assert!(
+            gamma
+                .to_string()
+                .ends_with("using default (64 on shared memory, a quarter of the ring on RDMA)"),
+            "{gamma}"
+        );
         let slots = d.iter().find(|x| x.var == "RINGSOCK_RING_SLOTS").unwrap();
         assert_eq!(
             slots.to_string(),

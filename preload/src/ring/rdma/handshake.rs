@@ -23,7 +23,7 @@ use ringsock_proto::Msg;
 
 use super::super::handshake::{
     claim, config_for, connect_started, decline, dup_cloexec, ensure_bound, log_no_resources,
-    new_bell, offer, ring_config,
+    new_bell, offer, ring_config, Wire,
 };
 use super::super::tracked::Tracked;
 use super::super::{background, ctl};
@@ -78,7 +78,7 @@ pub fn connect(
     let Some(local) = ensure_bound(fd, &dest) else {
         return (real_connect(), Decision::Tcp(TcpReason::Declined));
     };
-    let cfg = ring_config();
+    let cfg = ring_config(Wire::Rdma);
     let made = (|| {
         let vc = new_end(&dev, cfg, cfg).map_err(|e| format!("{e}"))?;
         let wake = new_bell().map_err(|e| format!("cannot create an eventfd: {e}"))?;
@@ -157,8 +157,8 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
     };
     // Our outgoing ring is the client's incoming one and vice versa, with
     // the client's geometry and our own batching knobs.
-    let out_cfg = config_for(client.in_ring.slots, client.in_ring.slot_size);
-    let in_cfg = config_for(client.out_ring.slots, client.out_ring.slot_size);
+    let out_cfg = config_for(client.in_ring.slots, client.in_ring.slot_size, Wire::Rdma);
+    let in_cfg = config_for(client.out_ring.slots, client.out_ring.slot_size, Wire::Rdma);
     let made = (|| {
         let vc = new_end(&dev, out_cfg, in_cfg).map_err(|e| (format!("{e}"), true))?;
         let wake = new_bell().map_err(|e| (format!("cannot create an eventfd: {e}"), true))?;
