@@ -46,20 +46,6 @@ impl SpinBudget {
         self.now = (self.now / 2).max(self.floor());
     }
 
-    /// A wait that missed and slept was ready `waited` after its spin
-    /// began. Within the maximum, a spin of the whole budget would have
-    /// caught it: the budget goes back to the maximum. `hit` alone cannot
-    /// get there: once a miss or two took the budget to the floor, a
-    /// ping-pong whose replies take longer than the floor (but less than
-    /// the maximum) never hits again, and its waits grow by the wake-up
-    /// they now pay. A longer wait leaves the halved budget: an idle end
-    /// still sleeps after the floor.
-    pub fn slept(&mut self, waited: Duration) {
-        if waited <= self.max {
-            self.now = self.max;
-        }
-    }
-
     /// Spins until `ready()` or the budget runs out. Returns whether ready
     /// and the number of spin iterations.
     pub fn spin(
@@ -154,25 +140,6 @@ mod tests {
             b.hit();
         }
         assert_eq!(b.current(), Duration::from_micros(64));
-    }
-
-    #[test]
-    fn a_wait_within_the_maximum_restores_it() {
-        let mut b = SpinBudget::new(Duration::from_micros(200));
-        for _ in 0..10 {
-            b.miss();
-        }
-        assert_eq!(b.current(), Duration::from_micros(25));
-        // Slept, but ready 150 µs after the spin began: 200 would have hit.
-        b.slept(Duration::from_micros(150));
-        assert_eq!(b.current(), Duration::from_micros(200));
-        // An idle wait (ready after 5 ms) keeps what the miss left.
-        b.miss();
-        b.slept(Duration::from_millis(5));
-        assert_eq!(b.current(), Duration::from_micros(100));
-        let mut zero = SpinBudget::new(Duration::ZERO);
-        zero.slept(Duration::ZERO);
-        assert_eq!(zero.current(), Duration::ZERO);
     }
 
     #[test]

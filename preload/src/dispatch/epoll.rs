@@ -59,7 +59,7 @@ use std::sync::Mutex;
 
 use libc::{c_int, epoll_event};
 
-use super::wait::{fewest_looks, remaining, spin, woke_ready};
+use super::wait::{fewest_looks, remaining, spin};
 use crate::attached::{AttachedConn, Ready};
 use crate::fdtable::FdRef;
 use crate::hook::guard;
@@ -1026,10 +1026,6 @@ pub unsafe fn wait_mixed(
             m = inner.walk(&mut out[k..], 0, todo, 0);
             if k + m == out.len() && !inner.ready.is_empty() {
                 inner.poke_sleepers();
-            }
-            if m > 0 {
-                // Ring events ended this sleep (the spin budget's rule).
-                woke_ready();
             }
         }
         if k + m > 0 {

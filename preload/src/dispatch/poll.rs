@@ -10,7 +10,7 @@
 
 use libc::{c_int, pollfd};
 
-use super::wait::{fewest_looks, sleep, spin, woke_ready};
+use super::wait::{fewest_looks, sleep, spin};
 use crate::attached::Ready;
 use crate::fdtable::{self, FdRef};
 use crate::hook::guard;
@@ -133,9 +133,6 @@ pub fn poll_mixed(
             return -1;
         }
         let rings_ready = answer_rings(fds, &rings);
-        if rings_ready > 0 {
-            woke_ready();
-        }
         let kernel_ready = fds
             .iter()
             .zip(&rings)

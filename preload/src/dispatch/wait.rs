@@ -9,10 +9,9 @@
 //!
 //! The spin budget adapts per thread: a spin that found the connection
 //! ready doubles it (up to RINGSOCK_SPIN_US), a spin that ended in sleep
-//! halves it down to an eighth of that (`ringbuf::SpinBudget`), and a
-//! sleep that a ring ended within RINGSOCK_SPIN_US of the spin's start
-//! (`woke_ready`) restores it, so an idle program spins little before
-//! each sleep and a busy ping-pong keeps spinning.
+//! halves it down to an eighth of that (`ringbuf::SpinBudget`), so an idle
+//! program spins little before each sleep and a busy ping-pong keeps
+//! spinning.
 
 use std::cell::Cell;
 use std::time::Duration;
@@ -26,9 +25,6 @@ use crate::{config, real, sys};
 thread_local! {
     /// This thread's spin budget; None until its first wait.
     static BUDGET: Cell<Option<SpinBudget>> = const { Cell::new(None) };
-    /// When this thread's last spin began, if it missed (0: it hit, or
-    /// the outcome was reported to the budget already).
-    static MISSED_SINCE: Cell<u64> = const { Cell::new(0) };
 }
 
 /// How a wait ended.
@@ -69,8 +65,8 @@ pub fn spin(looks: u32, mut ready: impl FnMut() -> bool) -> bool {
             .unwrap_or_else(|| SpinBudget::new(Duration::from_micros(config::get().spin_us.into())))
     });
     let limit = budget.current().as_nanos() as u64;
-    let (hit, start) = if limit == 0 {
-        (ready(), 0)
+    let hit = if limit == 0 {
+        ready()
     } else {
         spin_for(limit, looks, &mut ready)
     };
@@ -80,26 +76,7 @@ pub fn spin(looks: u32, mut ready: impl FnMut() -> bool) -> bool {
         budget.miss();
     }
     BUDGET.with(|b| b.set(Some(budget)));
-    MISSED_SINCE.with(|m| m.set(if hit { 0 } else { start }));
     hit
-}
-
-/// A ring made the sleep after this thread's last (missed) spin end:
-/// tells the budget how long the whole wait took (`SpinBudget::slept`).
-/// Callers report only waits that a ring connection ended, which a spin
-/// could have seen; a kernel socket or a timeout says nothing about it.
-pub fn woke_ready() {
-    let since = MISSED_SINCE.with(|m| m.replace(0));
-    if since == 0 {
-        return;
-    }
-    let waited = Duration::from_nanos(sys::monotonic_ns().saturating_sub(since));
-    BUDGET.with(|b| {
-        if let Some(mut budget) = b.get() {
-            budget.slept(waited);
-            b.set(Some(budget));
-        }
-    });
 }
 
 /// The busy looks for a spin over several connections: the fewest any of
@@ -113,9 +90,8 @@ pub fn fewest_looks<'a>(conns: impl Iterator<Item = &'a dyn AttachedConn>) -> u3
 }
 
 /// Polls `ready` for up to `limit_ns`, yielding the CPU between polls
-/// after the first `looks`. Returns whether it became ready, and when the
-/// spin began.
-fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> (bool, u64) {
+/// after the first `looks`.
+fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> bool {
     let start = sys::monotonic_ns();
     let mut i = 0u32;
     // After `looks` busy looks the spin yields the CPU between looks: on
@@ -125,12 +101,12 @@ fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> (boo
     let mut relax = ringbuf::backoff::CompletionWait::with_spin_turns(looks);
     loop {
         if ready() {
-            return (true, start);
+            return true;
         }
         i = i.wrapping_add(1);
         // Reading the clock every iteration would dominate a short spin.
         if i.is_multiple_of(64) && sys::monotonic_ns().saturating_sub(start) >= limit_ns {
-            return (false, start);
+            return false;
         }
         relax.relax();
     }
@@ -148,7 +124,6 @@ pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Op
     loop {
         if conn.arm(interest).intersects(want) {
             conn.disarm(interest);
-            woke_ready();
             return Woke::Ready;
         }
         let mut pfds = [libc::pollfd {
@@ -182,7 +157,6 @@ pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Op
             Err(e) => return Woke::Failed(e),
         }
         if conn.readiness().intersects(want) {
-            woke_ready();
             return Woke::Ready;
         }
         if let Some(d) = deadline {
@@ -230,37 +204,5 @@ pub fn sleep(
         Err(sys::errno())
     } else {
         Ok(r as usize)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn budget() -> Duration {
-        BUDGET.with(|b| b.get().expect("a spin ran").current())
-    }
-
-    #[test]
-    fn a_ring_soon_after_a_missed_spin_restores_the_budget() {
-        let max = Duration::from_micros(config::get().spin_us.into());
-        assert!(!max.is_zero(), "the tests run with the default spin");
-        for _ in 0..6 {
-            assert!(!spin(4, || false));
-        }
-        assert_eq!(budget(), max / 8);
-        // Ready right after the spin: a whole budget would have caught it.
-        woke_ready();
-        assert_eq!(budget(), max);
-        // Reported once only, and a late ring leaves the halved budget.
-        assert!(!spin(4, || false));
-        std::thread::sleep(max * 4);
-        woke_ready();
-        woke_ready();
-        assert_eq!(budget(), max / 2);
-        // A hit leaves nothing to report.
-        assert!(spin(4, || true));
-        woke_ready();
-        assert_eq!(budget(), max);
     }
 }
