@@ -55,6 +55,8 @@ impl Symbol {
     /// `realloc`): a lookup made while this thread is already inside dlsym
     /// for one of them returns None, uncached, instead of recursing.
     #[inline]
+    // Only the memory hooks of the RDMA registration cache use it.
+    #[cfg_attr(not(feature = "verbs"), allow(dead_code))]
     pub fn get_reentrant(&self) -> Option<*mut c_void> {
         let p = self.ptr.load(Ordering::Acquire);
         if !p.is_null() {
