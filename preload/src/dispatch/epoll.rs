@@ -968,8 +968,10 @@ pub unsafe fn wait_mixed(
             (n, cands)
         };
         // 2. Spin.
-        let looks = fewest_looks(cands.iter().filter_map(|c| c.st.conn()));
-        if n == 0 && !cands.is_empty() && spin(looks, || cands.iter().any(Candidate::ready)) {
+        // The busy looks are asked for only when there is a spin.
+        let spin_looks = || fewest_looks(cands.iter().filter_map(|c| c.st.conn()));
+        if n == 0 && !cands.is_empty() && spin(spin_looks(), || cands.iter().any(Candidate::ready))
+        {
             let mut locked = set.lock();
             let inner = &mut *locked;
             for c in &cands {

@@ -146,8 +146,9 @@ pub fn connect(
     let Some(local) = ensure_bound(fd, &dest) else {
         return tcp(real_connect);
     };
+    let cfg = ring_config(Wire::Shm);
     let made = (|| {
-        let seg = Segment::create(&ring_config(Wire::Shm), 2)
+        let seg = Segment::create(&cfg, 2)
             .map_err(|e| format!("cannot create its shared memory: {e}"))?;
         let cbell = new_bell().map_err(|e| format!("cannot create a doorbell eventfd: {e}"))?;
         let sbell = new_bell().map_err(|e| format!("cannot create a doorbell eventfd: {e}"))?;
@@ -197,7 +198,6 @@ pub fn connect(
     if !connect_started(&res, offer_id, tcp_dup) {
         return (res, Decision::Tcp(TcpReason::Declined));
     }
-    let cfg = ring_config(Wire::Shm);
     let ring0 = seg.ring(0);
     let ring1 = seg.ring(1);
     let peer = Arc::new(sbell);
