@@ -51,7 +51,11 @@ stop() { # PID...: ends a server and reaps it
   wait "$@" 2>/dev/null
 }
 
-# Status sampling: both daemons every 0.2 s into /tmp/st.NAME.{A,B}.
+# Status sampling: both daemons every SAMPLE_SECS (default 0.2 s) into
+# /tmp/st.NAME.{A,B}. Each sample starts two ringsock-ctl processes: at
+# 0.2 s they took about a sixth of the guest's CPU during a bulk run (perf),
+# so benchmarks sample less often (programs.sh).
+SAMPLE_SECS=${SAMPLE_SECS:-0.2}
 sample_start() { # NAME
   rm -f /tmp/st.$1.A /tmp/st.$1.B
   ( while :; do
@@ -59,7 +63,7 @@ sample_start() { # NAME
         ringsock-ctl status --json --socket /tmp/ctl$h.sock >> /tmp/st.$1.$h 2>&1
         echo >> /tmp/st.$1.$h
       done
-      sleep 0.2
+      sleep $SAMPLE_SECS
     done ) &
   smppid=$!
 }
