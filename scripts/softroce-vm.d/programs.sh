@@ -23,7 +23,8 @@
 #   ringsock-spin50  (raw test only) the shim at its default spin budget
 #             (50 us; the ringsock runs use SHIM_SPIN_US below);
 #   verbs     (raw test only) ringsock's verbs ring library itself between
-#             A and B, no shim and no socket calls, for reference.
+#             A and B, no shim and no socket calls, for reference (both
+#             ends spin verbscheck's default 2 ms before they sleep).
 # Prints one machine-readable line per run:
 #   ROW <workload> <system> <rep> <value> <unit> <transport-check>
 # where the check is, for ringsock, the transports both daemons reported
