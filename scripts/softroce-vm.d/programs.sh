@@ -15,6 +15,10 @@
 #             on rxeB and the server on rxeA, and the packets cross the
 #             vethA<->vethB wire as ringsock's do (its check column counts
 #             rxeB's sent packets: 0 would mean it ran over loopback);
+#   rsocket-poll  (raw test only) rsocket's preload as above, its polling
+#             time (/etc/rdma/rsocket/polling_time, default 10 us) set to
+#             SHIM_SPIN_US: the like-for-like reference for the ringsock
+#             runs, whose spin budget is scaled the same way;
 #   rsocket-lo  (raw test only) rsocket's preload with both ends on rxeA
 #             (rxe loopback: no IP stack and no wire, about 3x cheaper per
 #             message than the wire here), for reference;
@@ -90,6 +94,11 @@ clienv() {
 }
 srvaddr() { case $1 in rsocket*) echo 10.9.0.1 ;; *) echo $SRV ;; esac; }
 srvhost() { case $1 in rsocket*) echo root ;; *) echo A ;; esac; }
+# rsocket's polling time (µs) before it blocks (rsocket(7)); rsocket-poll
+# writes it, nothing else may find it there.
+RS_POLLING=/etc/rdma/rsocket/polling_time
+mkdir -p /etc/rdma/rsocket
+rm -f $RS_POLLING
 # The rsocket client's source address (see the header); empty otherwise.
 RS_SRC=10.9.0.2
 rxeb_sent() { cat /sys/class/infiniband/rxeB/ports/1/hw_counters/sent_pkts 2>/dev/null || echo 0; }
@@ -119,7 +128,7 @@ measure_stop() { # SYSTEM NAME
 check_of() { # SYSTEM NAME
   case $1 in
     ringsock*) tally $2 $port ;;
-    rsocket) echo "rxeB_sent=$(($(rxeb_sent) - rs_sent0))" ;;
+    rsocket|rsocket-poll) echo "rxeB_sent=$(($(rxeb_sent) - rs_sent0))" ;;
     *) echo "-" ;;
   esac
 }
@@ -176,14 +185,18 @@ raw() { # SYSTEM REP
       --sizes $RAW_SIZES --iters $RAW_ITERS --bw-mib $RAW_MIB --reps 1 2>&1)
     chk="-"
   else
+    # rsocket reads its polling time once per process, at its first call:
+    # the file is there before the server starts.
+    [ $1 = rsocket-poll ] && echo $SHIM_SPIN_US > $RS_POLLING
     start_server $1 verbscheck tcp-serve --listen $(srvaddr $1):$port
     measure_start $1 $w
-    src=; [ $1 = rsocket ] && src="--bind $RS_SRC"
+    src=; case $1 in rsocket|rsocket-poll) src="--bind $RS_SRC" ;; esac
     rs_sent0=$(rxeb_sent)
     out=$(timeout 150 $(clienv $1) verbscheck pingpong --tcp --connect $(srvaddr $1):$port \
       --sizes $RAW_SIZES --iters $RAW_ITERS --bw-mib $RAW_MIB --reps 1 $src 2>&1)
     measure_stop $1 $w
     chk=$(check_of $1 $w)
+    rm -f $RS_POLLING
   fi
   nf=0
   for size in $(echo $RAW_SIZES | tr , ' '); do
@@ -225,7 +238,7 @@ while [ $rep -le $REPS ]; do
   for size in $IPERF_SIZES; do
     for s in kernel ringsock rsocket; do iperf $s $size $rep; done
   done
-  for s in kernel ringsock ringsock-spin50 rsocket rsocket-lo verbs; do raw $s $rep; done
+  for s in kernel ringsock ringsock-spin50 rsocket rsocket-poll rsocket-lo verbs; do raw $s $rep; done
   for size in $(echo $RAW_SIZES | tr , ' '); do devbw $size $rep; done
   rep=$((rep + 1))
 done
