@@ -123,6 +123,30 @@ fi
 kill $zpid 2>/dev/null
 wait $zpid 2>/dev/null
 
+step "ping-pong over verbs with both ends spinning: the tails ride in the slot WRITEs"
+# Neither end sleeps (a 20 ms spin), so no tail carries a ring. Both ends
+# keep a receive per incoming slot (FEATURE_TAIL_CREDITS), so each small
+# message's tail goes in the immediate of its slot WRITE: the client's
+# word WRITEs are only its head pushes and flag writes, far fewer than
+# its tails (without the feature each tail is a word WRITE of its own).
+$A verbscheck serve --listen $SRV:7005 --spin-us 20000 > /tmp/vsrv1.log 2>&1 &
+spid=$!
+sleep 1
+$B timeout 90 verbscheck pingpong --connect $SRV:7005 --spin-us 20000 --sizes 64 --iters 200 \
+  --bw-mib 1 --reps 1 | tee /tmp/pp1.log
+line=$(grep 'RESULT transport=verbs test=pingpong' /tmp/pp1.log)
+msgs=$(kv messages); tails=$(kv ring_tail_writes); words=$(kv word_writes); lost=$(kv lost_wakeups)
+posted=$(kv wr_posted)
+if [ -n "$msgs" ] && [ -n "$tails" ] && [ -n "$words" ] && [ -n "$posted" ] && [ "$lost" = 0 ] \
+  && [ $tails -ge $msgs ] && [ $((words * 4)) -lt $tails ] && [ $posted -lt $((tails * 3 / 2)) ]; then
+  echo "CHECK PASS tails in slot WRITEs: $msgs messages, $tails tails, $words word WRITEs, $posted work requests"
+else
+  echo "CHECK FAILED: tails in slot WRITEs: messages=$msgs tails=$tails word_writes=$words wr_posted=$posted lost=$lost"
+  fail=1
+fi
+kill $spid 2>/dev/null
+wait $spid 2>/dev/null
+
 step "ping-pong and bw over kernel TCP B->A (ctl wire)"
 $B timeout 90 verbscheck pingpong --tcp --connect $SRV:7002 --sizes $SIZES --iters $ITERS --bw-mib $BW_MIB
 

@@ -3,7 +3,9 @@
 //! transports and doorbell built on them.
 
 use super::device::Device;
-use super::params::{QpParams, RingDesc, FEATURE_STANDING_WAITS, FEATURE_TAIL_IN_IMM};
+use super::params::{
+    QpParams, RingDesc, FEATURE_STANDING_WAITS, FEATURE_TAIL_CREDITS, FEATURE_TAIL_IN_IMM,
+};
 use crate::config::RingConfig;
 use crate::error::RingError;
 use crate::layout::{RingControl, CONTROL_BYTES};
@@ -31,7 +33,9 @@ const PAGE: usize = 4096;
 const HUGE: usize = 2 << 20;
 /// Send queue depth (capped by the device).
 const SQ_DEPTH: u32 = 256;
-/// Receive queue depth: doorbell rings that may be pending at once.
+/// Receive queue depth: doorbell rings that may be pending at once. An
+/// end whose device allows it posts a receive per incoming slot on top
+/// (`params::FEATURE_TAIL_CREDITS`).
 const RQ_DEPTH: u32 = 64;
 /// Immediate bit of the ring that ends a standing flag (the low 31 bits
 /// carry its epoch, `waiting::Ring::EndsStanding`); plain kicks carry 1
@@ -244,6 +248,10 @@ struct Remote {
     /// The peer's receiver takes a tail from a ring's immediate
     /// (`params::FEATURE_TAIL_IN_IMM`).
     tail_in_imm: bool,
+    /// The peer keeps a receive per slot of the ring we send it
+    /// (`params::FEATURE_TAIL_CREDITS`): every small batch's tail may
+    /// ride in its slot WRITE's immediate.
+    tail_credits: bool,
 }
 
 struct Shared {
@@ -258,6 +266,8 @@ struct Shared {
     qp: *mut ibv_qp,
     sq_depth: u32,
     rq_depth: u32,
+    /// `rq_depth` covers every incoming slot (`FEATURE_TAIL_CREDITS`).
+    tail_credits: bool,
     inline: bool,
     psn: u32,
     remote: Remote,
@@ -481,7 +491,14 @@ impl VerbsConn {
         let region = Arc::new(Region::new(layout.total)?);
         init_header(&region, &layout, &out_cfg, &in_cfg, dev);
         let sq_depth = SQ_DEPTH.min(dev.max_qp_wr).min(dev.max_cqe).max(2);
-        let rq_depth = RQ_DEPTH.min(dev.max_qp_wr).min(dev.max_cqe).max(1);
+        let rq_cap = dev.max_qp_wr.min(dev.max_cqe);
+        let covering = u64::from(in_cfg.slots) + u64::from(RQ_DEPTH);
+        let tail_credits = covering <= u64::from(rq_cap);
+        let rq_depth = if tail_credits {
+            covering as u32
+        } else {
+            RQ_DEPTH.min(rq_cap).max(1)
+        };
         // Built field by field; Drop frees whatever was created if a later
         // step fails.
         let mut s = Shared {
@@ -496,6 +513,7 @@ impl VerbsConn {
             qp: std::ptr::null_mut(),
             sq_depth,
             rq_depth,
+            tail_credits,
             inline: false,
             psn: random_psn(),
             remote: Remote::default(),
@@ -564,7 +582,17 @@ impl VerbsConn {
                 os_text(errno())
             )));
         }
-        for inline in [64u32, 0] {
+        // A device may refuse the receive queue that covers every slot
+        // while its limits allowed it: then the doorbell's alone, and the
+        // peer writes tail words (no FEATURE_TAIL_CREDITS).
+        let small_rq = RQ_DEPTH.min(rq_cap).max(1);
+        let tries = [
+            (64u32, rq_depth),
+            (0, rq_depth),
+            (64, small_rq),
+            (0, small_rq),
+        ];
+        for (inline, rq) in tries {
             // SAFETY: zeroed is a valid init attr; the fields we need are set.
             let mut ia: ibv_qp_init_attr = unsafe { std::mem::zeroed() };
             ia.send_cq = s.send_cq;
@@ -572,7 +600,7 @@ impl VerbsConn {
             ia.qp_type = ibv_qp_type::IBV_QPT_RC;
             ia.sq_sig_all = 0;
             ia.cap.max_send_wr = sq_depth;
-            ia.cap.max_recv_wr = rq_depth;
+            ia.cap.max_recv_wr = rq;
             ia.cap.max_send_sge = 1;
             ia.cap.max_recv_sge = 1;
             ia.cap.max_inline_data = inline;
@@ -580,6 +608,8 @@ impl VerbsConn {
             s.qp = unsafe { ibv_create_qp(dev.pd, &mut ia) };
             if !s.qp.is_null() {
                 s.inline = ia.cap.max_inline_data >= 8;
+                s.rq_depth = rq;
+                s.tail_credits = tail_credits && rq == rq_depth;
                 break;
             }
         }
@@ -609,7 +639,13 @@ impl VerbsConn {
             qpn: unsafe { (*s.qp).qp_num },
             psn: s.psn,
             mtu: s.dev.mtu,
-            features: FEATURE_STANDING_WAITS | FEATURE_TAIL_IN_IMM,
+            features: FEATURE_STANDING_WAITS
+                | FEATURE_TAIL_IN_IMM
+                | if s.tail_credits {
+                    FEATURE_TAIL_CREDITS
+                } else {
+                    0
+                },
             // SAFETY: mr is valid for the life of self.
             rkey: unsafe { (*s.mr).rkey },
             out_ring: RingDesc {
@@ -676,6 +712,8 @@ impl VerbsConn {
             out_slots: peer.out_ring.slots_addr,
             standing: peer.features & FEATURE_STANDING_WAITS != 0,
             tail_in_imm: peer.features & FEATURE_TAIL_IN_IMM != 0,
+            tail_credits: peer.features & FEATURE_TAIL_IN_IMM != 0
+                && peer.features & FEATURE_TAIL_CREDITS != 0,
         };
         shared.to_init()?;
         {
@@ -1052,8 +1090,17 @@ impl Shared {
             flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
             imm = v.to_be();
         }
+        if let Src::RegionTail { imm: v, .. } = src {
+            // The tail rides in the immediate; not solicited: a receiver
+            // asleep on its doorbell is not woken by it (the sender's
+            // check at its completion rings it if it sleeps).
+            opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+            imm = v.to_be();
+        }
         match src {
-            Src::Region { off, len } | Src::RegionKick { off, len, .. } => {
+            Src::Region { off, len }
+            | Src::RegionKick { off, len, .. }
+            | Src::RegionTail { off, len, .. } => {
                 sge.addr = self.region.addr(off);
                 sge.length = len;
             }
@@ -1177,6 +1224,13 @@ enum Src {
         len: u32,
         imm: u32,
     },
+    /// Slots whose WRITE carries the tail in its immediate without
+    /// ringing the doorbell (`params::FEATURE_TAIL_CREDITS`).
+    RegionTail {
+        off: usize,
+        len: u32,
+        imm: u32,
+    },
     External(ExternalSrc),
     Word(u64),
     /// A word whose WRITE carries a doorbell ring (WRITE_WITH_IMM).
@@ -1246,20 +1300,29 @@ impl VerbsTransport {
     }
 
     /// The tail write of a sender whose slots are held (`write_slots`):
-    /// those slots go out as one WRITE_WITH_IMM that rings the receiver
-    /// and carries `tail` (`crate::tail_hint`), reported as this end's
-    /// word write. `None`: nothing held, write the tail word.
-    fn post_tail_in_imm(&self, tail: u64) -> Result<Option<Visibility>, RingError> {
+    /// those slots go out as one WRITE_WITH_IMM that carries `tail`
+    /// (`crate::tail_hint`) and, if `ring`, rings the receiver; reported
+    /// as this end's word write. `None`: nothing held, write the tail
+    /// word.
+    fn post_tail_in_imm(&self, tail: u64, ring: bool) -> Result<Option<Visibility>, RingError> {
         let s = &*self.shared;
         let mut st = lock(&s.sq);
         let Some(h) = st.held_slots.take() else {
             return Ok(None);
         };
         let imm = IMM_CARRIES_TAIL | crate::tail_hint::encode(tail);
-        let src = Src::RegionKick {
-            off: h.off,
-            len: h.len,
-            imm,
+        let src = if ring {
+            Src::RegionKick {
+                off: h.off,
+                len: h.len,
+                imm,
+            }
+        } else {
+            Src::RegionTail {
+                off: h.off,
+                len: h.len,
+                imm,
+            }
         };
         self.post_reported(&mut st, h.remote, src)?;
         Ok(Some(Visibility::AtCompletion))
@@ -1332,6 +1395,15 @@ impl Transport for VerbsTransport {
         if word == PeerWord::LocalTail {
             if let Some(vis) = self.pull_tail(value)? {
                 return Ok(vis);
+            }
+            // A receiver with a receive for every slot takes the tail from
+            // the immediate of the small batch's own WRITE: one work
+            // request (under Soft-RoCE two packets, the WRITE and its
+            // acknowledgement) where the word took two (four).
+            if self.shared.remote.tail_credits {
+                if let Some(vis) = self.post_tail_in_imm(value, false)? {
+                    return Ok(vis);
+                }
             }
         }
         self.post_word_at(word, Src::Word(value))
@@ -1428,8 +1500,25 @@ impl Transport for VerbsTransport {
             // among it). The channel's events stay for the doorbell's
             // waiter, and a drain that finds events but no completions
             // still counts as rung (`Doorbell::drain`).
-            let _g = lock(&self.shared.rq);
-            self.shared.poll_recv()?;
+            let s = &*self.shared;
+            let _g = lock(&s.rq);
+            s.poll_recv()?;
+            if fetched.is_none() && s.tail_credits {
+                // Push mode, with a receive for every incoming slot
+                // (`FEATURE_TAIL_CREDITS`): load the tail here, then reap
+                // again. Every immediate whose tail this load covers
+                // completed before the word it reads was written (the
+                // queue pair keeps order), so after the second reap the
+                // receiver has reaped all of them before it can consume
+                // past them, and the unreaped ones never outnumber the
+                // ring's slots (module docs). A tail the second reap
+                // learns is seen at the next look.
+                let tail = s
+                    .ctrl_word(s.layout.in_ctrl, offset_of!(RingControl, local_tail))
+                    .load(Ordering::Acquire);
+                s.poll_recv()?;
+                return Ok(Some(tail));
+            }
         }
         Ok(fetched)
     }
@@ -1473,7 +1562,7 @@ impl Transport for VerbsTransport {
             }
         }
         if word == PeerWord::LocalTail && ring == Ring::Plain {
-            if let Some(vis) = self.post_tail_in_imm(value)? {
+            if let Some(vis) = self.post_tail_in_imm(value, true)? {
                 bump(&self.shared.counters().kicks_sent, 1);
                 return Ok(vis);
             }

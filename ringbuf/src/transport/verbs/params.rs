@@ -88,6 +88,16 @@ pub const FEATURE_STANDING_WAITS: u8 = 1;
 /// never see such a tail.
 pub const FEATURE_TAIL_IN_IMM: u8 = 2;
 
+/// `features` bit: this end keeps a posted receive for every slot of its
+/// incoming ring, on top of the doorbell's. Each immediate takes one, and
+/// a tail in an immediate advances the tail by at least a slot, so the
+/// immediates its receiver has not reaped never outnumber the slots the
+/// sender may have in flight: the peer's sender may then carry *every*
+/// small batch's tail in the immediate of its slot WRITE (one work
+/// request and one packet less per message) without running this end out
+/// of receives. Against an older end it writes the tail word instead.
+pub const FEATURE_TAIL_CREDITS: u8 = 4;
+
 impl QpParams {
     /// Little-endian encoding: magic, version, total length, then the
     /// fields in declaration order (`features`, then 2 reserved zero bytes
@@ -224,7 +234,7 @@ mod tests {
             qpn: 0x11,
             psn: 0x00ab_cdef,
             mtu: 3,
-            features: FEATURE_STANDING_WAITS | FEATURE_TAIL_IN_IMM,
+            features: FEATURE_STANDING_WAITS | FEATURE_TAIL_IN_IMM | FEATURE_TAIL_CREDITS,
             rkey: 0xdead_beef,
             out_ring: RingDesc {
                 ctrl_addr: 0x7f00_0000_0000,
@@ -254,14 +264,20 @@ mod tests {
         let enc = sample().encode();
         assert_eq!(
             enc[35],
-            FEATURE_STANDING_WAITS | FEATURE_TAIL_IN_IMM,
+            FEATURE_STANDING_WAITS | FEATURE_TAIL_IN_IMM | FEATURE_TAIL_CREDITS,
             "right after mtu"
         );
-        assert_eq!(
-            FEATURE_STANDING_WAITS & FEATURE_TAIL_IN_IMM,
-            0,
-            "distinct bits"
-        );
+        let bits = [
+            FEATURE_STANDING_WAITS,
+            FEATURE_TAIL_IN_IMM,
+            FEATURE_TAIL_CREDITS,
+        ];
+        for (i, a) in bits.iter().enumerate() {
+            assert_eq!(a.count_ones(), 1);
+            for b in &bits[i + 1..] {
+                assert_eq!(a & b, 0, "distinct bits");
+            }
+        }
         let mut old = enc;
         old[35] = 0;
         assert_eq!(QpParams::decode(&old).map(|p| p.features), Ok(0));
