@@ -422,6 +422,21 @@ fn intern(seen: &mut Vec<&'static str>, cap: usize, msg: String) -> &'static str
 }
 
 /// A 24-bit initial packet sequence number, different per connection.
+/// The receive queue for an end whose incoming ring has `in_slots` slots
+/// on a device that allows `cap` entries (the lesser of its queue pair
+/// and CQ limits): the doorbell's `RQ_DEPTH` plus one per slot where it
+/// fits, which lets the peer carry every small batch's tail in an
+/// immediate (`FEATURE_TAIL_CREDITS`, true then); the doorbell's alone
+/// otherwise.
+fn receive_queue_depth(in_slots: u32, cap: u32) -> (u32, bool) {
+    let covering = u64::from(in_slots) + u64::from(RQ_DEPTH);
+    if covering <= u64::from(cap) {
+        (covering as u32, true)
+    } else {
+        (RQ_DEPTH.min(cap).max(1), false)
+    }
+}
+
 fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -492,13 +507,7 @@ impl VerbsConn {
         init_header(&region, &layout, &out_cfg, &in_cfg, dev);
         let sq_depth = SQ_DEPTH.min(dev.max_qp_wr).min(dev.max_cqe).max(2);
         let rq_cap = dev.max_qp_wr.min(dev.max_cqe);
-        let covering = u64::from(in_cfg.slots) + u64::from(RQ_DEPTH);
-        let tail_credits = covering <= u64::from(rq_cap);
-        let rq_depth = if tail_credits {
-            covering as u32
-        } else {
-            RQ_DEPTH.min(rq_cap).max(1)
-        };
+        let (rq_depth, tail_credits) = receive_queue_depth(in_cfg.slots, rq_cap);
         // Built field by field; Drop frees whatever was created if a later
         // step fails.
         let mut s = Shared {
@@ -585,7 +594,7 @@ impl VerbsConn {
         // A device may refuse the receive queue that covers every slot
         // while its limits allowed it: then the doorbell's alone, and the
         // peer writes tail words (no FEATURE_TAIL_CREDITS).
-        let small_rq = RQ_DEPTH.min(rq_cap).max(1);
+        let small_rq = receive_queue_depth(u32::MAX, rq_cap).0;
         let tries = [
             (64u32, rq_depth),
             (0, rq_depth),
@@ -1675,6 +1684,22 @@ impl Doorbell {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_receive_queue_covers_the_ring_where_the_device_allows() {
+        // rxe allows 16384 work requests: a receive per default slot fits.
+        assert_eq!(receive_queue_depth(4096, 16384), (4096 + RQ_DEPTH, true));
+        assert_eq!(receive_queue_depth(4096, 4096 + RQ_DEPTH), (4160, true));
+        // One short: the doorbell's receives only, no credits claimed.
+        assert_eq!(
+            receive_queue_depth(4096, 4096 + RQ_DEPTH - 1),
+            (RQ_DEPTH, false)
+        );
+        assert_eq!(receive_queue_depth(u32::MAX, u32::MAX), (RQ_DEPTH, false));
+        // A tiny device still gets a queue.
+        assert_eq!(receive_queue_depth(4096, 16), (16, false));
+        assert_eq!(receive_queue_depth(4096, 0), (1, false));
+    }
 
     #[test]
     fn reg_mr_errors_name_size_errno_and_memlock() {
