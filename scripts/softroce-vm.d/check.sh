@@ -103,13 +103,21 @@ step "ping-pong over verbs with both ends asleep between messages: the tails rid
 # client itself sleeps (spin 0 still takes 32 looks): the rings must reach
 # at least every other message in one direction or the other (the client
 # sent 48 rings for 110 messages in one boot, and received 110).
-$A verbscheck serve --listen $SRV:7004 --spin-us 0 > /tmp/vsrv0.log 2>&1 &
-zpid=$!
-sleep 1
-$B timeout 90 verbscheck pingpong --connect $SRV:7004 --spin-us 0 --sizes 64 --iters 100 \
-  --bw-mib 1 --reps 1 | tee /tmp/pp0.log
-line=$(grep 'RESULT transport=verbs test=pingpong' /tmp/pp0.log)
+# spin_pingpong PORT SPIN_US ITERS: a 64 B verbs ping-pong with both ends
+# at SPIN_US, its client's RESULT line in $line (read with kv), the server
+# gone afterwards.
+spin_pingpong() {
+  $A verbscheck serve --listen $SRV:$1 --spin-us $2 > /tmp/vsrv.$1.log 2>&1 &
+  ppid=$!
+  sleep 1
+  $B timeout 90 verbscheck pingpong --connect $SRV:$1 --spin-us $2 --sizes 64 --iters $3 \
+    --bw-mib 1 --reps 1 | tee /tmp/pp.$1.log
+  line=$(grep 'RESULT transport=verbs test=pingpong' /tmp/pp.$1.log)
+  kill $ppid 2>/dev/null
+  wait $ppid 2>/dev/null
+}
 kv() { echo "$line" | sed -n "s/.* $1=\([0-9]*\).*/\1/p"; }
+spin_pingpong 7004 0 100
 msgs=$(kv messages); tails=$(kv ring_tail_writes); words=$(kv word_writes)
 kicks=$(kv kicks_sent); rung=$(kv rings_received); lost=$(kv lost_wakeups)
 if [ -n "$msgs" ] && [ -n "$tails" ] && [ -n "$words" ] && [ -n "$kicks" ] && [ -n "$rung" ] \
@@ -120,8 +128,6 @@ else
   echo "CHECK FAILED: tails in rings: messages=$msgs tails=$tails rings_sent=$kicks rings_received=$rung word_writes=$words lost=$lost"
   fail=1
 fi
-kill $zpid 2>/dev/null
-wait $zpid 2>/dev/null
 
 step "ping-pong over verbs with both ends spinning: the tails ride in the slot WRITEs"
 # Neither end sleeps (a 20 ms spin), so no tail carries a ring. Both ends
@@ -129,12 +135,7 @@ step "ping-pong over verbs with both ends spinning: the tails ride in the slot W
 # message's tail goes in the immediate of its slot WRITE: the client's
 # word WRITEs are only its head pushes and flag writes, far fewer than
 # its tails (without the feature each tail is a word WRITE of its own).
-$A verbscheck serve --listen $SRV:7005 --spin-us 20000 > /tmp/vsrv1.log 2>&1 &
-spid=$!
-sleep 1
-$B timeout 90 verbscheck pingpong --connect $SRV:7005 --spin-us 20000 --sizes 64 --iters 200 \
-  --bw-mib 1 --reps 1 | tee /tmp/pp1.log
-line=$(grep 'RESULT transport=verbs test=pingpong' /tmp/pp1.log)
+spin_pingpong 7005 20000 200
 msgs=$(kv messages); tails=$(kv ring_tail_writes); words=$(kv word_writes); lost=$(kv lost_wakeups)
 posted=$(kv wr_posted)
 if [ -n "$msgs" ] && [ -n "$tails" ] && [ -n "$words" ] && [ -n "$posted" ] && [ "$lost" = 0 ] \
@@ -144,8 +145,6 @@ else
   echo "CHECK FAILED: tails in slot WRITEs: messages=$msgs tails=$tails word_writes=$words wr_posted=$posted lost=$lost"
   fail=1
 fi
-kill $spid 2>/dev/null
-wait $spid 2>/dev/null
 
 step "ping-pong and bw over kernel TCP B->A (ctl wire)"
 $B timeout 90 verbscheck pingpong --tcp --connect $SRV:7002 --sizes $SIZES --iters $ITERS --bw-mib $BW_MIB

@@ -421,7 +421,6 @@ fn intern(seen: &mut Vec<&'static str>, cap: usize, msg: String) -> &'static str
     m
 }
 
-/// A 24-bit initial packet sequence number, different per connection.
 /// The receive queue for an end whose incoming ring has `in_slots` slots
 /// on a device that allows `cap` entries (the lesser of its queue pair
 /// and CQ limits): the doorbell's `RQ_DEPTH` plus one per slot where it
@@ -433,10 +432,16 @@ fn receive_queue_depth(in_slots: u32, cap: u32) -> (u32, bool) {
     if covering <= u64::from(cap) {
         (covering as u32, true)
     } else {
-        (RQ_DEPTH.min(cap).max(1), false)
+        (doorbell_depth(cap), false)
     }
 }
 
+/// The doorbell's receives alone, within the device's `cap`.
+fn doorbell_depth(cap: u32) -> u32 {
+    RQ_DEPTH.min(cap).max(1)
+}
+
+/// A 24-bit initial packet sequence number, different per connection.
 fn random_psn() -> u32 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -594,7 +599,7 @@ impl VerbsConn {
         // A device may refuse the receive queue that covers every slot
         // while its limits allowed it: then the doorbell's alone, and the
         // peer writes tail words (no FEATURE_TAIL_CREDITS).
-        let small_rq = receive_queue_depth(u32::MAX, rq_cap).0;
+        let small_rq = doorbell_depth(rq_cap);
         let tries = [
             (64u32, rq_depth),
             (0, rq_depth),
@@ -1092,24 +1097,19 @@ impl Shared {
         let mut opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE;
         let mut imm = 0u32;
         let mut num_sge = 1;
-        if let Src::WordKick(_, v) | Src::RegionKick { imm: v, .. } = src {
-            // The WRITE is the doorbell too: the peer's receive completes
-            // only after its data is placed.
+        if let Src::WordKick(_, v) | Src::RegionImm { imm: v, .. } = src {
+            // The peer's receive completes only after the data is placed.
             opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-            flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
             imm = v.to_be();
         }
-        if let Src::RegionTail { imm: v, .. } = src {
-            // The tail rides in the immediate; not solicited: a receiver
-            // asleep on its doorbell is not woken by it (the sender's
-            // check at its completion rings it if it sleeps).
-            opcode = ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-            imm = v.to_be();
+        // A kick is the doorbell: solicited. Slots carrying only their
+        // tail are not: a receiver asleep on its doorbell is not woken by
+        // them (the sender's check at their completion rings a sleeper).
+        if matches!(src, Src::WordKick(..) | Src::RegionImm { ring: true, .. }) {
+            flags |= ibv_send_flags::IBV_SEND_SOLICITED.0;
         }
         match src {
-            Src::Region { off, len }
-            | Src::RegionKick { off, len, .. }
-            | Src::RegionTail { off, len, .. } => {
+            Src::Region { off, len } | Src::RegionImm { off, len, .. } => {
                 sge.addr = self.region.addr(off);
                 sge.length = len;
             }
@@ -1226,19 +1226,14 @@ enum Src {
         off: usize,
         len: u32,
     },
-    /// Slots whose WRITE carries a doorbell ring and the tail
-    /// (`FEATURE_TAIL_IN_IMM`).
-    RegionKick {
+    /// Slots whose WRITE carries the tail in its immediate
+    /// (`FEATURE_TAIL_IN_IMM`) and, if `ring`, a doorbell ring
+    /// (solicited); without it the tail alone (`FEATURE_TAIL_CREDITS`).
+    RegionImm {
         off: usize,
         len: u32,
         imm: u32,
-    },
-    /// Slots whose WRITE carries the tail in its immediate without
-    /// ringing the doorbell (`params::FEATURE_TAIL_CREDITS`).
-    RegionTail {
-        off: usize,
-        len: u32,
-        imm: u32,
+        ring: bool,
     },
     External(ExternalSrc),
     Word(u64),
@@ -1320,18 +1315,11 @@ impl VerbsTransport {
             return Ok(None);
         };
         let imm = IMM_CARRIES_TAIL | crate::tail_hint::encode(tail);
-        let src = if ring {
-            Src::RegionKick {
-                off: h.off,
-                len: h.len,
-                imm,
-            }
-        } else {
-            Src::RegionTail {
-                off: h.off,
-                len: h.len,
-                imm,
-            }
+        let src = Src::RegionImm {
+            off: h.off,
+            len: h.len,
+            imm,
+            ring,
         };
         self.post_reported(&mut st, h.remote, src)?;
         Ok(Some(Visibility::AtCompletion))
@@ -1521,11 +1509,15 @@ impl Transport for VerbsTransport {
                 // receiver has reaped all of them before it can consume
                 // past them, and the unreaped ones never outnumber the
                 // ring's slots (module docs). A tail the second reap
-                // learns is seen at the next look.
+                // learns is seen at the next look. A tail that has not
+                // moved lets nothing new be consumed: no second reap (a
+                // spinning look's common case).
                 let tail = s
                     .ctrl_word(s.layout.in_ctrl, offset_of!(RingControl, local_tail))
                     .load(Ordering::Acquire);
-                s.poll_recv()?;
+                if tail > known {
+                    s.poll_recv()?;
+                }
                 return Ok(Some(tail));
             }
         }
