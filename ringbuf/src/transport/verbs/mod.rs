@@ -131,7 +131,7 @@
 //! doorbell event; the check at its completion rings a sleeper as it
 //! did for the word). Why the receives cannot run out: each such
 //! immediate advances the tail by at least one slot; `fetch_tail` reaps,
-//! loads the tail word and reaps again, so the receiver has reaped every
+//! loads the tail word and, if it moved, reaps again, so the receiver has reaped every
 //! immediate up to the tail it knows, and its head never passes that
 //! tail; the immediates not yet reaped therefore carry tails between
 //! the receiver's head and the sender's tail, at most the ring's slots
