@@ -228,12 +228,10 @@ pub fn queue_flush(conn: Arc<dyn Tracked>) {
 
 /// Blocks of this process so far (`flush_all` runs before each): a
 /// sender that sees it move knows the program waited since its last
-/// write, which ends a stream's large batches (`Sender::end_stream`).
+/// write (`msgstart`).
 static BLOCKS: AtomicU64 = AtomicU64::new(0);
 
 /// The count of this process's blocks (see BLOCKS).
-// Only RDMA senders batch streams.
-#[cfg_attr(not(feature = "verbs"), allow(dead_code))]
 pub fn blocks() -> u64 {
     BLOCKS.load(Ordering::Relaxed)
 }

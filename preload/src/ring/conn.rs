@@ -38,6 +38,7 @@ use ringbuf::{EventFd, Notify, Receiver, RingError, RingMem, Segment, Sender, Sh
 use ringsock_proto::Transport;
 
 use super::background;
+use super::msgstart::MessageStart;
 use super::sockio::{self, lock, poll_one, ring_errno, send_all_bounded, sys_recv};
 use super::tracked::{ReportState, Tracked};
 use crate::attached::{AttachedConn, Errno, Ready, ReleaseKind, WaitFd, WaitFds};
@@ -118,6 +119,8 @@ pub struct ShmConn {
     eos_owed: AtomicBool,
     /// Queued on the background thread's flush list.
     pub(super) dirty: AtomicBool,
+    /// Whether the next send starts a message.
+    message: MessageStart,
     waiters: Mutex<Waiters>,
     released: AtomicBool,
     /// Status report bookkeeping (background thread).
@@ -182,6 +185,7 @@ impl ShmConn {
             wr_shut: AtomicBool::new(false),
             eos_owed: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
+            message: MessageStart::new(),
             waiters: Mutex::new(Waiters::default()),
             released: AtomicBool::new(false),
             report: ReportState::new(),
@@ -635,6 +639,9 @@ impl AttachedConn for ShmConn {
                 Err(e) => return Err(self.ring_failed(&e, "recv")),
             }
         }
+        if total > 0 && !peek {
+            self.message.note_read();
+        }
         Ok(total)
     }
 
@@ -669,6 +676,7 @@ impl AttachedConn for ShmConn {
             drop(tx);
             return self.try_send(bufs);
         }
+        let first = self.message.starts_message();
         let mut total = 0;
         for b in bufs.iter().filter(|b| !b.is_empty()) {
             let chunk = &b[..b.len().min(budget - total)];
@@ -697,7 +705,11 @@ impl AttachedConn for ShmConn {
         if mode == MODE_PENDING {
             self.pending_sent.fetch_add(total, Ordering::Relaxed);
         }
-        if tx.has_unflushed() {
+        if first {
+            // A message goes out now (`msgstart`); flush_locked queues
+            // what it cannot finish.
+            self.flush_locked(&mut tx);
+        } else if tx.has_unflushed() {
             drop(tx);
             self.mark_dirty();
         }

@@ -7,6 +7,7 @@
 //! * `ctl` — this process's session with the daemon, listener registration;
 //! * `background` — the flush timer, handshake follow-up and status
 //!   reports, on one lazily started thread;
+//! * `msgstart` — which sends start a message and go out unbatched;
 //! * `plock` — a lock that survives fork;
 //! * `fdspace` — the shim's descriptors live at high numbers;
 //! * `local` — which destinations are on this host (only those get rings).
@@ -17,6 +18,7 @@ mod ctl;
 pub mod fdspace;
 mod handshake;
 mod local;
+mod msgstart;
 mod plock;
 #[cfg(feature = "verbs")]
 mod rdma;

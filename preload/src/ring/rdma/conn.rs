@@ -35,7 +35,7 @@
 use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use libc::c_int;
@@ -45,6 +45,7 @@ use ringsock_proto::Transport;
 
 use super::super::background;
 use super::super::conn::PENDING_CAP;
+use super::super::msgstart::MessageStart;
 use super::super::sockio::{self, lock, poll_one, ring_errno, send_all_bounded, sys_recv};
 use super::super::tracked::{ReportState, Tracked};
 use super::PREFIX;
@@ -114,10 +115,8 @@ pub struct RdmaConn {
     eos_owed: AtomicBool,
     /// Queued on the background thread's flush list.
     dirty: AtomicBool,
-    /// `background::blocks()` at the last send: when it moved, the
-    /// program waited since, and its next send starts no stream
-    /// (`Sender::end_stream`).
-    send_blocks: AtomicU64,
+    /// Whether the next send starts a message.
+    message: MessageStart,
     waiters: Mutex<Waiters>,
     released: AtomicBool,
     report: ReportState,
@@ -157,7 +156,7 @@ impl RdmaConn {
             wr_shut: AtomicBool::new(false),
             eos_owed: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
-            send_blocks: AtomicU64::new(0),
+            message: MessageStart::new(),
             waiters: Mutex::new(Waiters::default()),
             released: AtomicBool::new(false),
             report: ReportState::new(),
@@ -792,6 +791,9 @@ impl AttachedConn for RdmaConn {
         let _ = rx.poll();
         let owe = rx.transport_mut().words_pending();
         drop(guard);
+        if total > 0 && !peek {
+            self.message.note_read();
+        }
         if owe {
             self.mark_dirty();
         }
@@ -864,10 +866,8 @@ impl AttachedConn for RdmaConn {
         let Some(tx) = guard.as_mut() else {
             return Err(Errno(libc::EAGAIN));
         };
-        // Under the sender's lock: a plain load and store, no swap.
-        let blocks = background::blocks();
-        if self.send_blocks.load(Ordering::Relaxed) != blocks {
-            self.send_blocks.store(blocks, Ordering::Relaxed);
+        let first = self.message.starts_message();
+        if first {
             tx.end_stream();
         }
         let mut total = 0;
@@ -890,10 +890,17 @@ impl AttachedConn for RdmaConn {
                 }
             }
         }
-        let unflushed = tx.has_unflushed();
-        drop(guard);
-        if unflushed {
-            self.mark_dirty();
+        if first {
+            // A message goes out now (`msgstart`); flush_locked queues
+            // what it cannot finish.
+            self.flush_locked(&mut guard);
+            drop(guard);
+        } else {
+            let unflushed = tx.has_unflushed();
+            drop(guard);
+            if unflushed {
+                self.mark_dirty();
+            }
         }
         if let Some(e) = failed {
             if e == RingError::PeerClosed {
