@@ -49,6 +49,13 @@ pub fn slots_for(len: usize, slot_size: usize) -> usize {
     (HEADER_BYTES + len).div_ceil(slot_size)
 }
 
+/// Bytes of a record with `len` payload bytes in its final slot
+/// (`1..=slot_size`).
+#[inline]
+pub fn bytes_in_last_slot(len: usize, slot_size: usize) -> usize {
+    HEADER_BYTES + len - (slots_for(len, slot_size) - 1) * slot_size
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +100,10 @@ mod tests {
         assert_eq!(slots_for(56, 64), 1);
         assert_eq!(slots_for(57, 64), 2);
         assert_eq!(slots_for(65536, 256), 257);
+        assert_eq!(bytes_in_last_slot(0, 64), 8);
+        assert_eq!(bytes_in_last_slot(56, 64), 64);
+        assert_eq!(bytes_in_last_slot(57, 64), 1);
+        assert_eq!(bytes_in_last_slot(64, 256), 72);
+        assert_eq!(bytes_in_last_slot(65536, 256), 8);
     }
 }

@@ -51,6 +51,11 @@ pub struct Sender<T: Transport> {
     slots: u64,
     slot_size: usize,
     tail: u64,
+    /// Where the last committed record ends (the `tail` it left) and how
+    /// many bytes of its final slot it fills: a transmission that ends
+    /// there sends only those bytes of that slot (`send_slots`).
+    last_record_end: u64,
+    last_record_bytes: u32,
     open: Option<usize>,
     esc_tail: u64,
     synced_tail: u64,
@@ -83,6 +88,8 @@ impl<T: Transport> Sender<T> {
             slot_size: cfg.slot_size as usize,
             cfg,
             tail: 0,
+            last_record_end: 0,
+            last_record_bytes: 0,
             open: None,
             esc_tail: 0,
             synced_tail: 0,
@@ -345,6 +352,8 @@ impl<T: Transport> Sender<T> {
         self.mem.slots().write_word(start, h.encode());
         let n = record::slots_for(h.len as usize, self.slot_size) as u64;
         self.tail += n;
+        self.last_record_end = self.tail;
+        self.last_record_bytes = record::bytes_in_last_slot(h.len as usize, self.slot_size) as u32;
         let s = &self.ctrl().tx_stats;
         bump(&s.records, 1);
         bump(&s.slots, n);
@@ -396,13 +405,22 @@ impl<T: Transport> Sender<T> {
         self.sync_tail()
     }
 
-    /// Transmits `[esc_tail, tail)`, split where it wraps.
+    /// Transmits `[esc_tail, tail)`, split where it wraps. A 64 B message
+    /// fills a third of a 256 B slot: the range's last slot goes out only
+    /// as far as its record's bytes when that record is the last one
+    /// committed (a range that ends at the ring's end, the first half of
+    /// a wrapped batch, sends its last slot whole).
     fn send_slots(&mut self) -> Result<(), RingError> {
         while self.esc_tail < self.tail {
             let first = self.esc_tail % self.slots;
             let count = (self.tail - self.esc_tail).min(self.slots - first);
+            let last_bytes = if self.esc_tail + count == self.last_record_end {
+                self.last_record_bytes
+            } else {
+                self.slot_size as u32
+            };
             self.transport
-                .write_slots(first as u32, count as u32)
+                .write_slots(first as u32, count as u32, last_bytes)
                 .map_err(|e| self.fail(e))?;
             self.esc_tail += count;
             bump(&self.ctrl().tx_stats.batches, 1);

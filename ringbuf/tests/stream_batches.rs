@@ -28,6 +28,7 @@ fn pair(streams: bool) -> Pair {
             inner: ShmTransport::new(mem.clone(), None),
             streams,
             probes: probes.clone(),
+            scribble: None,
         },
         cfg,
     )

@@ -34,6 +34,7 @@ fn pair() -> (Sender<ShmTransport>, Receiver<Probed>, Probes) {
             inner: ShmTransport::new(mem, None),
             streams: false,
             probes: probes.clone(),
+            scribble: None,
         },
         cfg,
     )

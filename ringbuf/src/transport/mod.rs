@@ -55,8 +55,11 @@ pub struct ExternalSrc {
 pub trait Transport {
     /// Make slots `[first, first + count)` of this end's copy visible in the
     /// peer's copy. `first + count <= slots`: the protocol never asks for a
-    /// range that wraps. Ordered before any later `write_word`.
-    fn write_slots(&mut self, first: u32, count: u32) -> Result<(), RingError>;
+    /// range that wraps. Ordered before any later `write_word`. Only the
+    /// first `last_bytes` bytes of the range's last slot hold record bytes
+    /// (`1..=slot_size`); the rest of that slot is never read, so a
+    /// transport that copies may leave it out.
+    fn write_slots(&mut self, first: u32, count: u32, last_bytes: u32) -> Result<(), RingError>;
 
     /// Write one control word into the peer's copy, ordered after every
     /// earlier `write_slots`/`write_word` of this end. `signaled` asks for a

@@ -1,17 +1,19 @@
 //! A shared-memory transport with probes, for tests of the sender and
 //! receiver logic that depends on what the transport says or does:
 //! whether it batches streams (as verbs does), a count of the tail writes
-//! it carried, and a switch that makes `fetch_tail` fail the way a verbs
-//! receive queue flushed in error does.
+//! it carried, a switch that makes `fetch_tail` fail the way a verbs
+//! receive queue flushed in error does, and a scribbler that overwrites
+//! the part of each transmitted range's last slot that the sender said
+//! holds no record bytes (a copying transport leaves it out).
 
 // Each test file that includes this module uses a part of it.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use ringbuf::waiting::Ring;
-use ringbuf::{PeerWord, RingError, ShmTransport, Transport, Visibility};
+use ringbuf::{PeerWord, RingError, RingMem, ShmTransport, Transport, Visibility};
 
 /// What `fetch_tail` returns once `Probes::broken` is set.
 pub const FLUSHED: RingError = RingError::Config("verbs: work request flushed (test)");
@@ -23,6 +25,8 @@ pub struct Probes {
     pub tails: Arc<AtomicU64>,
     /// From now on `fetch_tail` fails with `FLUSHED`.
     pub broken: Arc<AtomicBool>,
+    /// Every `write_slots` call: (first, count, last_bytes).
+    pub slot_writes: Arc<Mutex<Vec<(u32, u32, u32)>>>,
 }
 
 impl Probes {
@@ -40,11 +44,28 @@ pub struct Probed {
     /// `Transport::batches_streams`.
     pub streams: bool,
     pub probes: Probes,
+    /// The ring and its slot size: each `write_slots` overwrites the
+    /// bytes past `last_bytes` in the range's last slot with garbage.
+    pub scribble: Option<(RingMem, usize)>,
 }
 
+/// What the scribbler writes.
+pub const GARBAGE: u8 = 0xA5;
+
 impl Transport for Probed {
-    fn write_slots(&mut self, first: u32, count: u32) -> Result<(), RingError> {
-        self.inner.write_slots(first, count)
+    fn write_slots(&mut self, first: u32, count: u32, last_bytes: u32) -> Result<(), RingError> {
+        self.probes
+            .slot_writes
+            .lock()
+            .unwrap()
+            .push((first, count, last_bytes));
+        if let Some((mem, ss)) = &self.scribble {
+            assert!(count > 0 && (1..=*ss as u32).contains(&last_bytes));
+            let end = (first + count) as usize * ss;
+            let unused = ss - last_bytes as usize;
+            mem.slots().write(end - unused, &vec![GARBAGE; unused]);
+        }
+        self.inner.write_slots(first, count, last_bytes)
     }
 
     fn write_word(

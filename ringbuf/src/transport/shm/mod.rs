@@ -39,7 +39,7 @@ impl ShmTransport {
 
 impl Transport for ShmTransport {
     #[inline]
-    fn write_slots(&mut self, _first: u32, _count: u32) -> Result<(), RingError> {
+    fn write_slots(&mut self, _first: u32, _count: u32, _last_bytes: u32) -> Result<(), RingError> {
         // The sender built the slots in place in the shared ring; the
         // release store of the tail that follows publishes them.
         Ok(())

@@ -50,6 +50,8 @@ const _: () = assert!(crate::tail_hint::HINT_BITS == 30);
 /// less is a large part of its latency. Larger ones go out at once, so
 /// sync-ahead keeps the wire busy while the batch grows.
 const TAIL_IN_IMM_MAX_BYTES: u32 = 16 << 10;
+/// Slot writes up to this size go inline where the device takes it.
+const INLINE_SLOT_BYTES: u32 = 256;
 /// Staging words for control-word writes when the device cannot inline:
 /// more than the send queue can hold, so a word is never overwritten while
 /// its WRITE is outstanding.
@@ -268,7 +270,9 @@ struct Shared {
     rq_depth: u32,
     /// `rq_depth` covers every incoming slot (`FEATURE_TAIL_CREDITS`).
     tail_credits: bool,
-    inline: bool,
+    /// Bytes the send queue takes inline (copied at post time): control
+    /// words where at least 8, and slot writes up to this size.
+    max_inline: u32,
     psn: u32,
     remote: Remote,
     sq: Mutex<SqState>,
@@ -528,7 +532,7 @@ impl VerbsConn {
             sq_depth,
             rq_depth,
             tail_credits,
-            inline: false,
+            max_inline: 0,
             psn: random_psn(),
             remote: Remote::default(),
             sq: Mutex::new(SqState::default()),
@@ -600,9 +604,15 @@ impl VerbsConn {
         // while its limits allowed it: then the doorbell's alone, and the
         // peer writes tail words (no FEATURE_TAIL_CREDITS).
         let small_rq = doorbell_depth(rq_cap);
+        // Inline: a small message's slot write (up to 256 B: one slot of
+        // the default geometry) is copied into the request at post time,
+        // as rsocket inlines its small sends; a device that refuses that
+        // much is asked for 64 B (control words), then none.
         let tries = [
+            (INLINE_SLOT_BYTES, rq_depth),
             (64u32, rq_depth),
             (0, rq_depth),
+            (INLINE_SLOT_BYTES, small_rq),
             (64, small_rq),
             (0, small_rq),
         ];
@@ -621,7 +631,7 @@ impl VerbsConn {
             // SAFETY: pd open, attr valid; on success the caps are updated.
             s.qp = unsafe { ibv_create_qp(dev.pd, &mut ia) };
             if !s.qp.is_null() {
-                s.inline = ia.cap.max_inline_data >= 8;
+                s.max_inline = ia.cap.max_inline_data;
                 s.rq_depth = rq;
                 s.tail_credits = tail_credits && rq == rq_depth;
                 break;
@@ -1032,9 +1042,6 @@ impl Shared {
             if wrs[i].num_sge > 0 {
                 wrs[i].sg_list = &mut sges[i];
             }
-            if flags[i] & ibv_send_flags::IBV_SEND_INLINE.0 != 0 {
-                sges[i].addr = &words[i] as *const u64 as u64;
-            }
         }
         if k == 1 {
             let (a, b) = wrs.split_at_mut(1);
@@ -1072,9 +1079,10 @@ impl Shared {
     }
 
     /// Fills one work request `seq` for `src` at the peer's `remote`
-    /// (sg_list, and the inline source's address, are set by the caller
-    /// once the arrays are final). `unsignaled`: requests since the last
-    /// signaled one, updated. Returns the send flags.
+    /// (sg_list is set by the caller once the arrays are final; an inline
+    /// word is copied from `word`, which must stay in place until the
+    /// post). `unsignaled`: requests since the last signaled one,
+    /// updated. Returns the send flags.
     fn fill_wr(
         &self,
         (wr, sge, word): (&mut ibv_send_wr, &mut ibv_sge, &mut u64),
@@ -1112,6 +1120,11 @@ impl Shared {
             Src::Region { off, len } | Src::RegionImm { off, len, .. } => {
                 sge.addr = self.region.addr(off);
                 sge.length = len;
+                if len <= self.max_inline.min(INLINE_SLOT_BYTES) {
+                    // Copied during the post (the caller leaves sge.addr
+                    // at the region for region sources).
+                    flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+                }
             }
             Src::External(x) => {
                 // The program's own buffer, registered in the device's
@@ -1122,10 +1135,10 @@ impl Shared {
             }
             Src::Word(v) | Src::WordKick(v, _) => {
                 *word = v;
-                if self.inline {
-                    // Inline: the library copies the bytes at post time
-                    // (the caller points the sge at `word`).
+                if self.max_inline >= 8 {
+                    // Inline: the library copies the bytes at post time.
                     flags |= ibv_send_flags::IBV_SEND_INLINE.0;
+                    sge.addr = word as *const u64 as u64;
                 } else {
                     let off = self.layout.staging + (seq as usize % STAGING_WORDS) * 8;
                     // SAFETY: the staging page is in the region; this word
@@ -1338,12 +1351,14 @@ impl VerbsTransport {
 }
 
 impl Transport for VerbsTransport {
-    fn write_slots(&mut self, first: u32, count: u32) -> Result<(), RingError> {
+    fn write_slots(&mut self, first: u32, count: u32, last_bytes: u32) -> Result<(), RingError> {
         let s = &*self.shared;
         let l = &s.layout;
         let ss = s.out_slot_size;
         let off = first as u64 * ss;
-        let len = count as u64 * ss;
+        // The last slot's unused bytes stay home: a 64 B message is a
+        // 72 B WRITE (inline where the device allows) instead of 256 B.
+        let len = (count as u64 * ss).saturating_sub(ss - u64::from(last_bytes).clamp(1, ss));
         if self.role != Role::Sender || off + len > l.out_bytes as u64 || len > u32::MAX as u64 {
             return Err(RingError::Config("verbs: slot range outside the ring"));
         }
