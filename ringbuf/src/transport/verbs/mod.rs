@@ -11,7 +11,10 @@
 //! both rings:
 //!
 //! - `write_slots` is an RDMA WRITE of the slot range from our sender copy
-//!   into the peer's receiver copy (remote address + rkey);
+//!   into the peer's receiver copy (remote address + rkey), its last slot
+//!   only as far as the record bytes in it (a 64 B message is a 72 B
+//!   WRITE, not a 256 B slot), inline when it fits the device's inline
+//!   size (up to 256 B);
 //! - `write_word` is an RDMA WRITE (inline when the device can, else from a
 //!   registered staging word) of the control word into the peer's control
 //!   block. The RC queue pair executes requests in order, so a tail WRITE
