@@ -9,7 +9,7 @@
 
 mod shm_probe;
 
-use ringbuf::{Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport};
+use ringbuf::{Receiver, RingConfig, RingError, Sender, ShmTransport};
 use shm_probe::{Probed, Probes};
 
 struct Pair {
@@ -19,21 +19,7 @@ struct Pair {
 }
 
 fn pair(streams: bool) -> Pair {
-    let cfg = RingConfig::default();
-    let mem = RingMem::heap(&cfg);
-    let probes = Probes::default();
-    let tx = Sender::new(
-        mem.clone(),
-        Probed {
-            inner: ShmTransport::new(mem.clone(), None),
-            streams,
-            probes: probes.clone(),
-            scribble: None,
-        },
-        cfg,
-    )
-    .unwrap();
-    let rx = Receiver::new(mem.clone(), ShmTransport::new(mem, None), cfg).unwrap();
+    let (tx, rx, probes) = shm_probe::probed_sender(RingConfig::default(), streams, false);
     Pair { tx, rx, probes }
 }
 

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ringbuf::waiting::Ring;
-use ringbuf::{PeerWord, RingError, RingMem, ShmTransport, Transport, Visibility};
+use ringbuf::{
+    PeerWord, Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport, Transport, Visibility,
+};
 
 /// What `fetch_tail` returns once `Probes::broken` is set.
 pub const FLUSHED: RingError = RingError::Config("verbs: work request flushed (test)");
@@ -51,6 +53,30 @@ pub struct Probed {
 
 /// What the scribbler writes.
 pub const GARBAGE: u8 = 0xA5;
+
+/// A sender on a probed transport and a plain receiver over one heap
+/// ring; `scribble` turns the scribbler on.
+pub fn probed_sender(
+    cfg: RingConfig,
+    streams: bool,
+    scribble: bool,
+) -> (Sender<Probed>, Receiver<ShmTransport>, Probes) {
+    let mem = RingMem::heap(&cfg);
+    let probes = Probes::default();
+    let tx = Sender::new(
+        mem.clone(),
+        Probed {
+            inner: ShmTransport::new(mem.clone(), None),
+            streams,
+            probes: probes.clone(),
+            scribble: scribble.then(|| (mem.clone(), cfg.slot_size as usize)),
+        },
+        cfg,
+    )
+    .unwrap();
+    let rx = Receiver::new(mem.clone(), ShmTransport::new(mem, None), cfg).unwrap();
+    (tx, rx, probes)
+}
 
 impl Transport for Probed {
     fn write_slots(&mut self, first: u32, count: u32, last_bytes: u32) -> Result<(), RingError> {
