@@ -175,8 +175,12 @@ for dir in fwd rev; do
   before=$(cnt)
   # The server may still be ending the previous test and answer "busy"
   # (iperf3 -J then exits 0); such a try moves no data: try again.
+  # -b 48M: about 1.4 s of data. Unpaced, 8M moved in about 0.3 s, and
+  # once a forward run (1.1 s with its start and end, 4 samples of each
+  # daemon) was over before daemon A's sample saw it: "no connection on
+  # port 7202".
   for try in 1 2 3 4 5; do
-    timeout 30 $SB iperf3 -c $SRV -p 7202 -n $IPERF_BYTES -l 64K -J $flag > /tmp/$name.json 2>&1
+    timeout 30 $SB iperf3 -c $SRV -p 7202 -n $IPERF_BYTES -b 48M -l 64K -J $flag > /tmp/$name.json 2>&1
     rc=$?
     grep -q 'server is busy' /tmp/$name.json || break
     echo "    server busy with the previous test, try $try"; sleep 1
