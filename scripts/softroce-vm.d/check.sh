@@ -3,7 +3,8 @@
 # between them over a veth wire. Then: ibv_devinfo, ib_write_lat A<->B,
 # verbscheck stream A<->B (checksums must match, over rxeA/rxeB, no lost
 # wakeup, and the bytes must have crossed the veth wire), verbscheck
-# ping-pong/bw over verbs and over kernel TCP A<->B, and (for reference
+# ping-pong/bw over verbs (its counters: tails in rings and in slot
+# WRITEs, 64 B messages as 72 B inline WRITEs) and over kernel TCP A<->B, and (for reference
 # only) TCP under rsocket's preload in the root namespace.
 #
 # There is no fallback: if the two-host topology cannot be built or the
@@ -143,6 +144,17 @@ if [ -n "$msgs" ] && [ -n "$tails" ] && [ -n "$words" ] && [ -n "$posted" ] && [
   echo "CHECK PASS tails in slot WRITEs: $msgs messages, $tails tails, $words word WRITEs, $posted work requests"
 else
   echo "CHECK FAILED: tails in slot WRITEs: messages=$msgs tails=$tails word_writes=$words wr_posted=$posted lost=$lost"
+  fail=1
+fi
+# The same run's slot WRITEs carry each 64 B message's record bytes only
+# (8 of header and 64 of payload, not the whole 256 B slot), inline: rxe
+# takes 256 B inline, so every work request is (the words are too).
+sbytes=$(kv slot_bytes); swrites=$(kv slot_writes); inl=$(kv wr_inline)
+if [ -n "$sbytes" ] && [ -n "$swrites" ] && [ -n "$inl" ] && [ "$swrites" -gt 0 ] \
+  && [ $sbytes -le $((swrites * 72)) ] && [ $inl -ge $swrites ]; then
+  echo "CHECK PASS small slot WRITEs: $swrites slot WRITEs of $sbytes bytes ($((sbytes / swrites)) each), $inl work requests inline"
+else
+  echo "CHECK FAILED: small slot WRITEs: slot_writes=$swrites slot_bytes=$sbytes wr_inline=$inl (want at most 72 bytes each, all inline)"
   fail=1
 fi
 
