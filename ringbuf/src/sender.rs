@@ -51,11 +51,11 @@ pub struct Sender<T: Transport> {
     slots: u64,
     slot_size: usize,
     tail: u64,
-    /// Where the last committed record ends (the `tail` it left) and how
-    /// many bytes of its final slot it fills: a transmission that ends
-    /// there sends only those bytes of that slot (`send_slots`).
+    /// Where the last committed record ends (the `tail` it left) and its
+    /// payload length: a transmission that ends there sends only the
+    /// record's bytes of that slot (`send_slots`).
     last_record_end: u64,
-    last_record_bytes: u32,
+    last_record_len: u32,
     open: Option<usize>,
     esc_tail: u64,
     synced_tail: u64,
@@ -89,7 +89,7 @@ impl<T: Transport> Sender<T> {
             cfg,
             tail: 0,
             last_record_end: 0,
-            last_record_bytes: 0,
+            last_record_len: 0,
             open: None,
             esc_tail: 0,
             synced_tail: 0,
@@ -353,7 +353,7 @@ impl<T: Transport> Sender<T> {
         let n = record::slots_for(h.len as usize, self.slot_size) as u64;
         self.tail += n;
         self.last_record_end = self.tail;
-        self.last_record_bytes = record::bytes_in_last_slot(h.len as usize, self.slot_size) as u32;
+        self.last_record_len = h.len;
         let s = &self.ctrl().tx_stats;
         bump(&s.records, 1);
         bump(&s.slots, n);
@@ -415,7 +415,7 @@ impl<T: Transport> Sender<T> {
             let first = self.esc_tail % self.slots;
             let count = (self.tail - self.esc_tail).min(self.slots - first);
             let last_bytes = if self.esc_tail + count == self.last_record_end {
-                self.last_record_bytes
+                record::bytes_in_last_slot(self.last_record_len as usize, self.slot_size) as u32
             } else {
                 self.slot_size as u32
             };
