@@ -16,6 +16,7 @@
 pub mod backoff;
 pub mod config;
 pub mod error;
+pub mod headerless;
 pub mod layout;
 pub mod memory;
 pub mod notify;
