@@ -290,16 +290,19 @@ pub const VERBS_COUNTERS: [(&str, usize); 10] = {
 };
 
 /// After `VERBS_COUNTERS`: zero-copy WRITEs and their bytes (also counted
-/// in `slot_writes`/`slot_bytes`), then the pull-mode counters of the
+/// in `slot_writes`/`slot_bytes`), records sent without their header and
+/// headers re-sent (`ringbuf::headerless`), then the pull-mode counters of the
 /// header page (`verbs::pull::PullCounters`): switches of the outgoing
 /// ring (`tx_*`) and mode words seen on the incoming one (`rx_*`), READs
 /// this end posted and their bytes, catch-up WRITEs. Named as the fields
 /// of `PullCounters`/`PullStats`.
-pub const VERBS_EXTRA_COUNTERS: [(&str, usize); 10] = {
+pub const VERBS_EXTRA_COUNTERS: [(&str, usize); 12] = {
     use ringbuf::transport::verbs_stats::offsets as o;
     [
         ("zc_writes", o::ZC_WRITES),
         ("zc_bytes", o::ZC_BYTES),
+        ("headerless_writes", o::HEADERLESS_WRITES),
+        ("headers_resent", o::HEADERS_RESENT),
         ("tx_to_pull", o::PULL_TX_TO_PULL),
         ("tx_to_push", o::PULL_TX_TO_PUSH),
         ("rx_to_pull", o::PULL_RX_TO_PULL),
@@ -622,7 +625,7 @@ mod tests {
             let stats = AnyRingStats.stats(&map.view());
             let names: Vec<&str> = stats.iter().map(|s| s.name.as_str()).collect();
             assert_eq!(names, all_names());
-            assert_eq!(stats.len(), 26);
+            assert_eq!(stats.len(), 28);
             assert!(stats.len() <= ringsock_proto::MAX_RING_STATS);
             // The first 16 are the ones status listed before the limit was
             // raised (a reply to the old `Status` request keeps only them).
@@ -755,15 +758,15 @@ mod tests {
                 VERBS_COUNTERS.len() + VERBS_EXTRA_COUNTERS.len(),
                 "{stats:?}"
             );
-            assert_eq!(get(&stats, "catchup_writes"), Some(extra_value(9)));
+            assert_eq!(get(&stats, "catchup_writes"), Some(extra_value(11)));
             // Ends three words into the pull counters: those three are
             // read, the five past the end of the file are not.
             let (fd, _dup) = region(2048 + 24);
             let stats = AnyRingStats.stats(&RingMap::open(fd).view());
             let names: Vec<&str> = stats.iter().map(|s| s.name.as_str()).collect();
             assert_eq!(names.last(), Some(&"rx_to_pull"), "{names:?}");
-            assert_eq!(get(&stats, "tx_to_pull"), Some(extra_value(2)));
-            assert_eq!(get(&stats, "rx_to_pull"), Some(extra_value(4)));
+            assert_eq!(get(&stats, "tx_to_pull"), Some(extra_value(4)));
+            assert_eq!(get(&stats, "rx_to_pull"), Some(extra_value(6)));
             assert_eq!(get(&stats, "rx_to_push"), None);
             assert_eq!(get(&stats, "zc_bytes"), Some(extra_value(1)));
             // Ends inside the out control block: a counter beyond the end

@@ -53,6 +53,8 @@ fn header_counters(zero: &[&str]) -> Vec<(&'static str, usize, u64)> {
         o("cq_errors", offsets::CQ_ERRORS),
         o("zc_writes", offsets::ZC_WRITES),
         o("zc_bytes", offsets::ZC_BYTES),
+        o("headerless_writes", offsets::HEADERLESS_WRITES),
+        o("headers_resent", offsets::HEADERS_RESENT),
         o("tx_to_pull", offsets::PULL_TX_TO_PULL),
         o("tx_to_push", offsets::PULL_TX_TO_PUSH),
         o("rx_to_pull", offsets::PULL_RX_TO_PULL),
@@ -127,8 +129,10 @@ fn status_shows_zero_copy_and_pull_counters() {
         );
     }
     let table = status(&d.socket, false);
-    assert!(table.contains(" slot_reads=7187"), "{table}");
-    assert!(table.contains(" catchup_writes=7209"), "{table}");
+    assert!(table.contains(" slot_reads=7209"), "{table}");
+    assert!(table.contains(" catchup_writes=7231"), "{table}");
+    assert!(table.contains(" headerless_writes=7132"), "{table}");
+    assert!(table.contains(" headers_resent=7143"), "{table}");
     // Idle zero-copy/pull counters are folded in the table, not in JSON.
     assert!(!table.contains("zc_writes"), "{table}");
     assert!(!table.contains("rx_to_push"), "{table}");
@@ -154,7 +158,7 @@ fn status_shows_zero_copy_and_pull_counters() {
     else {
         panic!("no status reply");
     };
-    assert_eq!(entries[0].ring_stats.len(), 26, "{:?}", entries[0]);
+    assert_eq!(entries[0].ring_stats.len(), 28, "{:?}", entries[0]);
 }
 
 /// A daemon built before `StatusAll`: closes the session on that kind (as

@@ -104,6 +104,13 @@ pub struct RqCounters {
     /// them apart as well (`zc_writes`, `zc_bytes`).
     pub zc_writes: AtomicU64,
     pub zc_bytes: AtomicU64,
+    /// Records WRITTEN without their header (`FEATURE_HEADERLESS`) and
+    /// headers re-sent before a tail word. Written under the send-queue
+    /// lock; here for the same reason as the two above. The WRITEs are
+    /// also in `slot_writes`/`slot_bytes`, the header-less ones at their
+    /// payload's length, each re-sent header as an 8-byte slot write.
+    pub headerless_writes: AtomicU64,
+    pub headers_resent: AtomicU64,
 }
 
 impl SqCounters {
@@ -122,6 +129,8 @@ impl SqCounters {
             cq_errors: 0,
             zc_writes: 0,
             zc_bytes: 0,
+            headerless_writes: 0,
+            headers_resent: 0,
         }
     }
 }
@@ -143,6 +152,9 @@ pub struct VerbsCounters {
     /// and `slot_bytes`).
     pub zc_writes: u64,
     pub zc_bytes: u64,
+    /// Records sent without their header, and headers re-sent.
+    pub headerless_writes: u64,
+    pub headers_resent: u64,
 }
 
 impl VerbsHeader {
@@ -154,6 +166,8 @@ impl VerbsHeader {
             cq_errors: self.rq.cq_errors.load(Ordering::Relaxed),
             zc_writes: self.rq.zc_writes.load(Ordering::Relaxed),
             zc_bytes: self.rq.zc_bytes.load(Ordering::Relaxed),
+            headerless_writes: self.rq.headerless_writes.load(Ordering::Relaxed),
+            headers_resent: self.rq.headers_resent.load(Ordering::Relaxed),
             ..self.sq.snapshot()
         }
     }
@@ -231,6 +245,8 @@ pub mod offsets {
     pub const CQ_ERRORS: usize = RQ + offset_of!(RqCounters, cq_errors);
     pub const ZC_WRITES: usize = RQ + offset_of!(RqCounters, zc_writes);
     pub const ZC_BYTES: usize = RQ + offset_of!(RqCounters, zc_bytes);
+    pub const HEADERLESS_WRITES: usize = RQ + offset_of!(RqCounters, headerless_writes);
+    pub const HEADERS_RESENT: usize = RQ + offset_of!(RqCounters, headers_resent);
     const PULL: usize = PULL_COUNTERS_AT;
     pub const PULL_TX_TO_PULL: usize = PULL + offset_of!(PullCountersLayout, tx_to_pull);
     pub const PULL_TX_TO_PUSH: usize = PULL + offset_of!(PullCountersLayout, tx_to_push);

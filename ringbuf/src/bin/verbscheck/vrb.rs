@@ -63,6 +63,8 @@ fn shared_counters(c: &Connected) -> Result<String, String> {
         ("rings_received", at(o::RINGS_RECEIVED)),
         ("completions", at(o::COMPLETIONS)),
         ("cq_errors", at(o::CQ_ERRORS)),
+        ("headerless_writes", at(o::HEADERLESS_WRITES)),
+        ("headers_resent", at(o::HEADERS_RESENT)),
     ];
     let ok = at(o::MAGIC) == VERBS_MAGIC
         && pairs[0].1 == mine.wr_posted

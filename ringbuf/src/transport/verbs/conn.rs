@@ -4,13 +4,16 @@
 
 use super::device::Device;
 use super::params::{
-    QpParams, RingDesc, FEATURE_STANDING_WAITS, FEATURE_TAIL_CREDITS, FEATURE_TAIL_IN_IMM,
+    QpParams, RingDesc, FEATURE_HEADERLESS, FEATURE_STANDING_WAITS, FEATURE_TAIL_CREDITS,
+    FEATURE_TAIL_IN_IMM,
 };
 use crate::config::RingConfig;
 use crate::error::RingError;
+use crate::headerless;
 use crate::layout::{RingControl, CONTROL_BYTES};
 use crate::memory::RingMem;
 use crate::receiver::Receiver;
+use crate::record::{self, Header};
 use crate::sender::Sender;
 use crate::transport::verbs_stats::{
     bump, VerbsCounters, VerbsHeader, VERBS_FLAG_HUGE, VERBS_HEADER_PAGE, VERBS_MAGIC,
@@ -19,9 +22,10 @@ use crate::transport::verbs_stats::{
 use crate::transport::{ExternalSrc, PeerWord, Transport, Visibility};
 use crate::waiting::{Ring, STANDING_KICKS};
 use rdma_sys::*;
+use std::collections::VecDeque;
 use std::mem::offset_of;
 use std::os::fd::{FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -45,6 +49,18 @@ const IMM_ENDS_STANDING: u32 = 1 << 31;
 /// `tail_hint::HINT_BITS` (never together with `IMM_ENDS_STANDING`).
 const IMM_CARRIES_TAIL: u32 = 1 << 30;
 const _: () = assert!(crate::tail_hint::HINT_BITS == 30);
+/// Immediate bit of a slot WRITE that carries one record's payload
+/// without its header (`FEATURE_HEADERLESS`): the low
+/// `headerless::FIELD_BITS` hold its length and tail (never together with
+/// the two bits above; plain kicks carry 1 or 2).
+const IMM_HEADERLESS: u32 = 1 << 29;
+const _: () = assert!(headerless::FIELD_BITS == 29);
+/// Headerless records kept for a header re-send (`SqState::headerless`)
+/// before they are re-sent unasked: bounds the list, and the re-send
+/// before a tail word, on a ring whose receiver pushes its head late (a
+/// receiver pushes its head every `gamma` slots, 64 by default: at most
+/// that many one-slot records wait for it).
+const HEADERLESS_KEPT: usize = 256;
 /// Largest slot write held back to carry the tail and the ring that
 /// follows it (`FEATURE_TAIL_IN_IMM`): a small batch, where one packet
 /// less is a large part of its latency. Larger ones go out at once, so
@@ -222,7 +238,24 @@ struct SqState {
     /// tail and the ring (`FEATURE_TAIL_IN_IMM`). Any other post sends it
     /// first, as a plain WRITE, so the queue pair's order is unchanged.
     held_slots: Option<HeldSlots>,
+    /// Records sent without their header (`FEATURE_HEADERLESS`) since
+    /// the last tail word, oldest first: their headers are re-sent before
+    /// the next one (`Shared::resend_headers`).
+    headerless: VecDeque<SentHeaderless>,
     failed: Option<RingError>,
+}
+
+/// A record whose header stayed home (`SqState::headerless`).
+#[derive(Clone, Copy)]
+struct SentHeaderless {
+    /// The header's offset in our region (our sender copy: the slot is
+    /// not rewritten before the receiver consumed the record).
+    off: usize,
+    /// Where it belongs in the peer's copy.
+    remote: u64,
+    /// The tail after the record: once the receiver's pushed head reaches
+    /// it, the receiver has read the record.
+    end: u64,
 }
 
 /// A slot write held back (`SqState::held_slots`).
@@ -254,6 +287,9 @@ struct Remote {
     /// (`params::FEATURE_TAIL_CREDITS`): every small batch's tail may
     /// ride in its slot WRITE's immediate.
     tail_credits: bool,
+    /// The peer writes the headers of records we send without them
+    /// (`params::FEATURE_HEADERLESS`).
+    headerless: bool,
 }
 
 struct Shared {
@@ -261,6 +297,10 @@ struct Shared {
     region: Arc<Region>,
     layout: Layout,
     out_slot_size: u64,
+    /// The incoming ring's geometry (slots, slot size): where a
+    /// headerless record's header goes.
+    in_slots: u64,
+    in_slot_size: usize,
     mr: *mut ibv_mr,
     channel: *mut ibv_comp_channel,
     send_cq: *mut ibv_cq,
@@ -524,6 +564,8 @@ impl VerbsConn {
             region,
             layout,
             out_slot_size: out_cfg.slot_size as u64,
+            in_slots: u64::from(in_cfg.slots),
+            in_slot_size: in_cfg.slot_size as usize,
             mr: std::ptr::null_mut(),
             channel: std::ptr::null_mut(),
             send_cq: std::ptr::null_mut(),
@@ -669,6 +711,11 @@ impl VerbsConn {
                     FEATURE_TAIL_CREDITS
                 } else {
                     0
+                }
+                | if s.takes_headerless() {
+                    FEATURE_HEADERLESS
+                } else {
+                    0
                 },
             // SAFETY: mr is valid for the life of self.
             rkey: unsafe { (*s.mr).rkey },
@@ -738,6 +785,10 @@ impl VerbsConn {
             tail_in_imm: peer.features & FEATURE_TAIL_IN_IMM != 0,
             tail_credits: peer.features & FEATURE_TAIL_IN_IMM != 0
                 && peer.features & FEATURE_TAIL_CREDITS != 0,
+            headerless: peer.features & FEATURE_TAIL_IN_IMM != 0
+                && peer.features & FEATURE_TAIL_CREDITS != 0
+                && peer.features & FEATURE_HEADERLESS != 0
+                && peer.in_ring.slots <= headerless::MAX_RING_SLOTS,
         };
         shared.to_init()?;
         {
@@ -817,6 +868,147 @@ impl Connected {
 }
 
 impl Shared {
+    /// Whether this end's receiver takes headerless records
+    /// (`FEATURE_HEADERLESS`): it reaps an immediate for every small
+    /// batch, and its ring is small enough for the immediate's tail bits.
+    fn takes_headerless(&self) -> bool {
+        self.tail_credits && self.in_slots <= u64::from(headerless::MAX_RING_SLOTS)
+    }
+
+    /// The word at `off` in one of our ring copies' slots (`base`, `bytes`:
+    /// `Layout`'s offset and size of that copy's slots).
+    fn slot_word(&self, base: usize, bytes: usize, off: usize) -> &AtomicU64 {
+        assert!(
+            off.is_multiple_of(8) && off + 8 <= bytes,
+            "slot word outside the ring"
+        );
+        // SAFETY: inside the copy's slots (checked above), which lie in the
+        // region (Layout) and are page-aligned, so the word is 8-aligned;
+        // the region lives as long as `self`. The peer's device may place
+        // bytes there too: an aligned 8-byte word is placed whole (module
+        // docs, "What verbs need" 3).
+        unsafe { &*self.region.base.add(base + off).cast::<AtomicU64>() }
+    }
+
+    /// The immediate's field for the held write `h`, ending at `tail`, if
+    /// it may go without its header: the peer takes that, and `h` is
+    /// exactly one record (its header's length fills the write to the
+    /// byte: a second record would start a slot later).
+    fn headerless_field(&self, h: &HeldSlots, tail: u64) -> Option<u32> {
+        if !self.remote.headerless {
+            return None;
+        }
+        let l = &self.layout;
+        let raw = self
+            .slot_word(l.out_slots, l.out_bytes, h.off - l.out_slots)
+            .load(Ordering::Relaxed);
+        let hdr = Header::decode(raw)?;
+        if hdr.flags != 0
+            || hdr.len == 0
+            || u64::from(hdr.len) + record::HEADER_BYTES as u64 != u64::from(h.len)
+        {
+            return None;
+        }
+        // The receiver finds the record's first slot from `tail`: the
+        // write must end there (the sender sends up to the tail before
+        // it writes it; anything else keeps its header).
+        let ss = self.out_slot_size as usize;
+        let ring = (l.out_bytes / ss) as u64;
+        let first = ((h.off - l.out_slots) / ss) as u64;
+        if (first + record::slots_for(hdr.len as usize, ss) as u64) % ring != tail % ring {
+            return None;
+        }
+        headerless::encode(hdr.len, tail)
+    }
+
+    /// Notes a record sent without its header. The list keeps only
+    /// records the receiver may not have read; at `HEADERLESS_KEPT` their
+    /// headers go out now. Caller holds `sq`.
+    fn keep_headerless(&self, st: &mut SqState, sent: SentHeaderless) -> Result<(), RingError> {
+        self.forget_read_headerless(st);
+        if st.headerless.len() >= HEADERLESS_KEPT {
+            self.resend_headers(st)?;
+        }
+        st.headerless.push_back(sent);
+        Ok(())
+    }
+
+    /// Drops the headerless records the receiver has read: its pushed
+    /// head (in our sender copy) reached their end. A slot is rewritten
+    /// only after that, so every record left still has its header in our
+    /// copy.
+    fn forget_read_headerless(&self, st: &mut SqState) {
+        let head = self
+            .ctrl_word(self.layout.out_ctrl, offset_of!(RingControl, local_head))
+            .load(Ordering::Acquire);
+        while st.headerless.front().is_some_and(|r| r.end <= head) {
+            st.headerless.pop_front();
+        }
+    }
+
+    /// WRITEs the headers of the headerless records the receiver may not
+    /// have read (8 bytes each, inline where the device allows): posted
+    /// before a tail word, so a receiver that learns its tail from the
+    /// word before it reaped their immediates still finds every header
+    /// (module docs, "Headerless records"). Caller holds `sq`.
+    fn resend_headers(&self, st: &mut SqState) -> Result<(), RingError> {
+        self.forget_read_headerless(st);
+        let l = &self.layout;
+        while let Some(r) = st.headerless.pop_front() {
+            let raw = self
+                .slot_word(l.out_slots, l.out_bytes, r.off - l.out_slots)
+                .load(Ordering::Relaxed);
+            self.post(st, Src::Word(raw), r.remote, false)?;
+            bump(&self.counters().slot_writes, 1);
+            bump(&self.counters().slot_bytes, 8);
+            // Under the send-queue lock, as every writer of this counter.
+            bump(&self.rq_counters().headers_resent, 1);
+        }
+        Ok(())
+    }
+
+    /// A reaped headerless record (`IMM_HEADERLESS`, its `field`): writes
+    /// its header into our receiver copy, then raises the copy's tail
+    /// over it. Caller holds `rq`, as every reaper does, and the receiver
+    /// loads the tail under it (`fetch_tail`): so a header is never
+    /// written here after the receiver read past the record and the
+    /// sender reused its slot (module docs, "Headerless records").
+    fn place_headerless(&self, field: u32) -> Result<(), RingError> {
+        if !self.takes_headerless() {
+            return Err(RingError::Config(
+                "verbs: the peer sent a record without its header, which this end did not offer",
+            ));
+        }
+        let l = &self.layout;
+        let tail = self.ctrl_word(l.in_ctrl, offset_of!(RingControl, local_tail));
+        let mut cur = tail.load(Ordering::Acquire);
+        loop {
+            match headerless::place(cur, field, self.in_slots, self.in_slot_size) {
+                headerless::Hint::Stale => return Ok(()),
+                headerless::Hint::Bad { len } => {
+                    return Err(RingError::Corrupt(crate::error::Corruption::Length {
+                        slot: cur,
+                        len,
+                    }))
+                }
+                headerless::Hint::Place(p) => {
+                    let off = p.slot as usize * self.in_slot_size;
+                    self.slot_word(l.in_slots, l.in_bytes, off)
+                        .store(p.header, Ordering::Relaxed);
+                    // Release: a receiver that loads this tail sees the
+                    // header (the device placed the payload before the
+                    // completion). A tail word the device placed meanwhile
+                    // (after the same header, re-sent) fails the exchange:
+                    // look again.
+                    match tail.compare_exchange(cur, p.tail, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(_) => return Ok(()),
+                        Err(now) => cur = now,
+                    }
+                }
+            }
+        }
+    }
+
     fn share_fd(&self) -> Result<OwnedFd, RingError> {
         self.region
             .fd
@@ -1015,6 +1207,7 @@ impl Shared {
         let mut unsignaled = st.unsignaled;
         let mut k = 0;
         if let Some(h) = held {
+            bump(&self.counters().slot_bytes, u64::from(h.len));
             let held_src = Src::Region {
                 off: h.off,
                 len: h.len,
@@ -1170,6 +1363,7 @@ impl Shared {
     /// Caller holds `sq`.
     fn post_held_slots(&self, st: &mut SqState) -> Result<(), RingError> {
         if let Some(h) = st.held_slots.take() {
+            bump(&self.counters().slot_bytes, u64::from(h.len));
             self.post(
                 st,
                 Src::Region {
@@ -1220,6 +1414,9 @@ impl Shared {
                     let tail =
                         self.ctrl_word(self.layout.in_ctrl, offset_of!(RingControl, local_tail));
                     crate::tail_hint::apply(tail, imm & !IMM_CARRIES_TAIL);
+                } else if imm & IMM_HEADERLESS != 0 {
+                    // The payload is placed; the header is ours to write.
+                    self.place_headerless(imm & !IMM_HEADERLESS)?;
                 }
             }
             // Under the receive-queue lock: single writer.
@@ -1327,14 +1524,37 @@ impl VerbsTransport {
         let Some(h) = st.held_slots.take() else {
             return Ok(None);
         };
-        let imm = IMM_CARRIES_TAIL | crate::tail_hint::encode(tail);
+        // One record alone (the usual small message): its payload only,
+        // the header in the immediate (`crate::headerless`).
+        let (off, len, remote, imm) = match s.headerless_field(&h, tail) {
+            Some(field) => {
+                s.keep_headerless(
+                    &mut st,
+                    SentHeaderless {
+                        off: h.off,
+                        remote: h.remote,
+                        end: tail,
+                    },
+                )?;
+                let hb = record::HEADER_BYTES;
+                let imm = IMM_HEADERLESS | field;
+                // Under the send-queue lock, as every writer of this one.
+                bump(&s.rq_counters().headerless_writes, 1);
+                (h.off + hb, h.len - hb as u32, h.remote + hb as u64, imm)
+            }
+            None => {
+                let imm = IMM_CARRIES_TAIL | crate::tail_hint::encode(tail);
+                (h.off, h.len, h.remote, imm)
+            }
+        };
+        bump(&s.counters().slot_bytes, u64::from(len));
         let src = Src::RegionImm {
-            off: h.off,
-            len: h.len,
+            off,
+            len,
             imm,
             ring,
         };
-        self.post_reported(&mut st, h.remote, src)?;
+        self.post_reported(&mut st, remote, src)?;
         Ok(Some(Visibility::AtCompletion))
     }
 
@@ -1371,7 +1591,8 @@ impl Transport for VerbsTransport {
         if s.remote.tail_in_imm && len <= TAIL_IN_IMM_MAX_BYTES as u64 {
             // Held for the tail write that follows (`sync_tail`); an
             // earlier held write (the first half of a wrapped batch) goes
-            // out now.
+            // out now. Its bytes are counted when it is posted: it may go
+            // without its header.
             s.post_held_slots(&mut st)?;
             st.held_slots = Some(HeldSlots {
                 off: src_off,
@@ -1388,9 +1609,9 @@ impl Transport for VerbsTransport {
                 remote,
                 false,
             )?;
+            bump(&s.counters().slot_bytes, len);
         }
         bump(&s.counters().slot_writes, 1);
-        bump(&s.counters().slot_bytes, len);
         Ok(())
     }
 
@@ -1499,42 +1720,47 @@ impl Transport for VerbsTransport {
     }
 
     fn fetch_tail(&mut self, head: u64, known: u64) -> Result<Option<u64>, RingError> {
-        let fetched = self.pull_fetch(head, known)?;
-        if self.role == Role::Receiver {
-            // Reap the rings before every look at the tail. In push mode a
-            // tail may have come in a ring's immediate only (`poll_recv`
-            // raises our copy's tail). In either mode each ring takes a
-            // posted receive, which only a reap puts back: a receiver that
-            // keeps finding data without sleeping (pulling, or spinning
-            // to the end of a stream) would otherwise let the queue run
-            // dry, and the peer's queue pair then waits on RNR retries
-            // with everything behind the ring (a switch back to push
-            // among it). The channel's events stay for the doorbell's
-            // waiter, and a drain that finds events but no completions
-            // still counts as rung (`Doorbell::drain`).
-            let s = &*self.shared;
-            let _g = lock(&s.rq);
-            s.poll_recv()?;
-            if fetched.is_none() && s.tail_credits {
-                // Push mode, with a receive for every incoming slot
-                // (`FEATURE_TAIL_CREDITS`): load the tail here, then reap
-                // again. Every immediate whose tail this load covers
-                // completed before the word it reads was written (the
-                // queue pair keeps order), so after the second reap the
-                // receiver has reaped all of them before it can consume
-                // past them, and the unreaped ones never outnumber the
-                // ring's slots (module docs). A tail the second reap
-                // learns is seen at the next look. A tail that has not
-                // moved lets nothing new be consumed: no second reap (a
-                // spinning look's common case).
-                let tail = s
-                    .ctrl_word(s.layout.in_ctrl, offset_of!(RingControl, local_tail))
-                    .load(Ordering::Acquire);
-                if tail > known {
-                    s.poll_recv()?;
-                }
-                return Ok(Some(tail));
+        // The receiver learns every tail under the `rq` lock, pull mode's
+        // fetch included: a reaper that writes a headerless record's header
+        // holds it too, so it never writes one into a slot the receiver
+        // already read past (module docs, "Headerless records").
+        if self.role != Role::Receiver {
+            return Ok(None);
+        }
+        let s = &*self.shared;
+        let _rq = lock(&s.rq);
+        let fetched = VerbsTransport::pull_fetch(s, &mut self.pull, head, known)?;
+        // Reap the rings before every look at the tail. In push mode a
+        // tail may have come in a ring's immediate only (`poll_recv`
+        // raises our copy's tail). In either mode each ring takes a
+        // posted receive, which only a reap puts back: a receiver that
+        // keeps finding data without sleeping (pulling, or spinning
+        // to the end of a stream) would otherwise let the queue run
+        // dry, and the peer's queue pair then waits on RNR retries
+        // with everything behind the ring (a switch back to push
+        // among it). The channel's events stay for the doorbell's
+        // waiter, and a drain that finds events but no completions
+        // still counts as rung (`Doorbell::drain`).
+        s.poll_recv()?;
+        if fetched.is_none() && s.tail_credits {
+            // Push mode, with a receive for every incoming slot
+            // (`FEATURE_TAIL_CREDITS`): load the tail here, then reap
+            // again. Every immediate whose tail this load covers
+            // completed before the word it reads was written (the
+            // queue pair keeps order), so after the second reap the
+            // receiver has reaped all of them before it can consume
+            // past them, and the unreaped ones never outnumber the
+            // ring's slots (module docs). A tail the second reap
+            // learns is seen at the next look. A tail that has not
+            // moved lets nothing new be consumed: no second reap (a
+            // spinning look's common case).
+            let tail = s
+                .ctrl_word(s.layout.in_ctrl, offset_of!(RingControl, local_tail))
+                .load(Ordering::Acquire);
+            if tail > known {
+                s.poll_recv()?;
             }
+            return Ok(Some(tail));
         }
         Ok(fetched)
     }
@@ -1580,6 +1806,17 @@ impl Transport for VerbsTransport {
         if word == PeerWord::LocalTail && ring == Ring::Plain {
             if let Some(vis) = self.post_tail_in_imm(value, true)? {
                 bump(&self.shared.counters().kicks_sent, 1);
+                return Ok(vis);
+            }
+        }
+        if word == PeerWord::LocalTail && self.shared.remote.tail_credits {
+            // The ring that ends a standing flag carries its epoch in the
+            // immediate, so not the tail: the held slots carry the tail in
+            // their own (unsolicited) immediate and the ring follows, a
+            // kick from the doorbell's receives. No tail word, so no
+            // header re-send (`resend_headers`) every 16th message.
+            if let Some(vis) = self.post_tail_in_imm(value, false)? {
+                self.kick_peer(ring)?;
                 return Ok(vis);
             }
         }

@@ -13,8 +13,8 @@
 //! - `write_slots` is an RDMA WRITE of the slot range from our sender copy
 //!   into the peer's receiver copy (remote address + rkey), its last slot
 //!   only as far as the record bytes in it (a 64 B message is a 72 B
-//!   WRITE, not a 256 B slot), inline when it fits the device's inline
-//!   size (up to 256 B);
+//!   WRITE, not a 256 B slot; 64 B without its header, below), inline
+//!   when it fits the device's inline size (up to 256 B);
 //! - `write_word` is an RDMA WRITE (inline when the device can, else from a
 //!   registered staging word) of the control word into the peer's control
 //!   block. The RC queue pair executes requests in order, so a tail WRITE
@@ -142,6 +142,47 @@
 //! whose queue limits cannot hold that many receives leaves the bit out
 //! and gets tail words. 64 B round trips in the guest, both ends
 //! spinning: 112 -> 77 µs (BENCHMARKS thirteenth run).
+//!
+//! Headerless records: with the tail in every small batch's immediate, a
+//! 4 KiB message was still its 8-byte record header plus 4,096 bytes of
+//! payload, one packet over four at rxe's 1,024 B MTU (two over one at a
+//! real NIC's 4,096), where rsocket sends the payload alone. Where the
+//! peer advertises `FEATURE_HEADERLESS` (it has `FEATURE_TAIL_CREDITS`
+//! and a ring of at most `headerless::MAX_RING_SLOTS` slots), a held
+//! batch that is exactly one record, ending at the tail it carries, goes
+//! out as its payload alone; the immediate (`IMM_HEADERLESS`) carries the
+//! payload length and the tail's low bits (`crate::headerless`). Whoever
+//! reaps it (`poll_recv`, under the `rq` lock) writes the header into the
+//! receiver copy, then raises `local_tail` over the record (release), so
+//! a receiver that loads that tail finds header and payload. Two rules
+//! keep every other path right:
+//!
+//! - Before any tail *word* (a batch over 16 KiB, zero-copy records, a
+//!   tail that found no held batch, pull mode's switches), the sender
+//!   re-sends the 8-byte headers of the headerless records whose end the
+//!   receiver's pushed head has not reached (`Shared::resend_headers`):
+//!   RC order places them before the word, so a receiver that learns a
+//!   tail from the word before it reaped those immediates (verbs does not
+//!   promise when a completion becomes visible against a later WRITE's
+//!   data) still finds every header. The list is bounded: at 64 records it
+//!   is re-sent unasked. A tail in a later immediate needs nothing: the
+//!   receive CQ is reaped in order.
+//! - The receiver learns every tail under the `rq` lock (`fetch_tail`,
+//!   pull mode's fetch included), and a reaper writes a header only while
+//!   it holds that lock and the copy's tail is still below the record. So
+//!   a header is never written after the receiver read past its record
+//!   (which needs a tail at or past the record's end, loaded under the
+//!   lock, after which the copy's tail never goes below it), hence never
+//!   over a slot the sender reused for its next lap. A reaper that finds
+//!   the tail already past the record writes nothing; one that loses the
+//!   raise to a tail word (behind the same header, re-sent) has written
+//!   the same bytes.
+//!
+//! Loom: `tests/loom_headerless.rs` (its should_panic variants drop the
+//! re-send, or load the tail outside the lock, and each loses). A field
+//! no honest sender produces (a record before the copy's tail, past the
+//! ring's end or more than a ring ahead) fails the connection as corrupt.
+//! 4 KiB round trips in the guest: BENCHMARKS, seventeenth run.
 //!
 //! Completion waits (R2, settle) spin a few microseconds, then yield the
 //! CPU each turn (`crate::backoff`): with Soft-RoCE the acknowledgement
@@ -282,8 +323,8 @@ pub use device::{
     DeviceChoice, DeviceRoute,
 };
 pub use params::{
-    QpParams, RingDesc, FEATURE_STANDING_WAITS, FEATURE_TAIL_CREDITS, FEATURE_TAIL_IN_IMM,
-    PARAMS_LEN, PARAMS_MAGIC, PARAMS_VERSION,
+    QpParams, RingDesc, FEATURE_HEADERLESS, FEATURE_STANDING_WAITS, FEATURE_TAIL_CREDITS,
+    FEATURE_TAIL_IN_IMM, PARAMS_LEN, PARAMS_MAGIC, PARAMS_VERSION,
 };
 
 use crate::error::RingError;

@@ -98,6 +98,14 @@ pub const FEATURE_TAIL_IN_IMM: u8 = 2;
 /// of receives. Against an older end it writes the tail word instead.
 pub const FEATURE_TAIL_CREDITS: u8 = 4;
 
+/// `features` bit: this end's receiver (with `FEATURE_TAIL_CREDITS`, on a
+/// ring of at most `headerless::MAX_RING_SLOTS` slots) writes the header
+/// of a record the peer sent without it (`crate::headerless`): a held
+/// batch that is exactly one record may go out as its payload alone, with
+/// the length and tail in the immediate. An older receiver would take
+/// that immediate for a plain ring and never see the record.
+pub const FEATURE_HEADERLESS: u8 = 8;
+
 impl QpParams {
     /// Little-endian encoding: magic, version, total length, then the
     /// fields in declaration order (`features`, then 2 reserved zero bytes
@@ -234,7 +242,10 @@ mod tests {
             qpn: 0x11,
             psn: 0x00ab_cdef,
             mtu: 3,
-            features: FEATURE_STANDING_WAITS | FEATURE_TAIL_IN_IMM | FEATURE_TAIL_CREDITS,
+            features: FEATURE_STANDING_WAITS
+                | FEATURE_TAIL_IN_IMM
+                | FEATURE_TAIL_CREDITS
+                | FEATURE_HEADERLESS,
             rkey: 0xdead_beef,
             out_ring: RingDesc {
                 ctrl_addr: 0x7f00_0000_0000,
@@ -264,13 +275,17 @@ mod tests {
         let enc = sample().encode();
         assert_eq!(
             enc[35],
-            FEATURE_STANDING_WAITS | FEATURE_TAIL_IN_IMM | FEATURE_TAIL_CREDITS,
+            FEATURE_STANDING_WAITS
+                | FEATURE_TAIL_IN_IMM
+                | FEATURE_TAIL_CREDITS
+                | FEATURE_HEADERLESS,
             "right after mtu"
         );
         let bits = [
             FEATURE_STANDING_WAITS,
             FEATURE_TAIL_IN_IMM,
             FEATURE_TAIL_CREDITS,
+            FEATURE_HEADERLESS,
         ];
         for (i, a) in bits.iter().enumerate() {
             assert_eq!(a.count_ones(), 1);

@@ -267,6 +267,11 @@ impl VerbsTransport {
         remote: u64,
         src: Src,
     ) -> Result<u64, RingError> {
+        if self.role == Role::Sender && remote == self.word_addr(PeerWord::LocalTail) {
+            // A receiver may take this tail before it reaped the rings of
+            // records sent without their header: they go first.
+            self.shared.resend_headers(st)?;
+        }
         let seq = self.post_reported(st, remote, src)?;
         bump(&self.shared.counters().word_writes, 1);
         Ok(seq)
@@ -495,19 +500,23 @@ impl VerbsTransport {
     /// pulling, READs the sender's published tail and the slots
     /// `[from, tail)` into our copy, waiting for both, and returns the
     /// tail (the Receiver validates it as ever).
-    pub(super) fn pull_fetch(&mut self, head: u64, known: u64) -> Result<Option<u64>, RingError> {
-        if self.role != Role::Receiver {
-            return Ok(None);
-        }
-        let s = &*self.shared;
+    /// `s` is the connection's shared state and `pull` the receiver's
+    /// pull state: a function of the two, not of the transport, so its
+    /// caller can hold `s.rq` across it.
+    pub(super) fn pull_fetch(
+        s: &Shared,
+        pull: &mut PullState,
+        head: u64,
+        known: u64,
+    ) -> Result<Option<u64>, RingError> {
         let in_ctrl = s.layout.in_ctrl;
         let w = s.ctrl_word(in_ctrl, MODE_WORD).load(Ordering::Acquire);
-        if w != self.pull.seen_word {
-            self.pull.seen_word = w;
-            self.pull.pulling = word_is_pull(w);
+        if w != pull.seen_word {
+            pull.seen_word = w;
+            pull.pulling = word_is_pull(w);
             let c = s.pull_counters();
             bump(
-                if self.pull.pulling {
+                if pull.pulling {
                     &c.rx_to_pull
                 } else {
                     &c.rx_to_push
@@ -515,7 +524,7 @@ impl VerbsTransport {
                 1,
             );
         }
-        if !self.pull.pulling {
+        if !pull.pulling {
             return Ok(None);
         }
         // Pushed before the pull word (or after a switch back): already
@@ -543,9 +552,9 @@ impl VerbsTransport {
             // data is in our copy: read on from there (the queue pair is
             // dead, which later writes report).
             let w = s.ctrl_word(in_ctrl, MODE_WORD).load(Ordering::Acquire);
-            if w != self.pull.seen_word && !word_is_pull(w) {
-                self.pull.seen_word = w;
-                self.pull.pulling = false;
+            if w != pull.seen_word && !word_is_pull(w) {
+                pull.seen_word = w;
+                pull.pulling = false;
                 bump(&s.pull_counters().rx_to_push, 1);
                 return Ok(None);
             }
@@ -557,11 +566,11 @@ impl VerbsTransport {
         if t <= from {
             return Ok(Some(from));
         }
-        if t - head > self.pull.slots || head > from {
+        if t - head > pull.slots || head > from {
             // Not a tail the ring can hold: the Receiver rejects it.
             return Ok(Some(t));
         }
-        let ss = self.pull.slot_size;
+        let ss = pull.slot_size;
         let mut last = 0;
         {
             let mut st = lock(&s.sq);
@@ -571,7 +580,7 @@ impl VerbsTransport {
             // (where a queue pair once went to error). The queue pair
             // allows one READ in flight, so the chunks follow each other.
             let chunk = (READ_CHUNK / ss).max(1);
-            for (first, count) in ranges(from, t, self.pull.slots) {
+            for (first, count) in ranges(from, t, pull.slots) {
                 let mut done = 0;
                 while done < count {
                     let n = (count - done).min(chunk);
