@@ -11,7 +11,9 @@
 #      and WRITE few slots.
 #   2. adaptive many-switch run: verbscheck rpc (2 clients, every reply
 #      byte checked) against an adaptive rpc-serve whose thresholds flip
-#      it at nearly every reply: at least 2 switches each way.
+#      it at nearly every reply: at least 2 switches each way, and at
+#      least one header re-sent before a switch's tail word (replies
+#      sent without their header, FEATURE_HEADERLESS).
 #   3. verbscheck ping-pong in forced pull (sleep/kick across READs: no
 #      lost wakeup).
 #   4. the shim ignores RINGSOCK_VERBS_MODE=pull (its rings always push,
@@ -98,12 +100,17 @@ grep RESULT /tmp/rc.ad.log /tmp/rs.ad.log | cut -c1-400 | sed 's/^/    /'
 n=$(grep 'test=rpc ' /tmp/rc.ad.log | grep ' ok=1 ' | grep -c ' bad_replies=0 ')
 sw=$(awk '/test=rpc-serve/ { for (i = 1; i <= NF; i++) { split($i, kv, "=")
        if (kv[1] == "pull_tx_to_pull") p += kv[2]; if (kv[1] == "pull_tx_to_push") q += kv[2];
-       if (kv[1] == "pull_catchup_writes") c += kv[2] } }
-     END { print p + 0, q + 0, c + 0 }' /tmp/rs.ad.log)
+       if (kv[1] == "pull_catchup_writes") c += kv[2]
+       if (kv[1] == "headerless_writes") h += kv[2]; if (kv[1] == "headers_resent") r += kv[2] } }
+     END { print p + 0, q + 0, c + 0, h + 0, r + 0 }' /tmp/rs.ad.log)
 set -- $sw
-if [ $rc -eq 0 ] && [ "$n" -eq 2 ] && [ "$1" -ge 2 ] && [ "$2" -ge 2 ]; then
-  pass "adaptive rpc: every reply byte checked, no lost wakeup, the server switched $1 times to pull and $2 back (catch-up WRITEs $3)"
-else bad "adaptive rpc: exit $rc, $n of 2 sizes ok, server switches to pull $1 / to push $2"; tail -n 3 /tmp/rc.ad.log /tmp/rs.ad.log; fi
+# Each switch to pull writes a tail word, before which the server re-sends
+# the headers of replies it sent without one (FEATURE_HEADERLESS) that the
+# client's pushed head has not passed: the re-send path must have run,
+# with every reply byte checked.
+if [ $rc -eq 0 ] && [ "$n" -eq 2 ] && [ "$1" -ge 2 ] && [ "$2" -ge 2 ] && [ "$4" -ge 1 ] && [ "$5" -ge 1 ]; then
+  pass "adaptive rpc: every reply byte checked, no lost wakeup, the server switched $1 times to pull and $2 back (catch-up WRITEs $3), sent $4 replies without their header and re-sent $5 headers"
+else bad "adaptive rpc: exit $rc, $n of 2 sizes ok, server switches to pull $1 / to push $2, headerless replies $4, headers re-sent $5"; tail -n 3 /tmp/rc.ad.log /tmp/rs.ad.log; fi
 
 step "verbs ping-pong, forced pull"
 $A RINGSOCK_VERBS_MODE=pull verbscheck serve --listen $SRV:7304 > /tmp/vsrv.pp.log 2>&1 &

@@ -97,13 +97,16 @@ impl Conn {
         let v = self.end.c.verbs_counters();
         println!(
             "RESULT transport=verbs test=rpc-serve size={} replies={} wr_posted={} slot_writes={} \
-             word_writes={} kicks_sent={} wr_per_reply={:.2} {}",
+             word_writes={} kicks_sent={} headerless_writes={} headers_resent={} \
+             wr_per_reply={:.2} {}",
             self.reply.len(),
             self.served,
             v.wr_posted,
             v.slot_writes,
             v.word_writes,
             v.kicks_sent,
+            v.headerless_writes,
+            v.headers_resent,
             v.wr_posted as f64 / self.served.max(1) as f64,
             pull_kv(&self.end.c)
         );
