@@ -1207,7 +1207,6 @@ impl Shared {
         let mut unsignaled = st.unsignaled;
         let mut k = 0;
         if let Some(h) = held {
-            bump(&self.counters().slot_bytes, u64::from(h.len));
             let held_src = Src::Region {
                 off: h.off,
                 len: h.len,
@@ -1313,6 +1312,9 @@ impl Shared {
             Src::Region { off, len } | Src::RegionImm { off, len, .. } => {
                 sge.addr = self.region.addr(off);
                 sge.length = len;
+                // Every slot write is counted here, as posted: a held one
+                // may go without its header (`headerless`).
+                bump(&self.counters().slot_bytes, u64::from(len));
                 if len <= self.max_inline.min(INLINE_SLOT_BYTES) {
                     // Copied during the post (the caller leaves sge.addr
                     // at the region for region sources).
@@ -1363,7 +1365,6 @@ impl Shared {
     /// Caller holds `sq`.
     fn post_held_slots(&self, st: &mut SqState) -> Result<(), RingError> {
         if let Some(h) = st.held_slots.take() {
-            bump(&self.counters().slot_bytes, u64::from(h.len));
             self.post(
                 st,
                 Src::Region {
@@ -1547,7 +1548,6 @@ impl VerbsTransport {
                 (h.off, h.len, h.remote, imm)
             }
         };
-        bump(&s.counters().slot_bytes, u64::from(len));
         let src = Src::RegionImm {
             off,
             len,
@@ -1591,8 +1591,8 @@ impl Transport for VerbsTransport {
         if s.remote.tail_in_imm && len <= TAIL_IN_IMM_MAX_BYTES as u64 {
             // Held for the tail write that follows (`sync_tail`); an
             // earlier held write (the first half of a wrapped batch) goes
-            // out now. Its bytes are counted when it is posted: it may go
-            // without its header.
+            // out now. Its bytes are counted when it is posted (`fill_wr`):
+            // it may go without its header.
             s.post_held_slots(&mut st)?;
             st.held_slots = Some(HeldSlots {
                 off: src_off,
@@ -1609,7 +1609,6 @@ impl Transport for VerbsTransport {
                 remote,
                 false,
             )?;
-            bump(&s.counters().slot_bytes, len);
         }
         bump(&s.counters().slot_writes, 1);
         Ok(())

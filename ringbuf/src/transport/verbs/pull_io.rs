@@ -480,7 +480,6 @@ impl VerbsTransport {
                     pace,
                 )?;
                 bump(&s.counters().slot_writes, 1);
-                bump(&s.counters().slot_bytes, k * p.slot_size);
                 n += 1;
                 unwaited += k * p.slot_size;
                 done += k;
