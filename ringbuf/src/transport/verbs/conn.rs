@@ -55,11 +55,14 @@ const _: () = assert!(crate::tail_hint::HINT_BITS == 30);
 /// the two bits above; plain kicks carry 1 or 2).
 const IMM_HEADERLESS: u32 = 1 << 29;
 const _: () = assert!(headerless::FIELD_BITS == 29);
-/// Headerless records kept for a header re-send (`SqState::headerless`)
-/// before they are re-sent unasked: bounds the list, and the re-send
-/// before a tail word, on a ring whose receiver pushes its head late (a
-/// receiver pushes its head every `gamma` slots, 64 by default: at most
-/// that many one-slot records wait for it).
+/// Headerless records kept for a header re-send (`SqState::headerless`):
+/// while that many wait for the receiver's pushed head, further records
+/// keep their header. Bounds the list and the re-send before a tail word.
+/// A shim ring on RDMA pushes its head every 1,024 slots, so a ping-pong
+/// of one-slot records fills the list; re-sending its headers unasked
+/// there (as this cap once did) cost a second WRITE for three messages
+/// in four (64 B, both ends spinning), where a header kept in the write
+/// costs a small record nothing (the same single inline packet).
 const HEADERLESS_KEPT: usize = 256;
 /// Largest slot write held back to carry the tail and the ring that
 /// follows it (`FEATURE_TAIL_IN_IMM`): a small batch, where one packet
@@ -921,16 +924,12 @@ impl Shared {
         headerless::encode(hdr.len, tail)
     }
 
-    /// Notes a record sent without its header. The list keeps only
-    /// records the receiver may not have read; at `HEADERLESS_KEPT` their
-    /// headers go out now. Caller holds `sq`.
-    fn keep_headerless(&self, st: &mut SqState, sent: SentHeaderless) -> Result<(), RingError> {
+    /// Whether one more record may go without its header: the list of
+    /// those the receiver may not have read (after dropping the ones it
+    /// has) is below `HEADERLESS_KEPT`. Caller holds `sq`.
+    fn headerless_room(&self, st: &mut SqState) -> bool {
         self.forget_read_headerless(st);
-        if st.headerless.len() >= HEADERLESS_KEPT {
-            self.resend_headers(st)?;
-        }
-        st.headerless.push_back(sent);
-        Ok(())
+        st.headerless.len() < HEADERLESS_KEPT
     }
 
     /// Drops the headerless records the receiver has read: its pushed
@@ -1526,17 +1525,18 @@ impl VerbsTransport {
             return Ok(None);
         };
         // One record alone (the usual small message): its payload only,
-        // the header in the immediate (`crate::headerless`).
-        let (off, len, remote, imm) = match s.headerless_field(&h, tail) {
+        // the header in the immediate (`crate::headerless`), while the
+        // list of such records has room.
+        let field = s
+            .headerless_field(&h, tail)
+            .filter(|_| s.headerless_room(&mut st));
+        let (off, len, remote, imm) = match field {
             Some(field) => {
-                s.keep_headerless(
-                    &mut st,
-                    SentHeaderless {
-                        off: h.off,
-                        remote: h.remote,
-                        end: tail,
-                    },
-                )?;
+                st.headerless.push_back(SentHeaderless {
+                    off: h.off,
+                    remote: h.remote,
+                    end: tail,
+                });
                 let hb = record::HEADER_BYTES;
                 let imm = IMM_HEADERLESS | field;
                 // Under the send-queue lock, as every writer of this one.

@@ -164,9 +164,10 @@
 //!   RC order places them before the word, so a receiver that learns a
 //!   tail from the word before it reaped those immediates (verbs does not
 //!   promise when a completion becomes visible against a later WRITE's
-//!   data) still finds every header. The list is bounded: at 64 records it
-//!   is re-sent unasked. A tail in a later immediate needs nothing: the
-//!   receive CQ is reaped in order.
+//!   data) still finds every header. The list is bounded
+//!   (`HEADERLESS_KEPT`): while it is full, records keep their header. A
+//!   tail in a later immediate needs nothing: the receive CQ is reaped in
+//!   order.
 //! - The receiver learns every tail under the `rq` lock (`fetch_tail`,
 //!   pull mode's fetch included), and a reaper writes a header only while
 //!   it holds that lock and the copy's tail is still below the record. So
