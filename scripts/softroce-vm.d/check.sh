@@ -105,15 +105,16 @@ step "ping-pong over verbs with both ends asleep between messages: the tails rid
 # client itself sleeps (spin 0 still takes 32 looks): the rings must reach
 # at least every other message in one direction or the other (the client
 # sent 48 rings for 110 messages in one boot, and received 110).
-# spin_pingpong PORT SPIN_US ITERS: a 64 B verbs ping-pong with both ends
-# at SPIN_US, its client's RESULT line in $line (read with kv), the server
-# gone afterwards.
+# spin_pingpong PORT SPIN_US ITERS [SIZE] [GAMMA]: a verbs ping-pong of
+# SIZE (64) B messages with both ends at SPIN_US (and pushing their heads
+# every GAMMA slots where given), its client's RESULT line in $line (read
+# with kv), the server gone afterwards.
 spin_pingpong() {
-  $A verbscheck serve --listen $SRV:$1 --spin-us $2 > /tmp/vsrv.$1.log 2>&1 &
+  $A verbscheck serve --listen $SRV:$1 --spin-us $2 ${5:+--gamma $5} > /tmp/vsrv.$1.log 2>&1 &
   ppid=$!
   sleep 1
   $B timeout 90 verbscheck pingpong --connect $SRV:$1 --spin-us $2 --sizes ${4:-64} --iters $3 \
-    --bw-mib 1 --reps 1 | tee /tmp/pp.$1.log
+    ${5:+--gamma $5} --bw-mib 1 --reps 1 | tee /tmp/pp.$1.log
   line=$(grep 'RESULT transport=verbs test=pingpong' /tmp/pp.$1.log)
   kill $ppid 2>/dev/null
   wait $ppid 2>/dev/null
@@ -172,6 +173,24 @@ if [ -n "$msgs" ] && [ -n "$sbytes" ] && [ -n "$swrites" ] && [ "$swrites" -ge "
   echo "CHECK PASS 4 KiB payload-only WRITEs: $msgs messages, $swrites slot WRITEs of $sbytes bytes ($((sbytes / swrites)) each)"
 else
   echo "CHECK FAILED: 4 KiB payload-only WRITEs: messages=$msgs slot_writes=$swrites slot_bytes=$sbytes (want at most 4096 bytes each)"
+  fail=1
+fi
+
+step "64 B ping-pong over verbs, heads pushed every 1,024 slots: no header re-sent unasked"
+# The shim's rings on RDMA push their heads every quarter ring (1,024
+# slots), so up to 1,024 one-slot records wait for the push that lets the
+# sender forget them. The sender keeps at most 256 headerless records;
+# further ones carry their header (the same single inline WRITE at 64 B).
+# The build before re-sent the whole list whenever it filled: 0.75 header
+# WRITEs per message on top of the message's own (ringsock-ctl status of a
+# shim ping-pong: 14,592 re-sent for 19,548 messages).
+spin_pingpong 7007 20000 1000 64 1024
+msgs=$(kv messages); hl=$(kv headerless_writes); resent=$(kv headers_resent); posted=$(kv wr_posted)
+if [ -n "$msgs" ] && [ -n "$hl" ] && [ -n "$resent" ] && [ -n "$posted" ] && [ "$msgs" -gt 0 ] \
+  && [ $hl -ge 256 ] && [ $((resent * 10)) -lt $msgs ] && [ $posted -lt $((msgs * 5 / 4)) ]; then
+  echo "CHECK PASS late head pushes: $msgs messages, $hl without their header, $resent headers re-sent, $posted work requests"
+else
+  echo "CHECK FAILED: late head pushes: messages=$msgs headerless_writes=$hl headers_resent=$resent wr_posted=$posted (want at least 256 headerless, re-sent under a tenth of the messages)"
   fail=1
 fi
 

@@ -9,7 +9,7 @@
 //! verbscheck tcp-serve --listen ADDR                TCP server (raw libc sockets)
 //! verbscheck stream    --connect ADDR [--tcp] --mib N [--seed S]
 //! verbscheck pingpong  --connect ADDR [--tcp] [--sizes 64,4096,65536] [--iters N]
-//!                      [--bw-mib M] [--reps R]
+//!                      [--bw-mib M] [--reps R] [--spin-us U] [--gamma N]
 //! verbscheck rpc-serve --listen ADDR                many clients, one polling thread
 //! verbscheck rpc       --connect ADDR [--clients N] [--sizes 64,4096] [--secs S]
 //! ```
@@ -147,6 +147,7 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+#[derive(Debug)]
 pub struct Opts {
     pub addr: String,
     pub tcp: bool,
@@ -166,6 +167,10 @@ pub struct Opts {
     /// `rpc`: client connections (threads) and seconds of round trips.
     pub clients: usize,
     pub secs: u64,
+    /// `--gamma N`: this end's receiving ring pushes its head every N
+    /// consumed slots (`RingConfig::gamma`; the library's default when
+    /// absent, the shim's on RDMA is a quarter of the ring).
+    pub gamma: Option<u32>,
 }
 
 fn parse(args: &[String]) -> Result<Opts, String> {
@@ -183,6 +188,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
         bind: None,
         clients: 1,
         secs: 3,
+        gamma: None,
     };
     let mut i = 0;
     while i < args.len() {
@@ -220,6 +226,14 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--clients" => o.clients = num(val()?)?.clamp(1, 256) as usize,
             "--secs" => o.secs = num(val()?)?.max(1),
             "--spin-us" => o.spin = Duration::from_micros(num(val()?)?),
+            "--gamma" => {
+                let g = num(val()?)?;
+                let half = u64::from(ringbuf::RingConfig::default().slots / 2);
+                if g == 0 || g > half {
+                    return Err(format!("--gamma must be in 1..={half}"));
+                }
+                o.gamma = Some(g as u32);
+            }
             "--sizes" => {
                 o.sizes = val()?
                     .split(',')
@@ -239,7 +253,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
 const USAGE: &str =
     "usage: verbscheck info | pick ADDR... | conn-loop [--iters N] | serve --listen ADDR | tcp-serve --listen ADDR | \
 stream --connect ADDR [--tcp] [--mib N] [--seed S] | pingpong --connect ADDR [--tcp] \
-[--sizes 64,4096,65536] [--iters N] [--bw-mib M] [--reps R] [--spin-us U] [--via ADDR] [--bind ADDR] | \
+[--sizes 64,4096,65536] [--iters N] [--bw-mib M] [--reps R] [--spin-us U] [--gamma N] [--via ADDR] [--bind ADDR] | \
 rpc-serve --listen ADDR | rpc --connect ADDR [--clients N] [--sizes 64,4096] [--secs S]";
 
 fn main() {
@@ -283,5 +297,42 @@ fn main() {
     if let Err(e) = r {
         eprintln!("verbscheck {cmd}: {e}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn gamma_is_taken_within_half_the_ring() {
+        assert_eq!(parse(&args("--gamma 1024")).unwrap().gamma, Some(1024));
+        assert_eq!(parse(&args("--iters 5")).unwrap().gamma, None);
+        let half = ringbuf::RingConfig::default().slots / 2;
+        assert_eq!(
+            parse(&args(&format!("--gamma {half}"))).unwrap().gamma,
+            Some(half)
+        );
+    }
+
+    #[test]
+    fn gamma_out_of_range_or_garbage_is_refused() {
+        let half = ringbuf::RingConfig::default().slots / 2;
+        for bad in [
+            "0".to_string(),
+            (half + 1).to_string(),
+            "x".into(),
+            "-3".into(),
+        ] {
+            let e = parse(&args(&format!("--gamma {bad}"))).unwrap_err();
+            assert!(e.contains("--gamma"), "{bad}: {e}");
+        }
+        assert!(parse(&args("--gamma"))
+            .unwrap_err()
+            .contains("needs a value"));
     }
 }

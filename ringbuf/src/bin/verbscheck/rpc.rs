@@ -7,7 +7,7 @@
 //! How replies travel is the server's `RINGSOCK_VERBS_MODE` (push, pull,
 //! adaptive); clients should push their requests (mode push).
 
-use crate::vrb::{client as connect, device_for, finish, pull_kv, setup, End, Waits};
+use crate::vrb::{client as connect, device_for, finish, pull_kv, ring_config, setup, End, Waits};
 use crate::{median_us, Header, Opts, MODE_PINGPONG};
 use ringbuf::transport::verbs::settle;
 use ringbuf::RingError;
@@ -128,7 +128,7 @@ pub fn serve(o: &Opts) -> Result<(), String> {
                     s.read_exact(&mut hb).map_err(|e| e.to_string())?;
                     let h = Header::decode(&hb)?;
                     let dev = device_for(o, peer.ip())?;
-                    let c = setup(&dev, &mut s, false)?;
+                    let c = setup(&dev, &mut s, false, ring_config(o))?;
                     s.set_nonblocking(true).map_err(|e| e.to_string())?;
                     Ok(Conn {
                         end: End {

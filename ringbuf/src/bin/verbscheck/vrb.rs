@@ -208,12 +208,22 @@ pub(crate) struct End {
     pub(crate) waits: Waits,
 }
 
+/// The ring configuration of this end: the library's defaults, with
+/// `--gamma` where given.
+pub(crate) fn ring_config(o: &Opts) -> RingConfig {
+    let d = RingConfig::default();
+    RingConfig {
+        gamma: o.gamma.unwrap_or(d.gamma),
+        ..d
+    }
+}
+
 pub(crate) fn setup(
     dev: &Arc<Device>,
     ctl: &mut TcpStream,
     client: bool,
+    cfg: RingConfig,
 ) -> Result<Connected, String> {
-    let cfg = RingConfig::default();
     let conn = VerbsConn::new(dev, cfg, cfg).map_err(e2s)?;
     let mine = conn.local_params().encode();
     let mut theirs = [0u8; PARAMS_LEN];
@@ -393,12 +403,13 @@ impl End {
     }
 }
 
-fn session(dev: &Arc<Device>, mut ctl: TcpStream, spin: Duration) -> Result<(), String> {
+fn session(dev: &Arc<Device>, mut ctl: TcpStream, o: &Opts) -> Result<(), String> {
+    let spin = o.spin;
     ctl.set_nodelay(true).map_err(|e| e.to_string())?;
     let mut hb = [0u8; Header::LEN];
     ctl.read_exact(&mut hb).map_err(|e| e.to_string())?;
     let h = Header::decode(&hb)?;
-    let c = setup(dev, &mut ctl, false)?;
+    let c = setup(dev, &mut ctl, false, ring_config(o))?;
     let mut end = End {
         c,
         spin,
@@ -460,7 +471,7 @@ pub fn serve(o: &Opts) -> Result<(), String> {
                     .peer_addr()
                     .map_err(|e| e.to_string())
                     .and_then(|p| device_for(o, p.ip()))
-                    .and_then(|dev| session(&dev, s, o.spin));
+                    .and_then(|dev| session(&dev, s, o));
                 if let Err(e) = r {
                     eprintln!("verbscheck serve: session failed: {e}");
                 }
@@ -476,7 +487,7 @@ pub(crate) fn client(o: &Opts, h: Header) -> Result<(End, TcpStream, Arc<Device>
     ctl.set_nodelay(true).map_err(|e| e.to_string())?;
     let dev = device_for(o, ctl.peer_addr().map_err(|e| e.to_string())?.ip())?;
     ctl.write_all(&h.encode()).map_err(|e| e.to_string())?;
-    let c = setup(&dev, &mut ctl, true)?;
+    let c = setup(&dev, &mut ctl, true, ring_config(o))?;
     Ok((
         End {
             c,
