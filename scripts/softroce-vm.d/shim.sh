@@ -273,6 +273,20 @@ if [ "$setr" = OK ] && [ "$want" = "$got" ]; then
 else
   bad "redis value: SET said '$setr', GET's sha256 $got, want $want ($(wc -c < /tmp/got) B back)"
 fi
+# A connection that stays open a second, so the status samples (every
+# 0.2 s, each two ringsock-ctl runs) also see the server's side: the
+# benchmark's connections can all open and close between two samples of
+# A (seen once in CI: 1000 SETs and 1000 GETs in 0.2 s each, none of A's
+# connections in 8 samples). BLPOP on an empty list answers nil after its
+# timeout.
+t0=$(uptime_s)
+blp=$(timeout 15 $SB redis-cli -h $SRV -p 7204 blpop rs:empty 1 2>&1 | tr -d '\r\n')
+t1=$(uptime_s)
+if { [ -z "$blp" ] || [ "$blp" = "(nil)" ]; } && awk -v a=$t0 -v b=$t1 'BEGIN { exit !(b - a >= 0.9) }'; then
+  pass "redis blocking pop: BLPOP on an empty list answered nil after its 1 s timeout ($t0 -> $t1 s)"
+else
+  bad "redis blocking pop: BLPOP said '$blp' ($t0 -> $t1 s; want nil after at least 0.9 s)"
+fi
 after=$(cnt)
 sample_stop redis
 stop $rpid
