@@ -367,16 +367,29 @@ fn same_ip(a: SocketAddr, b: SocketAddr) -> bool {
 }
 
 /// The connections to `server_port` that both ends reported.
+///
+/// Samples taken over a run may hold two connections with the same
+/// addresses: a client port the kernel gave out again after the first
+/// connection closed (seen in CI: redis-benchmark's 40 connections, one
+/// port twice, rings #8 and #37). A client end is paired with the server
+/// ends on its own ring when there are any, so the two connections are
+/// not crossed; otherwise with every server end at its addresses (and a
+/// check for one ring fails on those).
 pub fn links(conns: &[Conn], server_port: u16) -> Vec<Link> {
     let mut out = Vec::new();
     for c in conns.iter().filter(|c| c.peer.port() == server_port) {
-        for s in conns.iter().filter(|s| s.local.port() == server_port) {
-            if same_ip(c.local, s.peer) && same_ip(c.peer, s.local) && c.pid != s.pid {
-                out.push(Link {
-                    client: c.clone(),
-                    server: s.clone(),
-                });
-            }
+        let ends: Vec<&Conn> = conns
+            .iter()
+            .filter(|s| s.local.port() == server_port)
+            .filter(|s| same_ip(c.local, s.peer) && same_ip(c.peer, s.local) && c.pid != s.pid)
+            .collect();
+        let same_ring = |s: &&Conn| c.ring.is_some() && s.ring == c.ring;
+        let on_ring = ends.iter().any(same_ring);
+        for s in ends.into_iter().filter(|s| !on_ring || same_ring(s)) {
+            out.push(Link {
+                client: c.clone(),
+                server: s.clone(),
+            });
         }
     }
     out
@@ -441,4 +454,46 @@ pub fn status_at(sock: &Path) -> Result<Vec<Conn>, String> {
         ));
     }
     parse_status(&text).map_err(|e| format!("{e} in:\n{text}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{links, Conn};
+
+    fn conn(pid: u32, local: &str, peer: &str, ring: Option<u64>) -> Conn {
+        Conn {
+            pid,
+            fd: 3,
+            exe: "x".into(),
+            local: local.parse().unwrap(),
+            peer: peer.parse().unwrap(),
+            transport: "shm".into(),
+            reason: String::new(),
+            ring,
+            stats: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_reused_client_port_is_paired_by_ring() {
+        let (cli, srv) = ("127.0.0.1:47691", "127.0.0.1:24142");
+        let conns = [
+            conn(1, cli, srv, Some(8)),
+            conn(2, srv, cli, Some(8)),
+            conn(1, cli, srv, Some(37)),
+            conn(2, srv, cli, Some(37)),
+        ];
+        let l = links(&conns, 24142);
+        assert_eq!(l.len(), 2);
+        assert!(l.iter().all(|k| k.is_shm()), "crossed: {l:?}");
+    }
+
+    #[test]
+    fn ends_on_different_rings_are_still_a_link_that_fails_the_ring_check() {
+        let (cli, srv) = ("127.0.0.1:40000", "127.0.0.1:24142");
+        let conns = [conn(1, cli, srv, Some(3)), conn(2, srv, cli, Some(4))];
+        let l = links(&conns, 24142);
+        assert_eq!(l.len(), 1);
+        assert!(!l[0].is_shm());
+    }
 }
