@@ -241,9 +241,10 @@ struct SqState {
     /// tail and the ring (`FEATURE_TAIL_IN_IMM`). Any other post sends it
     /// first, as a plain WRITE, so the queue pair's order is unchanged.
     held_slots: Option<HeldSlots>,
-    /// Records sent without their header (`FEATURE_HEADERLESS`) since
-    /// the last tail word, oldest first: their headers are re-sent before
-    /// the next one (`Shared::resend_headers`).
+    /// Records sent without their header (`FEATURE_HEADERLESS`) that the
+    /// receiver's pushed head has not passed and no tail word has covered
+    /// yet, oldest first, at most `HEADERLESS_KEPT`: their headers are
+    /// re-sent before the next tail word (`Shared::resend_headers`).
     headerless: VecDeque<SentHeaderless>,
     failed: Option<RingError>,
 }
@@ -778,6 +779,10 @@ impl VerbsConn {
             in_cfg,
             knobs,
         } = self;
+        // Each feature builds on the one before it: credits need the tail
+        // in the immediate, headerless records need the credits.
+        let tail_in_imm = peer.features & FEATURE_TAIL_IN_IMM != 0;
+        let tail_credits = tail_in_imm && peer.features & FEATURE_TAIL_CREDITS != 0;
         shared.remote = Remote {
             rkey: peer.rkey,
             in_ctrl: peer.in_ring.ctrl_addr,
@@ -785,11 +790,9 @@ impl VerbsConn {
             out_ctrl: peer.out_ring.ctrl_addr,
             out_slots: peer.out_ring.slots_addr,
             standing: peer.features & FEATURE_STANDING_WAITS != 0,
-            tail_in_imm: peer.features & FEATURE_TAIL_IN_IMM != 0,
-            tail_credits: peer.features & FEATURE_TAIL_IN_IMM != 0
-                && peer.features & FEATURE_TAIL_CREDITS != 0,
-            headerless: peer.features & FEATURE_TAIL_IN_IMM != 0
-                && peer.features & FEATURE_TAIL_CREDITS != 0
+            tail_in_imm,
+            tail_credits,
+            headerless: tail_credits
                 && peer.features & FEATURE_HEADERLESS != 0
                 && peer.in_ring.slots <= headerless::MAX_RING_SLOTS,
         };
