@@ -49,10 +49,12 @@ trace() {
       d = $3; gsub(/[ +!#*@$]/, "", d); sub(/us$/, "", d)
       f = $4; gsub(/^ +| +$/, "", f)
       if (f ~ /^ib_uverbs_post_send.*\{$/) {
-        PIDS[p] = 1; other = ""
-        for (q in PIDS) if (q != p) other = q
-        ready = last_exit[p]
-        if (other != "" && placed[other] > ready) ready = placed[other]
+        # Ready: the latest placement by any other thread (a thread of
+        # the same process, such as the shim background one, counts as
+        # another poster), or the end of the last post of this thread,
+        # if later.
+        PIDS[p] = 1; ready = last_exit[p]
+        for (q in placed) if (q != p && placed[q] > ready) ready = placed[q]
         if (ready > 0) { TA[p, bucket((ts - ready) * 1e6)]++; TN[p]++ }
         next
       }
