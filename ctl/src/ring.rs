@@ -157,7 +157,7 @@ impl RingStats for MemfdStats {
     }
 }
 
-/// The shim's segments (`ringbuf::Segment`): header, then per ring a
+/// The shim's segments (`ringsock_ring::Segment`): header, then per ring a
 /// `RingControl` block with the RB2 pointers and counters. Every value read
 /// comes from a process the daemon does not trust: the header is checked
 /// (magic, version, geometry) and every offset bounds-checked by
@@ -168,8 +168,8 @@ pub struct SegmentStats;
 const DIRECTIONS: [&str; 2] = ["c2s", "s2c"];
 
 mod layout {
-    use ringbuf::layout::{ReceiverCounters, RingControl, SenderCounters};
-    use ringbuf::transport::shm::SegmentHeader;
+    use ringsock_ring::layout::{ReceiverCounters, RingControl, SenderCounters};
+    use ringsock_ring::transport::shm::SegmentHeader;
     use std::mem::offset_of;
 
     pub const MAGIC: usize = offset_of!(SegmentHeader, magic);
@@ -194,7 +194,7 @@ mod layout {
 impl SegmentStats {
     /// (rings, slots, slot_size) if the header describes a segment.
     fn geometry(ring: &RingView<'_>) -> Option<(u32, u32, u32)> {
-        if ring.load_u64(layout::MAGIC)? != ringbuf::transport::shm::SEGMENT_MAGIC {
+        if ring.load_u64(layout::MAGIC)? != ringsock_ring::transport::shm::SEGMENT_MAGIC {
             return None;
         }
         // Two u32 fields per word, little-endian layout of a repr(C) struct.
@@ -202,7 +202,7 @@ impl SegmentStats {
         let ss = ring.load_u64(layout::SLOTS_SIZE)?;
         let (version, rings) = (vr as u32, (vr >> 32) as u32);
         let (slots, slot_size) = (ss as u32, (ss >> 32) as u32);
-        if version != ringbuf::transport::shm::SEGMENT_VERSION
+        if version != ringsock_ring::transport::shm::SEGMENT_VERSION
             || rings == 0
             || rings > 8
             || slots == 0
@@ -221,7 +221,7 @@ impl RingStats for SegmentStats {
         };
         let mut out = Vec::new();
         for (i, dir) in DIRECTIONS.iter().enumerate().take(rings as usize) {
-            let Some(base) = ringbuf::transport::shm::control_offset(i as u32, slots, slot_size)
+            let Some(base) = ringsock_ring::transport::shm::control_offset(i as u32, slots, slot_size)
             else {
                 break;
             };
@@ -255,7 +255,7 @@ impl RingStats for SegmentStats {
     }
 }
 
-/// One end of a verbs connection (`ringbuf::transport::verbs`): the memfd
+/// One end of a verbs connection (`ringsock_ring::transport::verbs`): the memfd
 /// starts with a `VerbsHeader` page (magic "RSVERBS1", version, offsets of
 /// the end's two control blocks, geometry, device, and the transport's
 /// verbs counters). As with segments, every field is untrusted: magic,
@@ -274,7 +274,7 @@ pub struct VerbsStats;
 
 /// The verbs counters a header carries, in report order.
 pub const VERBS_COUNTERS: [(&str, usize); 10] = {
-    use ringbuf::transport::verbs_stats::offsets as o;
+    use ringsock_ring::transport::verbs_stats::offsets as o;
     [
         ("wr_posted", o::WR_POSTED),
         ("wr_signaled", o::WR_SIGNALED),
@@ -291,13 +291,13 @@ pub const VERBS_COUNTERS: [(&str, usize); 10] = {
 
 /// After `VERBS_COUNTERS`: zero-copy WRITEs and their bytes (also counted
 /// in `slot_writes`/`slot_bytes`), records sent without their header and
-/// headers re-sent (`ringbuf::headerless`), then the pull-mode counters of the
+/// headers re-sent (`ringsock_ring::headerless`), then the pull-mode counters of the
 /// header page (`verbs::pull::PullCounters`): switches of the outgoing
 /// ring (`tx_*`) and mode words seen on the incoming one (`rx_*`), READs
 /// this end posted and their bytes, catch-up WRITEs. Named as the fields
 /// of `PullCounters`/`PullStats`.
 pub const VERBS_EXTRA_COUNTERS: [(&str, usize); 12] = {
-    use ringbuf::transport::verbs_stats::offsets as o;
+    use ringsock_ring::transport::verbs_stats::offsets as o;
     [
         ("zc_writes", o::ZC_WRITES),
         ("zc_bytes", o::ZC_BYTES),
@@ -320,7 +320,7 @@ const _: () = assert!(
 );
 
 mod vlayout {
-    use ringbuf::layout::{ReceiverCounters, RingControl, SenderCounters};
+    use ringsock_ring::layout::{ReceiverCounters, RingControl, SenderCounters};
     use std::mem::offset_of;
 
     pub const TAIL: usize = offset_of!(RingControl, tail);
@@ -338,7 +338,7 @@ mod vlayout {
 impl VerbsStats {
     /// Whether the memfd starts with a verbs header this daemon can read.
     fn recognizes(ring: &RingView<'_>) -> bool {
-        use ringbuf::transport::verbs_stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
+        use ringsock_ring::transport::verbs_stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
         let Some(vl) = ring.load_u64(offsets::VERSION_LEN) else {
             return false;
         };
@@ -351,7 +351,7 @@ impl VerbsStats {
 
 impl RingStats for VerbsStats {
     fn stats(&self, ring: &RingView<'_>) -> Vec<RingStat> {
-        use ringbuf::transport::verbs_stats::offsets;
+        use ringsock_ring::transport::verbs_stats::offsets;
         if !Self::recognizes(ring) {
             return MemfdStats.stats(ring);
         }
@@ -453,7 +453,7 @@ mod tests {
 
     #[test]
     fn segment_counters_are_read_from_a_live_ring() {
-        use ringbuf::{Receiver, RingConfig, Segment, Sender, ShmTransport};
+        use ringsock_ring::{Receiver, RingConfig, Segment, Sender, ShmTransport};
         let cfg = RingConfig::default();
         let seg = Segment::create(&cfg, 2).unwrap();
         let mut tx = Sender::new(seg.ring(1), ShmTransport::new(seg.ring(1), None), cfg).unwrap();
@@ -476,11 +476,11 @@ mod tests {
         // Sealed, right size, but the header is garbage.
         let fd = memfd(3 << 20, true);
         let dup = fd.try_clone().unwrap();
-        write_at(&dup, 0, ringbuf::transport::shm::SEGMENT_MAGIC);
+        write_at(&dup, 0, ringsock_ring::transport::shm::SEGMENT_MAGIC);
         write_at(
             &dup,
             8,
-            u64::from(ringbuf::transport::shm::SEGMENT_VERSION) | 2 << 32,
+            u64::from(ringsock_ring::transport::shm::SEGMENT_VERSION) | 2 << 32,
         );
         // A geometry that points far past the mapping.
         write_at(&dup, 16, u64::from(u32::MAX) | u64::from(u32::MAX) << 32);
@@ -500,14 +500,14 @@ mod tests {
         // A valid header for two default rings, but the file ends 64 bytes
         // into ring 0's control block: only what lies inside is read (the
         // page holding the end of the file is mapped, nothing past it).
-        let cfg = ringbuf::RingConfig::default();
+        let cfg = ringsock_ring::RingConfig::default();
         let fd = memfd(4096 + 64, true);
         let dup = fd.try_clone().unwrap();
-        write_at(&dup, 0, ringbuf::transport::shm::SEGMENT_MAGIC);
+        write_at(&dup, 0, ringsock_ring::transport::shm::SEGMENT_MAGIC);
         write_at(
             &dup,
             8,
-            u64::from(ringbuf::transport::shm::SEGMENT_VERSION) | 2 << 32,
+            u64::from(ringsock_ring::transport::shm::SEGMENT_VERSION) | 2 << 32,
         );
         write_at(
             &dup,
@@ -550,7 +550,7 @@ mod tests {
 
     mod verbs {
         use super::*;
-        use ringbuf::transport::verbs_stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
+        use ringsock_ring::transport::verbs_stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
 
         const OUT: u64 = 4096;
         const IN: u64 = 8192;
@@ -797,8 +797,8 @@ mod tests {
 
         #[test]
         fn segments_still_go_to_the_segment_provider() {
-            let cfg = ringbuf::RingConfig::default();
-            let seg = ringbuf::Segment::create(&cfg, 2).unwrap();
+            let cfg = ringsock_ring::RingConfig::default();
+            let seg = ringsock_ring::Segment::create(&cfg, 2).unwrap();
             let map = RingMap::open(seg.share_fd().unwrap());
             let stats = AnyRingStats.stats(&map.view());
             assert!(get(&stats, "c2s_bytes").is_some(), "{stats:?}");

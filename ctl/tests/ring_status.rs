@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::process::Command;
 
 use common::*;
-use ringbuf::{Receiver, RingConfig, Segment, Sender, ShmTransport};
+use ringsock_ring::{Receiver, RingConfig, Segment, Sender, ShmTransport};
 use ringsock_proto::{Msg, Transport};
 
 fn status(d: &Daemon, json: bool) -> String {

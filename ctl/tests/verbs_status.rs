@@ -12,7 +12,7 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
-use ringbuf::transport::verbs_stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
+use ringsock_ring::transport::verbs_stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
 use ringsock_proto::{
     frame, Msg, RingStat, StatusEntry, Transport, MAX_FRAME_TOTAL, MAX_RING_STATS_V1,
 };

@@ -2,7 +2,7 @@
 //! bytes and step script come from the input, a receiver on it, and the
 //! answers a receiver may give.
 
-use ringbuf::{Receiver, RingConfig, RingError, RingMem, ShmTransport};
+use ringsock_ring::{Receiver, RingConfig, RingError, RingMem, ShmTransport};
 
 /// A ring built from the input's first four bytes (slot size, slot count,
 /// gamma, script length), then the script (`step_len`-byte steps, at most

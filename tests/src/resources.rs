@@ -1,7 +1,7 @@
 //! What a process (or the whole machine) holds, read from /proc: the
 //! numbers leak checks compare before and after a workload.
 //!
-//! Rings are sealed memfds named "ringsock" (ringbuf's shm transport), so
+//! Rings are sealed memfds named "ringsock" (the ring crate's shm transport), so
 //! a ring shows up as a `/memfd:ringsock` link under /proc/PID/fd while a
 //! descriptor is open and as a `/memfd:ringsock` line in /proc/PID/maps
 //! while it is mapped.

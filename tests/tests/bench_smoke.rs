@@ -45,7 +45,7 @@ fn build_release(target: &Path) {
             "-p",
             "ringsock-ctl",
             "-p",
-            "ringbuf",
+            "ringsock-ring",
             "-p",
             "ringsock-integration",
         ][..],

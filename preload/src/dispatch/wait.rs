@@ -9,14 +9,14 @@
 //!
 //! The spin budget adapts per thread: a spin that found the connection
 //! ready doubles it (up to RINGSOCK_SPIN_US), a spin that ended in sleep
-//! halves it down to an eighth of that (`ringbuf::SpinBudget`), so an idle
+//! halves it down to an eighth of that (`ringsock_ring::SpinBudget`), so an idle
 //! program spins little before each sleep and a busy ping-pong keeps
 //! spinning.
 
 use std::cell::Cell;
 use std::time::Duration;
 
-use ringbuf::SpinBudget;
+use ringsock_ring::SpinBudget;
 
 use crate::attached::{AttachedConn, Ready};
 use crate::hook::guard;
@@ -86,7 +86,7 @@ pub fn fewest_looks<'a>(conns: impl Iterator<Item = &'a dyn AttachedConn>) -> u3
     conns
         .map(|c| c.spin_looks())
         .min()
-        .unwrap_or(ringbuf::backoff::SPIN_TURNS)
+        .unwrap_or(ringsock_ring::backoff::SPIN_TURNS)
 }
 
 /// Polls `ready` for up to `limit_ns`, yielding the CPU between polls
@@ -98,7 +98,7 @@ fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> bool
     // an oversubscribed machine the peer, or the kernel work that carries
     // the data (a software RDMA device's softirqs), may need this CPU to
     // make the very progress we wait for (`AttachedConn::spin_looks`).
-    let mut relax = ringbuf::backoff::CompletionWait::with_spin_turns(looks);
+    let mut relax = ringsock_ring::backoff::CompletionWait::with_spin_turns(looks);
     loop {
         if ready() {
             return true;

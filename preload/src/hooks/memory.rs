@@ -1,6 +1,6 @@
 //! Memory hooks for zero-copy sends (feature `verbs`): every call that can
 //! change which pages an address range maps to drops the cached
-//! registrations over that range (`ringbuf::transport::verbs::regcache`),
+//! registrations over that range (`ringsock_ring::transport::verbs::regcache`),
 //! before the change. A registration pins the pages mapped when it was
 //! made; after munmap + mmap (or free + malloc of a large chunk, or
 //! MADV_DONTNEED) the same addresses get new pages, and a send from the
@@ -34,7 +34,7 @@
 use std::ffi::c_void;
 
 use libc::{c_int, intptr_t, off_t, size_t};
-use ringbuf::transport::verbs::regcache;
+use ringsock_ring::transport::verbs::regcache;
 
 use crate::hook::{hooks, Symbol};
 

@@ -20,7 +20,7 @@
 //!   from then on every call goes to the kernel socket.
 //!
 //! Waiting: `arm` announces a sleeping reader/writer in the ring (the RB2
-//! flags whose ordering the loom models in ringbuf/tests/loom.rs check) and
+//! flags whose ordering the loom models in ring/tests/loom.rs check) and
 //! counts waiters. The doorbell is drained only by the last level-triggered
 //! waiter (ppoll) to leave, under the same lock as arming, so one waiter
 //! can never swallow the wake-up another is about to sleep on; edge
@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use libc::c_int;
-use ringbuf::{EventFd, Notify, Receiver, RingError, RingMem, Segment, Sender, ShmTransport};
+use ringsock_ring::{EventFd, Notify, Receiver, RingError, RingMem, Segment, Sender, ShmTransport};
 use ringsock_proto::Transport;
 
 use super::background;

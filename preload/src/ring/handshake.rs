@@ -19,7 +19,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use ringbuf::{EventFd, Notify, Receiver, RingConfig, Segment, Sender, ShmTransport};
+use ringsock_ring::{EventFd, Notify, Receiver, RingConfig, Segment, Sender, ShmTransport};
 use ringsock_proto::{Fds, Msg, RefuseReason};
 
 use super::conn::{Parts, PeerBell, ShmConn, Side, STATE_ACCEPTED, STATE_DECLINED, WORD_STATE};
@@ -60,7 +60,7 @@ pub(super) fn config_for(slots: u32, slot_size: u32, wire: Wire) -> RingConfig {
         alpha,
         beta: c.beta.min(alpha),
         gamma: c.gamma.unwrap_or(default_gamma(slots, wire)).min(half),
-        max_record_slots: ringbuf::config::record_slots(slot_size).min(half),
+        max_record_slots: ringsock_ring::config::record_slots(slot_size).min(half),
         ..RingConfig::default()
     }
 }
@@ -85,9 +85,9 @@ pub(super) fn dup_cloexec(fd: RawFd) -> Result<RawFd, Errno> {
 }
 
 /// A doorbell of ours, at a high fd number.
-pub(super) fn new_bell() -> Result<EventFd, ringbuf::RingError> {
+pub(super) fn new_bell() -> Result<EventFd, ringsock_ring::RingError> {
     let b = EventFd::new()?;
-    let fd = fdspace::high_or_emfile(b.into_owned()).map_err(ringbuf::RingError::Os)?;
+    let fd = fdspace::high_or_emfile(b.into_owned()).map_err(ringsock_ring::RingError::Os)?;
     Ok(EventFd::from_owned(fd))
 }
 

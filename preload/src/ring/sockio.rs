@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use libc::c_int;
-use ringbuf::RingError;
+use ringsock_ring::RingError;
 
 use crate::attached::{Errno, Ready, WaitFd, WaitFds};
 use crate::sys;

@@ -1,5 +1,5 @@
 //! One connection between hosts over RDMA verbs: the `AttachedConn` the
-//! hooks dispatch to (ringbuf's verbs transport: one RC queue pair, this
+//! hooks dispatch to (the ring crate's verbs transport: one RC queue pair, this
 //! end's two ring copies in one registered region).
 //!
 //! The kernel TCP socket stays connected and idle underneath, as on shared
@@ -19,7 +19,7 @@
 //!   socket.
 //!
 //! Waiting: `arm` publishes the RB2 sleeping flags (on verbs a WRITE into
-//! the peer's copy, complete before the re-check: see ringbuf's verbs
+//! the peer's copy, complete before the re-check: see the ring crate's verbs
 //! module for why no wake-up is lost) and then polls both ends until no
 //! control-word write is unreported (`settle_words`), so every kick owed
 //! to a sleeping peer is sent before this thread sleeps. Three wait fds:
@@ -39,8 +39,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use libc::c_int;
-use ringbuf::transport::verbs::{Connected, Doorbell, QpParams, VerbsConn, VerbsTransport};
-use ringbuf::{EventFd, Notify, Receiver, RingError, Sender};
+use ringsock_ring::transport::verbs::{Connected, Doorbell, QpParams, VerbsConn, VerbsTransport};
+use ringsock_ring::{EventFd, Notify, Receiver, RingError, Sender};
 use ringsock_proto::Transport;
 
 use super::super::background;
@@ -413,14 +413,14 @@ impl RdmaConn {
 
     /// Polls both ends until no control-word write is unreported: every
     /// tail and head this process published has landed and the matching
-    /// sleeping-flag check ran (ringbuf verbs module, "What verbs need").
+    /// sleeping-flag check ran (the ring crate's verbs module, "What verbs need").
     /// Bounded: a peer whose queue pair is gone never acknowledges, and
     /// its death shows on the kernel socket; what is still owed then is
     /// left to the background thread (the connection stays queued).
     fn settle_words(&self) {
         let start = sys::monotonic_ns();
         let mut spins = 0u32;
-        let mut wait = ringbuf::backoff::CompletionWait::new();
+        let mut wait = ringsock_ring::backoff::CompletionWait::new();
         loop {
             let mut owed = false;
             for end in [true, false] {
@@ -1055,7 +1055,7 @@ impl AttachedConn for RdmaConn {
             return;
         };
         let _ = tx.flush();
-        let mut wait = ringbuf::backoff::CompletionWait::new();
+        let mut wait = ringsock_ring::backoff::CompletionWait::new();
         while tx.transport_mut().words_pending() && sys::monotonic_ns() < deadline_ns {
             if tx.poll().is_err() || self.peer_gone.load(Ordering::Acquire) {
                 return;

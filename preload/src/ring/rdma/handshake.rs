@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use ringbuf::transport::verbs::{QpParams, VerbsConn};
+use ringsock_ring::transport::verbs::{QpParams, VerbsConn};
 use ringsock_proto::Msg;
 
 use super::super::handshake::{
@@ -38,10 +38,10 @@ use crate::sys;
 /// close with unfetched data still lost a ring of it in the Soft-RoCE
 /// guest (README limits). Pull mode is the verbs ring library's.
 fn new_end(
-    dev: &Arc<ringbuf::transport::verbs::Device>,
-    out_cfg: ringbuf::RingConfig,
-    in_cfg: ringbuf::RingConfig,
-) -> Result<VerbsConn, ringbuf::RingError> {
+    dev: &Arc<ringsock_ring::transport::verbs::Device>,
+    out_cfg: ringsock_ring::RingConfig,
+    in_cfg: ringsock_ring::RingConfig,
+) -> Result<VerbsConn, ringsock_ring::RingError> {
     static SAID: std::sync::Once = std::sync::Once::new();
     if let Some(v) = std::env::var_os("RINGSOCK_VERBS_MODE") {
         if v != "push" && !v.is_empty() {

@@ -17,7 +17,7 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ringbuf::transport::verbs::Device;
+use ringsock_ring::transport::verbs::Device;
 use ringsock_proto::Msg;
 
 use super::ctl;
@@ -48,7 +48,7 @@ static LOGGED_PID: AtomicI32 = AtomicI32::new(0);
 
 /// The device for connections to `peer`: the one whose netdev the route
 /// to `peer` leaves through, `RINGSOCK_DEVICE` if set, else the first
-/// active one (ringbuf caches opened devices per process).
+/// active one (the ring crate caches opened devices per process).
 pub fn device_for(peer: IpAddr) -> Result<Arc<Device>, String> {
     let me = process::pid();
     if NO_DEVICE_PID.load(Ordering::Relaxed) == me {

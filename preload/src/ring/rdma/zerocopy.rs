@@ -1,7 +1,7 @@
 //! Zero-copy sends over RDMA (opt-in: RINGSOCK_ZEROCOPY_MIN).
 //!
 //! A send of at least the threshold takes a registration of the program's
-//! buffer from the device's cache (`ringbuf::transport::verbs::regcache`)
+//! buffer from the device's cache (`ringsock_ring::transport::verbs::regcache`)
 //! and goes out as RDMA WRITEs straight from it
 //! (`Sender::write_zero_copy`), which returns once the device no longer
 //! reads the buffer, so send() keeps its contract: the program may reuse
@@ -17,9 +17,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-use ringbuf::transport::verbs::regcache::{self, Miss};
-use ringbuf::transport::verbs::VerbsTransport;
-use ringbuf::{RingError, Sender};
+use ringsock_ring::transport::verbs::regcache::{self, Miss};
+use ringsock_ring::transport::verbs::VerbsTransport;
+use ringsock_ring::{RingError, Sender};
 
 /// The threshold in bytes, 0 when zero-copy is off (decided once).
 fn threshold() -> usize {

@@ -4,7 +4,7 @@
 #![cfg(not(loom))]
 
 use proptest::prelude::*;
-use ringbuf::{heap_pair, Receiver, RingConfig, RingError, RingMem, ShmTransport};
+use ringsock_ring::{heap_pair, Receiver, RingConfig, RingError, RingMem, ShmTransport};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 

@@ -9,7 +9,7 @@
 
 mod shm_probe;
 
-use ringbuf::{Receiver, RingConfig, RingError, Sender, ShmTransport};
+use ringsock_ring::{Receiver, RingConfig, RingError, Sender, ShmTransport};
 use shm_probe::{Probed, Probes};
 
 struct Pair {

@@ -19,7 +19,7 @@
 //! bump made after the post). The poster must bump `requests` on every
 //! post, not only when it sees `parked`: checking `parked` first (as the
 //! shim once did) loses a post made between the worker's look and its W1;
-//! `ringbuf/tests/loom_park.rs` models both.
+//! `ring/tests/loom_park.rs` models both.
 
 use crate::sync::{fence, AtomicU64, Ordering};
 

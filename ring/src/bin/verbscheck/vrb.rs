@@ -4,8 +4,8 @@
 use crate::{
     fnv, median, median_us, Header, Opts, Rng, FNV_INIT, MODE_BW, MODE_PINGPONG, MODE_STREAM,
 };
-use ringbuf::transport::verbs::{settle, Connected, Device, QpParams, VerbsConn, PARAMS_LEN};
-use ringbuf::{RingConfig, RingError};
+use ringsock_ring::transport::verbs::{settle, Connected, Device, QpParams, VerbsConn, PARAMS_LEN};
+use ringsock_ring::{RingConfig, RingError};
 use std::io::{Read, Write};
 use std::net::{IpAddr, TcpListener, TcpStream};
 use std::sync::Arc;
@@ -24,7 +24,7 @@ fn e2s(e: RingError) -> String {
 /// daemon), checked against the in-process view. `key=value` pairs for a
 /// RESULT line.
 fn shared_counters(c: &Connected) -> Result<String, String> {
-    use ringbuf::transport::verbs_stats::{offsets as o, VERBS_MAGIC};
+    use ringsock_ring::transport::verbs_stats::{offsets as o, VERBS_MAGIC};
     use std::os::fd::AsRawFd;
     use std::sync::atomic::{AtomicU64, Ordering};
     let fd = c.share_fd().map_err(e2s)?;
@@ -171,8 +171,8 @@ pub fn pick(addrs: &[String]) -> Result<(), String> {
                 r.source, r.netdev, r.device, r.port, r.gid_index
             ),
             None => {
-                let src = ringbuf::transport::verbs::route_source(peer);
-                let nd = src.and_then(ringbuf::transport::verbs::netdev_of);
+                let src = ringsock_ring::transport::verbs::route_source(peer);
+                let nd = src.and_then(ringsock_ring::transport::verbs::netdev_of);
                 format!(
                     "source={} netdev={} route_device=none",
                     src.map_or("none".into(), |s| s.to_string()),

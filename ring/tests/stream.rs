@@ -2,7 +2,7 @@
 
 #![cfg(not(loom))]
 
-use ringbuf::{heap_pair, EventFd, RingConfig, RingError, SpinBudget};
+use ringsock_ring::{heap_pair, EventFd, RingConfig, RingError, SpinBudget};
 use std::time::Duration;
 
 fn small() -> RingConfig {
@@ -17,7 +17,7 @@ fn small() -> RingConfig {
     }
 }
 
-fn drain(rx: &mut ringbuf::Receiver<ringbuf::ShmTransport>, out: &mut Vec<u8>) {
+fn drain(rx: &mut ringsock_ring::Receiver<ringsock_ring::ShmTransport>, out: &mut Vec<u8>) {
     let mut buf = [0u8; 97];
     loop {
         match rx.read(&mut buf) {
@@ -201,7 +201,7 @@ fn two_threads_stream_with_sleeping_ends() {
     let writer = std::thread::spawn(move || {
         let mut spin = SpinBudget::new(Duration::ZERO);
         for chunk in data.chunks(777) {
-            ringbuf::wait::send_all_blocking(&mut tx, &tx_bell, &mut spin, chunk).unwrap();
+            ringsock_ring::wait::send_all_blocking(&mut tx, &tx_bell, &mut spin, chunk).unwrap();
         }
         loop {
             match tx.close() {
@@ -215,7 +215,7 @@ fn two_threads_stream_with_sleeping_ends() {
     let mut got = Vec::with_capacity(expect.len());
     let mut buf = vec![0u8; 4096];
     loop {
-        let n = ringbuf::wait::recv_blocking(&mut rx, &rx_bell, &mut spin, &mut buf).unwrap();
+        let n = ringsock_ring::wait::recv_blocking(&mut rx, &rx_bell, &mut spin, &mut buf).unwrap();
         if n == 0 {
             break;
         }

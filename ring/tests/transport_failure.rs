@@ -12,7 +12,7 @@
 
 mod shm_probe;
 
-use ringbuf::{Receiver, RingConfig, RingMem, Sender, ShmTransport};
+use ringsock_ring::{Receiver, RingConfig, RingMem, Sender, ShmTransport};
 use shm_probe::{Probed, Probes, FLUSHED};
 
 fn pair() -> (Sender<ShmTransport>, Receiver<Probed>, Probes) {

@@ -1,4 +1,4 @@
-//! Loom model of `ringbuf::park::WorkerPark`, the shim background
+//! Loom model of `ringsock_ring::park::WorkerPark`, the shim background
 //! thread's sleep: a job posted while the worker decides to sleep either
 //! is seen by the worker's look for work or rings its eventfd.
 //!
@@ -9,14 +9,14 @@
 //! had until 2026-11-23 (look at `parked` first, bump only if set), which
 //! lost the wake-up CI once caught as a connection never reported.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringbuf --test loom_park --release --no-default-features`
+//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringsock-ring --test loom_park --release --no-default-features`
 
 #![cfg(loom)]
 
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use ringbuf::park::WorkerPark;
+use ringsock_ring::park::WorkerPark;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Poster {

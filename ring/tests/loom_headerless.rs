@@ -1,4 +1,4 @@
-//! Loom model of records sent without their header (`ringbuf::headerless`,
+//! Loom model of records sent without their header (`ringsock_ring::headerless`,
 //! verbs `FEATURE_HEADERLESS`): the sender's WRITE_WITH_IMM places only the
 //! record's payload; whoever reaps its completion writes the header into
 //! the receiver copy and raises `local_tail` with the real
@@ -26,7 +26,7 @@
 //! the lock (as pull mode's fetch once did) a late reaper writes a stale
 //! header over the next lap's record.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringbuf --test loom_headerless --release --no-default-features`
+//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringsock-ring --test loom_headerless --release --no-default-features`
 
 #![cfg(loom)]
 
@@ -36,8 +36,8 @@ use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 use loom_support::model;
-use ringbuf::headerless::{self, Hint};
-use ringbuf::record::Header;
+use ringsock_ring::headerless::{self, Hint};
+use ringsock_ring::record::Header;
 
 const SLOTS: u64 = 4;
 const SLOT_SIZE: usize = 64;

@@ -2,8 +2,8 @@
 
 use crate::proc::run_pair;
 use crate::workload::{Latency, Throughput};
-use ringbuf::wait::{recv_blocking, send_all_blocking};
-use ringbuf::{EventFd, Receiver, RingConfig, Segment, Sender, ShmTransport, SpinBudget};
+use ringsock_ring::wait::{recv_blocking, send_all_blocking};
+use ringsock_ring::{EventFd, Receiver, RingConfig, Segment, Sender, ShmTransport, SpinBudget};
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -51,7 +51,7 @@ fn close(tx: &mut Sender<ShmTransport>) -> io::Result<()> {
     loop {
         match tx.close() {
             Ok(()) => return Ok(()),
-            Err(ringbuf::RingError::WouldBlock) => std::thread::yield_now(),
+            Err(ringsock_ring::RingError::WouldBlock) => std::thread::yield_now(),
             Err(e) => return Err(e.into()),
         }
     }
@@ -110,7 +110,7 @@ fn send_all_one(
     while !buf.is_empty() {
         match tx.write(buf) {
             Ok(n) => buf = &buf[n..],
-            Err(ringbuf::RingError::WouldBlock) => {
+            Err(ringsock_ring::RingError::WouldBlock) => {
                 let (ready, iters) = spin.spin(|| tx.writable())?;
                 tx.note_spins(iters);
                 if !ready && tx.prepare_wait()? {

@@ -3,7 +3,7 @@
 //! ordered after its write is reported) and a condvar doorbell (a lost
 //! wakeup is reported as a deadlock).
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringbuf --test loom --release --no-default-features`
+//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringsock-ring --test loom --release --no-default-features`
 
 #![cfg(loom)]
 
@@ -11,8 +11,8 @@ mod loom_support;
 
 use loom::thread;
 use loom_support::model;
-use ringbuf::notify::modeled::Bell;
-use ringbuf::{heap_pair, RingConfig, RingError};
+use ringsock_ring::notify::modeled::Bell;
+use ringsock_ring::{heap_pair, RingConfig, RingError};
 
 fn cfg(slots: u32) -> RingConfig {
     RingConfig {
@@ -30,7 +30,7 @@ fn cfg(slots: u32) -> RingConfig {
 
 /// Reads `want` bytes, sleeping on `bell` whenever the ring is empty.
 fn read_all(
-    rx: &mut ringbuf::Receiver<ringbuf::ShmTransport>,
+    rx: &mut ringsock_ring::Receiver<ringsock_ring::ShmTransport>,
     bell: &Bell,
     want: usize,
 ) -> Vec<u8> {

@@ -12,8 +12,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ringbuf::waiting::Ring;
-use ringbuf::{
+use ringsock_ring::waiting::Ring;
+use ringsock_ring::{
     PeerWord, Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport, Transport, Visibility,
 };
 

@@ -1,4 +1,4 @@
-//! Loom model of *standing* sleep flags (`ringbuf::waiting`, verbs
+//! Loom model of *standing* sleep flags (`ringsock_ring::waiting`, verbs
 //! receivers): once a standing flag is placed in the sender's memory the
 //! receiver sleeps again and again without announcing, and the sender
 //! rings the doorbell with every tail until the flag's budget is spent; the
@@ -26,7 +26,7 @@
 //! run, and with no flag at all; the `should_panic` variant ignores the
 //! ending ring (never announces again) and must lose a wakeup.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringbuf --test loom_standing --release --no-default-features`
+//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringsock-ring --test loom_standing --release --no-default-features`
 
 #![cfg(loom)]
 
@@ -36,7 +36,7 @@ use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_support::model;
-use ringbuf::waiting::{
+use ringsock_ring::waiting::{
     announce_standing, next_epoch, take_for_tail, Ring, StandingKicks, STANDING_KICKS,
 };
 

@@ -17,7 +17,7 @@
 //! completion) and must produce a lost wakeup, which shows the models can
 //! fail.
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringbuf --test loom_pull --release --no-default-features`
+//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringsock-ring --test loom_pull --release --no-default-features`
 
 #![cfg(loom)]
 

@@ -589,7 +589,7 @@ mod tests {
     impl Tree {
         fn new(tag: &str) -> Tree {
             let p = std::env::temp_dir().join(format!(
-                "ringbuf-sysfs-{tag}-{}-{:?}",
+                "ringsock-sysfs-{tag}-{}-{:?}",
                 std::process::id(),
                 std::thread::current().id()
             ));

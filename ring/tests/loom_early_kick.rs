@@ -25,7 +25,7 @@
 //! and the check at the completion rings it; RC ordering rules that out
 //! anyway, so it is not modelled.)
 //!
-//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringbuf --test loom_early_kick --release --no-default-features`
+//! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringsock-ring --test loom_early_kick --release --no-default-features`
 
 #![cfg(loom)]
 
@@ -35,7 +35,7 @@ use loom::sync::atomic::{fence, AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_support::model;
-use ringbuf::waiting::{announce, take_if_unseen};
+use ringsock_ring::waiting::{announce, take_if_unseen};
 
 /// The tail the sender publishes.
 const TAIL: u64 = 1;
@@ -85,7 +85,7 @@ fn nic(m: &Mem, kick: bool) {
 }
 
 /// `Sender::sync_tail` then, at the completion, `tail_visible`, with the
-/// real flag check (`ringbuf::waiting`).
+/// real flag check (`ringsock_ring::waiting`).
 fn sender(m: Arc<Mem>, v: Variant) {
     let early = take_if_unseen(&m.rx_waiting, TAIL);
     let kick = early && v.carry_kick;

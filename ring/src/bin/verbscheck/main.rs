@@ -228,7 +228,7 @@ fn parse(args: &[String]) -> Result<Opts, String> {
             "--spin-us" => o.spin = Duration::from_micros(num(val()?)?),
             "--gamma" => {
                 let g = num(val()?)?;
-                let half = u64::from(ringbuf::RingConfig::default().slots / 2);
+                let half = u64::from(ringsock_ring::RingConfig::default().slots / 2);
                 if g == 0 || g > half {
                     return Err(format!("--gamma must be in 1..={half}"));
                 }
@@ -312,7 +312,7 @@ mod tests {
     fn gamma_is_taken_within_half_the_ring() {
         assert_eq!(parse(&args("--gamma 1024")).unwrap().gamma, Some(1024));
         assert_eq!(parse(&args("--iters 5")).unwrap().gamma, None);
-        let half = ringbuf::RingConfig::default().slots / 2;
+        let half = ringsock_ring::RingConfig::default().slots / 2;
         assert_eq!(
             parse(&args(&format!("--gamma {half}"))).unwrap().gamma,
             Some(half)
@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn gamma_out_of_range_or_garbage_is_refused() {
-        let half = ringbuf::RingConfig::default().slots / 2;
+        let half = ringsock_ring::RingConfig::default().slots / 2;
         for bad in [
             "0".to_string(),
             (half + 1).to_string(),

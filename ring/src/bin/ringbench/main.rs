@@ -11,7 +11,7 @@ mod ring;
 mod tcp;
 mod workload;
 
-use ringbuf::RingConfig;
+use ringsock_ring::RingConfig;
 use std::fmt::Write as _;
 use std::io;
 use std::time::Duration;

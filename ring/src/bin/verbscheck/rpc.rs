@@ -9,8 +9,8 @@
 
 use crate::vrb::{client as connect, device_for, finish, pull_kv, ring_config, setup, End, Waits};
 use crate::{median_us, Header, Opts, MODE_PINGPONG};
-use ringbuf::transport::verbs::settle;
-use ringbuf::RingError;
+use ringsock_ring::transport::verbs::settle;
+use ringsock_ring::RingError;
 use std::io::{ErrorKind, Read};
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Barrier};
