@@ -22,8 +22,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
-use ringsock_ring::park::WorkerPark;
 use ringsock_proto::{Msg, Transport};
+use ringsock_ring::park::WorkerPark;
 
 use super::ctl;
 use super::plock::PLock;

@@ -1,9 +1,12 @@
-//! The ring layer: the `Attacher` that moves same-host TCP connections onto
-//! shared-memory rings, through the local `ringsock-ctl` daemon.
+//! The ring layer: the `Attacher` that moves TCP connections onto rings,
+//! set up through the local `ringsock-ctl` daemon: shared memory to
+//! processes of this host, RDMA verbs to other hosts.
 //!
-//! * `handshake` — offer (client, in connect) and claim/answer (server, in
-//!   accept);
-//! * `conn` — the attached connection (`AttachedConn` over two rings);
+//! * `conn` — the attached connection (`AttachedConn` over two rings),
+//!   generic over its `Wire`;
+//! * `shm`, `rdma` — the two wires and their handshakes: offer (client, in
+//!   connect) and claim/answer (server, in accept);
+//! * `setup` — what both handshakes share (ring parameters, daemon calls);
 //! * `ctl` — this process's session with the daemon, listener registration;
 //! * `background` — the flush timer, handshake follow-up and status
 //!   reports, on one lazily started thread;
@@ -16,12 +19,13 @@ mod background;
 mod conn;
 mod ctl;
 pub mod fdspace;
-mod handshake;
 mod local;
 mod msgstart;
 mod plock;
 #[cfg(feature = "verbs")]
 mod rdma;
+mod setup;
+mod shm;
 mod sockio;
 mod tracked;
 
@@ -30,8 +34,9 @@ use std::os::fd::RawFd;
 
 use crate::attached::{Attacher, Decision, Errno, TcpReason};
 
-pub use conn::ShmConn;
-pub use handshake::{ring_config, PAYLOAD};
+pub use setup::ring_config;
+pub use shm::handshake::PAYLOAD;
+pub use shm::ShmConn;
 
 /// Another host: a verbs ring when the transport is built in.
 #[cfg(feature = "verbs")]
@@ -67,7 +72,7 @@ impl Attacher for ShmAttacher {
         connect: &mut dyn FnMut() -> Result<(), Errno>,
     ) -> (Result<(), Errno>, Decision) {
         let (res, d) = if local::is_local(dest.ip()) {
-            handshake::connect(fd, dest, connect)
+            shm::handshake::connect(fd, dest, connect)
         } else {
             remote_connect(fd, dest, connect)
         };
@@ -81,7 +86,7 @@ impl Attacher for ShmAttacher {
 
     fn accept(&self, _listener: RawFd, fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         let d = if local::is_local(peer.ip()) {
-            handshake::accept(fd, local, peer)
+            shm::handshake::accept(fd, local, peer)
         } else {
             #[cfg(feature = "verbs")]
             let d = rdma::accept(fd, local, peer);

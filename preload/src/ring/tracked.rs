@@ -1,6 +1,5 @@
 //! What the background thread (flush timer, handshake follow-up, status
-//! reports) needs of a ring connection, whatever carries it: shared memory
-//! (`ShmConn`) or RDMA verbs (`RdmaConn`).
+//! reports) needs of a ring connection, whatever wire carries it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};

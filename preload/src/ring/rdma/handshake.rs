@@ -18,16 +18,17 @@ use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::Arc;
 
-use ringsock_ring::transport::verbs::{QpParams, VerbsConn};
 use ringsock_proto::Msg;
+use ringsock_ring::transport::verbs::{QpParams, VerbsConn};
 
-use super::super::handshake::{
+use super::super::conn::{Parts, RingConn};
+use super::super::setup::{
     claim, config_for, connect_started, decline, dup_cloexec, ensure_bound, log_no_resources,
-    new_bell, offer, ring_config, Wire,
+    new_bell, offer, ring_config, Medium,
 };
 use super::super::tracked::Tracked;
 use super::super::{background, ctl};
-use super::conn::{Parts, RdmaConn};
+use super::wire::{RdmaConn, RdmaWire};
 use super::{describe, device_for, host_without_rdma, NO_DEVICE_REASON, PREFIX};
 use crate::attached::{Decision, Errno, TcpReason};
 use crate::sys;
@@ -78,7 +79,7 @@ pub fn connect(
     let Some(local) = ensure_bound(fd, &dest) else {
         return (real_connect(), Decision::Tcp(TcpReason::Declined));
     };
-    let cfg = ring_config(Wire::Rdma);
+    let cfg = ring_config(Medium::Rdma);
     let made = (|| {
         let vc = new_end(&dev, cfg, cfg).map_err(|e| format!("{e}"))?;
         let wake = new_bell().map_err(|e| format!("cannot create an eventfd: {e}"))?;
@@ -114,16 +115,15 @@ pub fn connect(
     }
     // The region's header and counters, for status (read-only there).
     let stats_fd = vc.share_fd().ok();
-    let conn = RdmaConn::new(Parts {
+    let conn: Arc<RdmaConn> = RingConn::new(Parts {
         offer_id,
         local,
         peer: dest,
-        device: describe(&dev),
-        bell_fd: vc.doorbell_fd(),
-        unconnected: Some(vc),
-        connected: None,
-        wake,
+        wire: RdmaWire::pending(describe(&dev), vc, wake),
+        tx: None,
+        rx: None,
         tcp: tcp_dup,
+        pending: true,
     });
     let tracked: Arc<dyn Tracked> = conn.clone();
     background::note_pending(&tracked);
@@ -157,8 +157,12 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
     };
     // Our outgoing ring is the client's incoming one and vice versa, with
     // the client's geometry and our own batching knobs.
-    let out_cfg = config_for(client.in_ring.slots, client.in_ring.slot_size, Wire::Rdma);
-    let in_cfg = config_for(client.out_ring.slots, client.out_ring.slot_size, Wire::Rdma);
+    let out_cfg = config_for(client.in_ring.slots, client.in_ring.slot_size, Medium::Rdma);
+    let in_cfg = config_for(
+        client.out_ring.slots,
+        client.out_ring.slot_size,
+        Medium::Rdma,
+    );
     let made = (|| {
         let vc = new_end(&dev, out_cfg, in_cfg).map_err(|e| (format!("{e}"), true))?;
         let wake = new_bell().map_err(|e| (format!("cannot create an eventfd: {e}"), true))?;
@@ -206,16 +210,15 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         return Decision::Tcp(TcpReason::Declined);
     }
     let stats_fd = connected.share_fd().ok();
-    let conn = RdmaConn::new(Parts {
+    let conn: Arc<RdmaConn> = RingConn::new(Parts {
         offer_id,
         local,
         peer,
-        device: describe(&dev),
-        unconnected: None,
-        connected: Some(connected),
-        bell_fd,
-        wake,
+        wire: RdmaWire::connected(describe(&dev), connected.bell, bell_fd, wake),
+        tx: Some(connected.tx),
+        rx: Some(connected.rx),
         tcp: tcp_dup,
+        pending: false,
     });
     background::note_ring(fd, conn.clone(), stats_fd);
     Decision::Ring(conn)

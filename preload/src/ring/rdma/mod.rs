@@ -1,6 +1,6 @@
 //! Rings between hosts over RDMA verbs (cargo feature `verbs`): the
 //! process's device, the handshake through the two hosts' ctl daemons
-//! (`handshake`), and the connection (`conn`).
+//! (`handshake`), and the connection's wire (`wire`).
 //!
 //! The offer's payload is `PREFIX` followed by the client's `QpParams`
 //! (GID, QPN, PSN, rkey, both ring copies' addresses and geometry); the
@@ -8,8 +8,8 @@
 //! hosts, so nothing else travels: the daemons check who may offer and
 //! claim (ctl/README.md, "Between hosts").
 
-mod conn;
 mod handshake;
+mod wire;
 mod zerocopy;
 
 use std::collections::HashMap;
@@ -17,8 +17,8 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ringsock_ring::transport::verbs::Device;
 use ringsock_proto::Msg;
+use ringsock_ring::transport::verbs::Device;
 
 use super::ctl;
 use super::sockio::lock;
