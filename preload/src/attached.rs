@@ -36,6 +36,8 @@ pub struct Errno(pub c_int);
 /// POLLOUT, `RDHUP` = POLLRDHUP (peer shut down its sending side; reads
 /// return what is left, then EOF), `HUP` = POLLHUP (both directions are
 /// finished), `ERR` = POLLERR (`take_error` has something), `PRI` = POLLPRI.
+/// As TCP's poll does, a connection reports `RDNORM` with every `READ`
+/// and `WRNORM` with every `WRITE`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Ready(pub u32);
 
@@ -47,6 +49,17 @@ impl Ready {
     pub const ERR: Ready = Ready(libc::POLLERR as u32);
     pub const HUP: Ready = Ready(libc::POLLHUP as u32);
     pub const RDHUP: Ready = Ready(libc::POLLRDHUP as u32);
+    pub const RDNORM: Ready = Ready(libc::POLLRDNORM as u32);
+    pub const WRNORM: Ready = Ready(libc::POLLWRNORM as u32);
+    /// Readable, as TCP reports it.
+    pub const IN: Ready = Ready((libc::POLLIN | libc::POLLRDNORM) as u32);
+    /// Writable, as TCP reports it.
+    pub const OUT: Ready = Ready((libc::POLLOUT | libc::POLLWRNORM) as u32);
+    /// Interest bits a reader waits for.
+    pub const INPUT: Ready =
+        Ready((libc::POLLIN | libc::POLLRDNORM | libc::POLLRDHUP | libc::POLLPRI) as u32);
+    /// Interest bits a writer waits for.
+    pub const OUTPUT: Ready = Ready((libc::POLLOUT | libc::POLLWRNORM) as u32);
 
     pub fn is_empty(self) -> bool {
         self.0 == 0
@@ -214,6 +227,34 @@ pub trait AttachedConn: Send + Sync {
     /// be acknowledged. Must not block on a lock: `_exit` may run in a
     /// signal handler that interrupted a thread holding one.
     fn drain_at_exit(&self, _deadline_ns: u64) {}
+
+    /// SO_RCVLOWAT: readable (poll) and a blocking read's minimum only
+    /// from this many bytes on.
+    fn set_rcvlowat(&self, _bytes: usize) {}
+
+    /// The SO_RCVLOWAT minimum (1 when unset).
+    fn rcvlowat(&self) -> usize {
+        1
+    }
+
+    /// SIOCATMARK: `Some(false)` while bytes of the stream that precede the
+    /// kernel socket's (in the ring) are unread; `None`: the kernel socket
+    /// answers.
+    fn at_mark(&self) -> Option<bool> {
+        None
+    }
+
+    /// The connection must go on where the ring cannot follow it (its
+    /// descriptor goes to another process, an exec, urgent data): move it
+    /// to the kernel socket at a byte offset both ends agree on, and send
+    /// what the ring still owes it. `hand_over`: the descriptor goes where
+    /// the shim may not be (another process, an exec), so no word from the
+    /// peer's shim may arrive after this returns (it waits, a bounded time,
+    /// for the peer's acknowledgement). True when plain calls on the kernel
+    /// socket are exact from now on.
+    fn leave_ring(&self, _hand_over: bool) -> bool {
+        false
+    }
 }
 
 /// Why a tracked socket stays on kernel TCP (shown by `ringsock-ctl status`).

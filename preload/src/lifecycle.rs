@@ -187,3 +187,32 @@ pub fn drain_at_exit() {
         }
     }
 }
+
+/// The ring connections behind `fds` leave the ring for their kernel
+/// sockets (the descriptors go to another process, which reads and writes
+/// the kernel socket).
+pub fn leave_rings(fds: &[c_int]) {
+    if fdtable::rings_alive() == 0 {
+        return;
+    }
+    let _g = guard::enter();
+    for &fd in fds {
+        if let Some(c) = fdtable::attached(fd).as_ref().and_then(|r| r.conn()) {
+            c.leave_ring(true);
+        }
+    }
+}
+
+/// Before an exec: every ring connection with a descriptor that survives
+/// it (no FD_CLOEXEC) leaves the ring, since the new image finds a plain
+/// kernel socket there. A vfork child leaves on its parent's behalf: the
+/// two share the connections' memory and kernel sockets.
+pub fn leave_before_exec() {
+    if fdtable::rings_alive() == 0 {
+        return;
+    }
+    let survivors: Vec<c_int> = (0..fdtable::capacity() as i32)
+        .filter(|&fd| fdtable::attached(fd).is_some() && !crate::sys::cloexec(fd))
+        .collect();
+    leave_rings(&survivors);
+}

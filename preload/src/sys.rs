@@ -102,6 +102,11 @@ pub fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> Result<c_int, c_int> {
     }
 }
 
+/// Whether `fd` is closed by an exec (FD_CLOEXEC); false for a bad fd.
+pub fn cloexec(fd: c_int) -> bool {
+    fcntl(fd, libc::F_GETFD, 0).is_ok_and(|f| f & libc::FD_CLOEXEC != 0)
+}
+
 /// close(2) without going through libc's (hooked) `close`.
 pub fn close(fd: c_int) {
     // SAFETY: closing an fd the caller owns.

@@ -34,6 +34,8 @@ pub enum Corruption {
     Length { slot: u64, len: u32 },
     /// A shared segment's header did not describe a valid ring.
     Segment(&'static str),
+    /// A stream position the peer named lies outside `[low, high]`.
+    Position { pos: u64, low: u64, high: u64 },
 }
 
 impl fmt::Display for RingError {
@@ -64,6 +66,9 @@ impl fmt::Display for Corruption {
                 )
             }
             Corruption::Segment(what) => write!(f, "bad shared segment: {what}"),
+            Corruption::Position { pos, low, high } => {
+                write!(f, "stream position {pos} outside {low}..={high}")
+            }
         }
     }
 }

@@ -41,6 +41,13 @@ pub struct Receiver<T: Transport> {
     epoch: u32,
     eof: bool,
     failed: Option<RingError>,
+    /// Payload bytes consumed so far (the stream position of `head` plus
+    /// `consumed`).
+    consumed_bytes: u64,
+    /// Where the scan for a published end-of-stream mark got to
+    /// (`eos_published`).
+    eos_scan: u64,
+    eos_seen: bool,
 }
 
 /// Where a read cursor stands; `peek` walks a copy of it.
@@ -73,6 +80,9 @@ impl<T: Transport> Receiver<T> {
             epoch: 0,
             eof: false,
             failed: None,
+            consumed_bytes: 0,
+            eos_scan: 0,
+            eos_seen: false,
         })
     }
 
@@ -209,6 +219,7 @@ impl<T: Transport> Receiver<T> {
         }
         if consume {
             bump(&self.ctrl().rx_stats.bytes, done as u64);
+            self.consumed_bytes += done as u64;
             self.head = cur.head;
             self.current = cur.current;
             self.consumed = cur.consumed;
@@ -298,6 +309,77 @@ impl<T: Transport> Receiver<T> {
         }
         self.refresh_tail()?;
         Ok(self.head != self.local_tail)
+    }
+
+    /// Payload bytes consumed so far: the exact stream position a reader
+    /// that leaves the ring hands to the sender (`Sender::take_after`).
+    pub fn bytes_consumed(&self) -> u64 {
+        self.consumed_bytes
+    }
+
+    /// Consumes payload into `out` until `end` bytes of the stream were
+    /// consumed (the sender's last ring byte before it left). `Ok(true)`
+    /// once there; `Ok(false)` while the bytes before `end` are not all
+    /// published yet. Never reads past `end`; an end-of-stream mark or a
+    /// position already passed is corruption.
+    pub fn drain_to(&mut self, end: u64, out: &mut Vec<u8>) -> Result<bool, RingError> {
+        if end < self.consumed_bytes {
+            return Err(self.fail(RingError::Corrupt(Corruption::Position {
+                pos: end,
+                low: self.consumed_bytes,
+                high: u64::MAX,
+            })));
+        }
+        while self.consumed_bytes < end {
+            let want = (end - self.consumed_bytes).min(64 * 1024) as usize;
+            let start = out.len();
+            out.resize(start + want, 0);
+            let r = self.transfer(&mut out[start..], true);
+            match r {
+                Ok((n, eos)) => {
+                    out.truncate(start + n);
+                    if eos {
+                        return Err(self.fail(RingError::Corrupt(Corruption::Position {
+                            pos: end,
+                            low: 0,
+                            high: self.consumed_bytes,
+                        })));
+                    }
+                    if n == 0 {
+                        return Ok(false);
+                    }
+                }
+                Err(e) => {
+                    out.truncate(start);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Whether the end-of-stream mark is published (it may still have data
+    /// before it): the ring's FIN has arrived. Each record is looked at once
+    /// over the calls.
+    pub fn eos_published(&mut self) -> Result<bool, RingError> {
+        if self.eof || self.eos_seen {
+            return Ok(true);
+        }
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        self.refresh_tail()?;
+        let mut pos = self.eos_scan.max(self.head);
+        while pos < self.local_tail {
+            let h = self.record_at(pos)?;
+            if h.is_eos() {
+                self.eos_seen = true;
+                return Ok(true);
+            }
+            pos += record::slots_for(h.len as usize, self.slot_size) as u64;
+        }
+        self.eos_scan = pos;
+        Ok(false)
     }
 
     /// Whether the end-of-stream mark was consumed.

@@ -71,6 +71,21 @@ pub struct Sender<T: Transport> {
     standing: waiting::StandingKicks,
     closed: bool,
     failed: Option<RingError>,
+    /// Payload bytes of the committed records (the stream position at
+    /// `tail`).
+    committed_bytes: u64,
+    /// The tail after the last zero-copy record: our copy lacks the
+    /// payload of records before it (`take_after`).
+    zc_tail: u64,
+}
+
+/// What `Sender::take_after` hands back.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Taken {
+    /// The payload bytes past the given stream position, in order.
+    pub bytes: Vec<u8>,
+    /// The end-of-stream mark followed them.
+    pub eos: bool,
 }
 
 impl<T: Transport> Sender<T> {
@@ -100,6 +115,8 @@ impl<T: Transport> Sender<T> {
             standing: waiting::StandingKicks::default(),
             closed: false,
             failed: None,
+            committed_bytes: 0,
+            zc_tail: 0,
         })
     }
 
@@ -287,6 +304,7 @@ impl<T: Transport> Sender<T> {
                 .map_err(|e| self.fail(e))?;
             last = Some(token);
             self.put_record(h);
+            self.zc_tail = self.tail;
             bump(&self.ctrl().tx_stats.bytes, n as u64);
             self.esc_tail = self.tail;
             bump(&self.ctrl().tx_stats.batches, 1);
@@ -354,6 +372,7 @@ impl<T: Transport> Sender<T> {
         self.tail += n;
         self.last_record_end = self.tail;
         self.last_record_len = h.len;
+        self.committed_bytes += u64::from(h.len);
         let s = &self.ctrl().tx_stats;
         bump(&s.records, 1);
         bump(&s.slots, n);
@@ -681,6 +700,78 @@ impl<T: Transport> Sender<T> {
 
     pub fn is_closed(&self) -> bool {
         self.closed
+    }
+
+    /// Payload bytes written so far (the stream position after the last
+    /// byte taken by `write`, open record included). After `flush` every
+    /// one of them is published.
+    pub fn bytes_written(&self) -> u64 {
+        self.committed_bytes + self.open.unwrap_or(0) as u64
+    }
+
+    /// Leaves the ring: everything written past stream position
+    /// `consumed` (what the receiver says it took, exactly), in order, and
+    /// whether the end-of-stream mark followed. The ring is dead for this
+    /// end afterwards (every write fails with `Closed`). `consumed` must
+    /// lie between what the receiver handed back (our head) and what we
+    /// wrote: anything else is a lie the ring refuses as corruption. Fails
+    /// (`Config`) when a zero-copy record's payload, which our copy lacks,
+    /// would be needed.
+    pub fn take_after(&mut self, consumed: u64) -> Result<Taken, RingError> {
+        self.commit()?;
+        self.refresh_head()?;
+        let mut records = Vec::new();
+        let mut pos = self.local_head;
+        let mut pending = 0u64;
+        while pos < self.tail {
+            let off = (pos % self.slots) as usize * self.slot_size;
+            let raw = self.mem.slots().read_word(off);
+            let Some(h) = Header::decode(raw) else {
+                return Err(self.fail(RingError::Corrupt(Corruption::Header { slot: pos, raw })));
+            };
+            let n = record::slots_for(h.len as usize, self.slot_size) as u64;
+            if n > self.tail - pos {
+                return Err(self.fail(RingError::Corrupt(Corruption::Length {
+                    slot: pos,
+                    len: h.len,
+                })));
+            }
+            records.push((pos, h));
+            pending += u64::from(h.len);
+            pos += n;
+        }
+        let base = self.committed_bytes - pending;
+        if consumed < base || consumed > self.committed_bytes {
+            return Err(self.fail(RingError::Corrupt(Corruption::Position {
+                pos: consumed,
+                low: base,
+                high: self.committed_bytes,
+            })));
+        }
+        let mut out = Taken::default();
+        let mut at = base;
+        for (slot, h) in records {
+            if h.is_eos() {
+                out.eos = true;
+                continue;
+            }
+            let end = at + u64::from(h.len);
+            if end > consumed {
+                if slot < self.zc_tail {
+                    return Err(RingError::Config(
+                        "a zero-copy record's payload cannot be taken back",
+                    ));
+                }
+                let skip = consumed.saturating_sub(at) as usize;
+                let off = (slot % self.slots) as usize * self.slot_size + HEADER_BYTES + skip;
+                let start = out.bytes.len();
+                out.bytes.resize(start + h.len as usize - skip, 0);
+                self.mem.slots().read(off, &mut out.bytes[start..]);
+            }
+            at = end;
+        }
+        self.closed = true;
+        Ok(out)
     }
 
     /// Everything written but not yet consumed by the receiver, in order,

@@ -128,10 +128,10 @@ fn fd_limit_rings_give_way_to_tcp_and_the_program_gets_emfile() {
     );
     assert!(num(&plain, "opened") >= opened, "{plain}");
     // Rings only use the top quarter of the fd range (refused when it is
-    // full), so the program keeps at least three quarters of what it gets
+    // full), so the program loses at most that quarter of what it gets
     // without the shim.
     assert!(
-        opened * 4 >= num(&plain, "opened") * 3,
+        opened + 64 / 4 >= num(&plain, "opened"),
         "the shim took the program's descriptors: {opened} connections with it, {} without",
         num(&plain, "opened")
     );

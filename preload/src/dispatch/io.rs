@@ -44,10 +44,20 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
         return 0;
     }
     let peek = flags & libc::MSG_PEEK != 0;
+    if flags & libc::MSG_TRUNC != 0 {
+        return discard(fd, st, conn, want, flags);
+    }
     // The kernel ignores MSG_WAITALL together with MSG_PEEK only in the
     // sense that a peek never consumes; a ring cannot wait for "more than
     // is there" without consuming, so a peek returns what is available.
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+    // A blocking read returns once it has SO_RCVLOWAT bytes (or all it
+    // asked for, with MSG_WAITALL), as TCP's.
+    let target = if waitall {
+        want
+    } else {
+        conn.rcvlowat().min(want)
+    };
     let nonblock = flags & libc::MSG_DONTWAIT != 0 || st.nonblocking();
     let timeout = st.rcvtimeo_ns();
     let deadline = deadline_after(timeout);
@@ -58,7 +68,7 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
             Ok(0) => return got as ssize_t,
             Ok(n) => {
                 got += n;
-                if !waitall || got == want {
+                if got >= target || peek {
                     return got as ssize_t;
                 }
                 IoSliceMut::advance_slices(&mut bufs, n);
@@ -94,6 +104,54 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
                 }
             }
             Err(Errno(e)) => return if got > 0 { got as ssize_t } else { fail(e) },
+        }
+    }
+}
+
+/// recv with MSG_TRUNC on a stream: the bytes are taken (or, with
+/// MSG_PEEK, counted) without being copied, and the count returned, as
+/// TCP does; otherwise as `recv`.
+fn discard(
+    fd: c_int,
+    st: &FdRef,
+    conn: &dyn crate::attached::AttachedConn,
+    want: usize,
+    flags: c_int,
+) -> ssize_t {
+    let peek = flags & libc::MSG_PEEK != 0;
+    let mut scratch = vec![0u8; want.min(64 * 1024)];
+    let mut got = 0usize;
+    loop {
+        if peek {
+            let n = conn.available().min(want);
+            if n > 0 {
+                return n as ssize_t;
+            }
+        } else {
+            let chunk = (want - got).min(scratch.len());
+            match conn.try_recv(&mut [IoSliceMut::new(&mut scratch[..chunk])], false) {
+                Ok(0) => return got as ssize_t,
+                Ok(n) => {
+                    got += n;
+                    if got == want {
+                        return got as ssize_t;
+                    }
+                    continue;
+                }
+                Err(Errno(libc::EAGAIN)) if got > 0 => return got as ssize_t,
+                Err(Errno(libc::EAGAIN)) => {}
+                Err(Errno(e)) => return if got > 0 { got as ssize_t } else { fail(e) },
+            }
+        }
+        let mut one = [0u8; 1];
+        let r = recv(
+            fd,
+            st,
+            &mut [IoSliceMut::new(&mut one)],
+            (flags & !libc::MSG_TRUNC) | libc::MSG_PEEK,
+        );
+        if r <= 0 {
+            return if got > 0 { got as ssize_t } else { r };
         }
     }
 }

@@ -163,6 +163,17 @@ hooks! {
                 }
             }
         }
+        if request == SIOCATMARK && arg != 0 {
+            let mark = fdtable::attached(fd)
+                .filter(|_| !guard::active())
+                .and_then(|st| st.conn().and_then(|c| c.at_mark()));
+            if let Some(m) = mark {
+                // SAFETY: SIOCATMARK's argument is an int*; non-null
+                // checked above.
+                unsafe { std::ptr::write_unaligned(arg as *mut c_int, c_int::from(m)) };
+                return 0;
+            }
+        }
         // SAFETY: forwarding all three registers unchanged.
         let r = unsafe { ioctl::next(fd, request, arg) };
         if r == 0 && request == libc::FIONBIO && arg != 0 && fdtable::is_tracked(fd) {
@@ -176,6 +187,10 @@ hooks! {
         r
     }
 }
+
+/// ioctl request: whether the read position is at the urgent mark
+/// (asm-generic/sockios.h).
+const SIOCATMARK: c_ulong = 0x8905;
 
 fn after_fcntl(fd: c_int, cmd: c_int, arg: usize, r: c_int) {
     if r < 0 || !fdtable::is_tracked(fd) {

@@ -146,17 +146,66 @@ unsafe fn ring_send1(
     }
 }
 
-/// Fills a peer address out-parameter from the kernel socket.
+/// The address out-parameter of a read on a connected TCP socket: TCP
+/// gives none (the length comes back 0, the buffer untouched).
 ///
 /// # Safety
-/// `addr`/`len` are null or valid, as for recvfrom.
-unsafe fn fill_peer(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) {
-    if !addr.is_null() && !len.is_null() {
-        let saved = sys::errno();
+/// `len` is null or valid, as for recvfrom.
+unsafe fn no_address(len: *mut socklen_t) {
+    if !len.is_null() {
         // SAFETY: per the caller.
-        unsafe { crate::real::getpeername(fd, addr, len) };
-        sys::set_errno(saved);
+        unsafe { *len = 0 };
     }
+}
+
+/// Flags that are about the kernel socket itself, not the byte stream:
+/// urgent data (sent only after the connection left the ring, so it is
+/// always on the kernel socket) and the error queue.
+fn kernel_flags(flags: c_int) -> bool {
+    flags & (libc::MSG_OOB | libc::MSG_ERRQUEUE) != 0
+}
+
+/// Urgent data must go out on the kernel socket, after every byte sent
+/// before it: the connection leaves the ring first. True when the call
+/// may go to the kernel.
+fn ready_for_oob(st: &FdRef) -> bool {
+    let _g = guard::enter();
+    st.conn().is_some_and(|c| c.leave_ring(false))
+}
+
+/// Descriptors a sendmsg passes (SCM_RIGHTS) leave the ring first: the
+/// process that receives them reads and writes the kernel socket.
+///
+/// # Safety
+/// `msg` is null or valid as for sendmsg.
+unsafe fn leave_passed(msg: *const msghdr) {
+    if msg.is_null() || fdtable::rings_alive() == 0 {
+        return;
+    }
+    // SAFETY: msg valid per the caller.
+    let m = unsafe { &*msg };
+    if m.msg_control.is_null() || m.msg_controllen < std::mem::size_of::<libc::cmsghdr>() {
+        return;
+    }
+    let mut fds = Vec::new();
+    // SAFETY: the control buffer is the caller's, walked with the CMSG
+    // macros' bounds.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(m);
+        while !c.is_null() {
+            let h = &*c;
+            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<c_int>();
+                let n = (h.cmsg_len as usize).saturating_sub(libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<c_int>();
+                for i in 0..n {
+                    fds.push(std::ptr::read_unaligned(data.add(i)));
+                }
+            }
+            c = libc::CMSG_NXTHDR(m, c);
+        }
+    }
+    crate::lifecycle::leave_rings(&fds);
 }
 
 /// recvmsg on a ring fd: no ancillary data and no truncation on a stream.
@@ -178,10 +227,7 @@ unsafe fn ring_recvmsg(fd: c_int, st: &FdRef, msg: *mut msghdr, flags: c_int) ->
     if r >= 0 {
         m.msg_controllen = 0;
         m.msg_flags = 0;
-        if !m.msg_name.is_null() {
-            // SAFETY: msg_name/msg_namelen are the caller's.
-            unsafe { fill_peer(fd, m.msg_name.cast(), &mut m.msg_namelen) };
-        }
+        m.msg_namelen = 0;
     }
     r
 }
@@ -328,7 +374,7 @@ hooks! {
     fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t;
         fallback(libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, 0usize, 0usize) as ssize_t)
     {
-        if let Some(st) = ring(fd) {
+        if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
             // SAFETY: caller's buffer contract.
             return unsafe { ring_recv1(fd, &st, buf, len, flags) };
         }
@@ -340,7 +386,7 @@ hooks! {
     fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t;
         fallback(libc::syscall(libc::SYS_sendto, fd, buf, len, flags, 0usize, 0usize) as ssize_t)
     {
-        if let Some(st) = ring(fd) {
+        if let Some(st) = ring(fd).filter(|st| flags & libc::MSG_OOB == 0 || !ready_for_oob(st)) {
             // SAFETY: caller's buffer contract.
             return unsafe { ring_send1(fd, &st, buf, len, flags) };
         }
@@ -352,12 +398,12 @@ hooks! {
     fn recvfrom(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
         fallback(libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as ssize_t)
     {
-        if let Some(st) = ring(fd) {
+        if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
             // SAFETY: caller's buffer contract.
             let r = unsafe { ring_recv1(fd, &st, buf, len, flags) };
             if r >= 0 {
                 // SAFETY: caller's address contract.
-                unsafe { fill_peer(fd, addr, alen) };
+                unsafe { no_address(alen) };
             }
             return r;
         }
@@ -369,7 +415,7 @@ hooks! {
     fn sendto(fd: c_int, buf: *const c_void, len: size_t, flags: c_int, addr: *const sockaddr, alen: socklen_t) -> ssize_t;
         fallback(libc::syscall(libc::SYS_sendto, fd, buf, len, flags, addr, alen) as ssize_t)
     {
-        if let Some(st) = ring(fd) {
+        if let Some(st) = ring(fd).filter(|st| flags & libc::MSG_OOB == 0 || !ready_for_oob(st)) {
             // SAFETY: caller's buffer contract.
             return unsafe { ring_send1(fd, &st, buf, len, flags) };
         }
@@ -381,7 +427,7 @@ hooks! {
     fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
         fallback(libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as ssize_t)
     {
-        if let Some(st) = ring(fd) {
+        if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
             // SAFETY: caller's msghdr contract.
             return unsafe { ring_recvmsg(fd, &st, msg, flags) };
         }
@@ -393,9 +439,13 @@ hooks! {
     fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
         fallback(libc::syscall(libc::SYS_sendmsg, fd, msg, flags) as ssize_t)
     {
-        if let Some(st) = ring(fd) {
+        if let Some(st) = ring(fd).filter(|st| flags & libc::MSG_OOB == 0 || !ready_for_oob(st)) {
             // SAFETY: caller's msghdr contract.
             return unsafe { ring_sendmsg(fd, &st, msg, flags) };
+        }
+        if !guard::active() {
+            // SAFETY: caller's msghdr contract.
+            unsafe { leave_passed(msg) };
         }
         // SAFETY: forwarding.
         unsafe { sendmsg::next(fd, msg, flags) }
@@ -519,7 +569,7 @@ hooks! {
         fallback(chk_fallback(len, buflen, || libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, 0usize, 0usize) as ssize_t))
     {
         if len <= buflen {
-            if let Some(st) = ring(fd) {
+            if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
                 // SAFETY: caller's buffer contract.
                 return unsafe { ring_recv1(fd, &st, buf, len, flags) };
             }
@@ -533,12 +583,12 @@ hooks! {
         fallback(chk_fallback(len, buflen, || libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as ssize_t))
     {
         if len <= buflen {
-            if let Some(st) = ring(fd) {
+            if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
                 // SAFETY: caller's buffer contract.
                 let r = unsafe { ring_recv1(fd, &st, buf, len, flags) };
                 if r >= 0 {
                     // SAFETY: caller's address contract.
-                    unsafe { fill_peer(fd, addr, alen) };
+                    unsafe { no_address(alen) };
                 }
                 return r;
             }

@@ -2,6 +2,7 @@
 //! straight through to libc for fds the shim does not track.
 
 pub mod epoll;
+pub mod exec;
 pub mod fd;
 pub mod io;
 #[cfg(feature = "verbs")]
@@ -14,6 +15,7 @@ pub mod socket;
 /// first call at an awkward moment has to enter the dynamic linker).
 pub fn resolve_all() {
     epoll::resolve_all();
+    exec::resolve_all();
     fd::resolve_all();
     io::resolve_all();
     #[cfg(feature = "verbs")]

@@ -144,15 +144,20 @@ fn park(seen: u64, timeout_ns: Option<u64>, long: bool) {
             events: libc::POLLIN | libc::POLLRDHUP,
             revents: 0,
         },
+        libc::pollfd {
+            fd: super::watch::fd().unwrap_or(-1),
+            events: libc::POLLIN,
+            revents: 0,
+        },
     ];
     if PARK.may_sleep(seen, long) {
-        // SAFETY: two valid pollfds (a negative fd is ignored by the
+        // SAFETY: three valid pollfds (a negative fd is ignored by the
         // kernel) and a valid or null timeout.
         unsafe {
             libc::syscall(
                 libc::SYS_ppoll,
                 pfds.as_mut_ptr(),
-                2,
+                3,
                 tsp,
                 std::ptr::null::<libc::sigset_t>(),
                 8,
@@ -169,6 +174,9 @@ fn park(seen: u64, timeout_ns: Option<u64>, long: bool) {
         // Replies sent ahead, or the daemon closed the session: either way
         // `tend` reads what is there (and reconnects when it is gone).
         ctl::tend(reports_stale());
+    }
+    if pfds[2].revents != 0 {
+        super::watch::serve();
     }
 }
 
@@ -314,6 +322,7 @@ fn report(r: Report) {
 /// its counters and is closed once sent.
 pub fn note_ring(fd: RawFd, conn: Arc<dyn Tracked>, memfd: Option<OwnedFd>) {
     conn.report_state().fd.store(fd, Ordering::Relaxed);
+    super::watch::watch(&conn, conn.socket_fd());
     report(Report::Ring(conn, fd, memfd));
 }
 

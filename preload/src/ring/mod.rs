@@ -28,6 +28,7 @@ mod setup;
 mod shm;
 mod sockio;
 mod tracked;
+mod watch;
 
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
@@ -37,6 +38,7 @@ use crate::attached::{Attacher, Decision, Errno, TcpReason};
 pub use setup::ring_config;
 pub use shm::handshake::PAYLOAD;
 pub use shm::ShmConn;
+pub use sockio::rcvlowat as sockio_rcvlowat;
 
 /// Another host: a verbs ring when the transport is built in.
 #[cfg(feature = "verbs")]

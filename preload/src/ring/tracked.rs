@@ -2,6 +2,7 @@
 //! reports) needs of a ring connection, whatever wire carries it.
 
 use std::net::SocketAddr;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
 
@@ -24,6 +25,10 @@ pub struct ReportState {
     pub born_ns: AtomicU64,
     /// The process that made the offer (only it can ask the daemon).
     pub offer_pid: i32,
+    /// The connection's registration with the background thread's socket
+    /// watch (`watch`; 0: none), and the process that made it.
+    pub watch_id: AtomicU64,
+    pub watch_pid: AtomicI32,
 }
 
 impl ReportState {
@@ -34,6 +39,8 @@ impl ReportState {
             local: Mutex::new(None),
             born_ns: AtomicU64::new(sys::monotonic_ns()),
             offer_pid: process::pid(),
+            watch_id: AtomicU64::new(0),
+            watch_pid: AtomicI32::new(0),
         }
     }
 
@@ -60,6 +67,11 @@ pub trait Tracked: Send + Sync {
     fn ring_detail(&self) -> String {
         String::new()
     }
+    /// Our duplicate of the connection's kernel socket (-1 once released).
+    fn socket_fd(&self) -> RawFd;
+    /// The kernel socket has news (the background thread's watch): a
+    /// leave header, the peer's close or reset.
+    fn check_socket(&self);
     /// Pushes batched bytes out (may wait for a lock the program holds).
     fn flush_ring(&self);
     /// Background variant: skips a connection in use; false if skipped

@@ -2,10 +2,11 @@
 //! over the `Wire` that carries it (shared memory or RDMA verbs).
 //!
 //! Each end keeps a private duplicate of the kernel TCP socket, which
-//! stays connected and idle underneath: its EOF or reset is how a side
-//! learns that the peer *process* died without closing, and writes after
-//! that go to it (CLOSE_WAIT semantics: the first write is accepted, then
-//! the peer's reset shows).
+//! stays connected underneath: its EOF or reset is how a side learns that
+//! the peer *process* died without closing, a side that leaves the ring
+//! carries on over it (`leave`), and writes after the peer died go to it
+//! (CLOSE_WAIT semantics: the first write is accepted, then the peer's
+//! reset shows).
 //!
 //! Modes (the client starts `Pending`, the server `Ring`):
 //! * `Pending`: the server has not decided yet. The client may already
@@ -13,9 +14,15 @@
 //!   (`Wire::send_pending`) and reach the server first if it takes the
 //!   ring.
 //! * `Ring`: everything goes through the rings.
-//! * `Tcp`: the server turned the ring down; what was sent while pending
-//!   was resent over TCP first, in order (`fall_back`), and every call
-//!   goes to the kernel socket from then on.
+//! * `Tcp`: the connection left the ring, or never got it (the server
+//!   turned it down): every call goes to the kernel socket, after what the
+//!   ring still owed it (`tcp`: bytes drained from the ring are read first,
+//!   bytes taken back from it are sent first).
+//!
+//! Readiness follows TCP's poll: readable with data or once the receiving
+//! side is shut (the peer's end-of-stream mark has *arrived*, a reset, or
+//! our own SHUT_RD), writable with room or once the sending side is shut,
+//! HUP when both sides are, ERR while an error is pending.
 //!
 //! Waiting: `arm` announces a sleeping reader or writer in the ring (the
 //! RB2 flags whose orders the loom models check) and counts waiters. The
@@ -25,13 +32,16 @@
 //! holding arms) never drain, and a drain that leaves them armed on a
 //! ready connection rings our own bell again.
 
+mod leave;
+mod tcp;
 mod wire;
 
+use std::collections::VecDeque;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use libc::c_int;
 use ringsock_proto::Transport as StatusTransport;
@@ -41,7 +51,7 @@ pub use wire::{Waiters, Wire};
 
 use super::background;
 use super::msgstart::MessageStart;
-use super::sockio::{self, lock, poll_one, ring_errno, send_all_bounded, sys_recv};
+use super::sockio::{self, lock, poll_one, ring_errno, sys_recv};
 use super::tracked::{ReportState, Tracked};
 use crate::attached::{AttachedConn, Errno, Ready, ReleaseKind, WaitFd, WaitFds};
 use crate::sys;
@@ -58,6 +68,9 @@ pub const MODE_TCP: u8 = 2;
 /// round trip; far longer only when the peer is unreachable).
 const SETTLE_LIMIT_NS: u64 = 200_000_000;
 
+type TxSlot<W> = Option<Sender<<W as Wire>::Transport>>;
+type RxSlot<W> = Option<Receiver<<W as Wire>::Transport>>;
+
 /// What a handshake hands over to build a connection.
 pub struct Parts<W: Wire> {
     pub offer_id: u64,
@@ -66,8 +79,8 @@ pub struct Parts<W: Wire> {
     pub wire: W,
     /// The ring ends, where they exist yet (a verbs client gets them with
     /// the server's answer).
-    pub tx: Option<Sender<W::Transport>>,
-    pub rx: Option<Receiver<W::Transport>>,
+    pub tx: TxSlot<W>,
+    pub rx: RxSlot<W>,
     /// Our duplicate of the kernel socket.
     pub tcp: RawFd,
     pub pending: bool,
@@ -78,16 +91,27 @@ pub struct RingConn<W: Wire> {
     pub local: SocketAddr,
     pub peer: SocketAddr,
     pub wire: W,
-    /// Lock order: the wire's own locks, then `tx`, then `rx`, then
-    /// `waiters` (taken before either end when arming).
-    tx: Mutex<Option<Sender<W::Transport>>>,
-    rx: Mutex<Option<Receiver<W::Transport>>>,
+    /// Lock order: the wire's own locks, then `tx`, then `rx`, then the
+    /// spills, then `waiters` (taken before either end when arming).
+    tx: Mutex<TxSlot<W>>,
+    rx: Mutex<RxSlot<W>>,
+    /// Bytes the peer put into the ring before it left, read before the
+    /// kernel socket's.
+    rx_spill: Mutex<VecDeque<u8>>,
+    /// Bytes taken back from the ring when the peer left, sent on the
+    /// kernel socket before anything else.
+    tx_spill: Mutex<VecDeque<u8>>,
+    /// The kernel socket's SHUT_WR waits for `tx_spill` to drain.
+    shut_wr_owed: AtomicBool,
     /// Our duplicate of the kernel socket; -1 once released.
     tcp: AtomicI32,
     mode: AtomicU8,
     /// The kernel socket saw EOF or a reset: the peer process is gone (or
     /// closed).
     peer_gone: AtomicBool,
+    /// The connection was reset (by the peer, or as TCP would have been:
+    /// the peer went away with bytes of ours unread).
+    reset: AtomicBool,
     /// Pending SO_ERROR for the program.
     error: AtomicI32,
     /// A write after the peer closed was taken (sockio::send_after_peer_closed).
@@ -96,6 +120,13 @@ pub struct RingConn<W: Wire> {
     wr_shut: AtomicBool,
     /// The end-of-stream mark could not be written yet (ring full).
     eos_owed: AtomicBool,
+    /// We left and wait for the peer's acknowledgement: the kernel socket
+    /// may still bring the peer's own leave header.
+    leaving: AtomicBool,
+    /// When a partial leave header was first seen (0: none).
+    header_since: AtomicU64,
+    /// SO_RCVLOWAT.
+    rcvlowat: AtomicUsize,
     /// Queued on the background thread's flush list.
     dirty: AtomicBool,
     /// Whether the next send starts a message.
@@ -110,6 +141,7 @@ pub struct RingConn<W: Wire> {
 impl<W: Wire> RingConn<W> {
     pub fn new(p: Parts<W>) -> Arc<RingConn<W>> {
         let mode = if p.pending { MODE_PENDING } else { MODE_RING };
+        let rcvlowat = sockio::rcvlowat(p.tcp);
         Arc::new_cyclic(|this| RingConn {
             offer_id: p.offer_id,
             local: p.local,
@@ -117,14 +149,21 @@ impl<W: Wire> RingConn<W> {
             wire: p.wire,
             tx: Mutex::new(p.tx),
             rx: Mutex::new(p.rx),
+            rx_spill: Mutex::new(VecDeque::new()),
+            tx_spill: Mutex::new(VecDeque::new()),
+            shut_wr_owed: AtomicBool::new(false),
             tcp: AtomicI32::new(p.tcp),
             mode: AtomicU8::new(mode),
             peer_gone: AtomicBool::new(false),
+            reset: AtomicBool::new(false),
             error: AtomicI32::new(0),
             closed_write_taken: AtomicBool::new(false),
             rd_shut: AtomicBool::new(false),
             wr_shut: AtomicBool::new(false),
             eos_owed: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
+            header_since: AtomicU64::new(0),
+            rcvlowat: AtomicUsize::new(rcvlowat),
             dirty: AtomicBool::new(false),
             message: MessageStart::new(),
             waiters: Mutex::new(Waiters::default()),
@@ -158,14 +197,14 @@ impl<W: Wire> RingConn<W> {
         self.wr_shut.load(Ordering::Acquire)
     }
 
-    pub fn owe_eos(&self) {
-        self.eos_owed.store(true, Ordering::Release);
-    }
-
     /// Marks this side shut for writing without a mark yet (a close while
     /// the wire has no sender: the mark follows the early bytes).
     pub fn set_wr_shut(&self) {
         self.wr_shut.store(true, Ordering::Release);
+    }
+
+    pub fn owe_eos(&self) {
+        self.eos_owed.store(true, Ordering::Release);
     }
 
     pub fn peer_gone(&self) -> bool {
@@ -173,12 +212,12 @@ impl<W: Wire> RingConn<W> {
     }
 
     /// The locked sender slot (the wire's pending paths and handshake).
-    pub fn tx_slot(&self) -> std::sync::MutexGuard<'_, Option<Sender<W::Transport>>> {
+    pub fn tx_slot(&self) -> MutexGuard<'_, TxSlot<W>> {
         lock(&self.tx)
     }
 
     /// The locked receiver slot.
-    pub fn rx_slot(&self) -> std::sync::MutexGuard<'_, Option<Receiver<W::Transport>>> {
+    pub fn rx_slot(&self) -> MutexGuard<'_, RxSlot<W>> {
         lock(&self.rx)
     }
 
@@ -193,14 +232,13 @@ impl<W: Wire> RingConn<W> {
         self.mode()
     }
 
-    /// Pending -> Tcp: takes back what was sent while pending and sends it
-    /// over the kernel socket before anything else can be sent there.
+    /// Pending -> Tcp: takes back what was sent while pending; it goes
+    /// over the kernel socket before anything else.
     pub fn fall_back(&self, why: &str) {
         let mut tx = lock(&self.tx);
         if self.mode() != MODE_PENDING {
             return;
         }
-        let fd = self.tcp_fd();
         let spill = match W::take_early(self, &mut tx) {
             Ok(b) => b,
             Err(e) => {
@@ -209,24 +247,15 @@ impl<W: Wire> RingConn<W> {
                 Vec::new()
             }
         };
-        if let Err(Errno(e)) = send_all_bounded(fd, &spill) {
-            log::warn!(
-                "falling back to TCP: resending {} early bytes failed (errno {e})",
-                spill.len()
-            );
-            self.error.store(e, Ordering::Release);
-        }
-        if self.wr_shut() {
-            // SAFETY: shutdown on our own duplicate of the socket.
-            unsafe { libc::syscall(libc::SYS_shutdown, fd, libc::SHUT_WR) };
-        }
+        let early = spill.len();
+        self.spill_tx(spill, self.wr_shut());
         self.mode.store(MODE_TCP, Ordering::Release);
         drop(tx);
+        self.push_tx_spill();
         log::info!(
-            "{} -> {}: plain TCP ({why}); {} early bytes resent",
+            "{} -> {}: plain TCP ({why}); {early} early bytes resent",
             self.local,
             self.peer,
-            spill.len()
         );
         if let Some(me) = self.this() {
             background::note_fallback(me);
@@ -234,55 +263,83 @@ impl<W: Wire> RingConn<W> {
         self.wire.ring_own_bell();
     }
 
-    /// Looks at the kernel socket: EOF or reset means the peer process is
-    /// gone; data while pending means the server talks TCP (it turned the
-    /// ring down without a word), and on a ring that something is badly
-    /// wrong.
+    /// Looks at the kernel socket of a connection on the ring (or pending):
+    /// EOF or reset means the peer process is gone; a leave header means
+    /// the peer left (`stay`); other data while pending means the server
+    /// talks TCP (it turned the ring down without a word), and on a ring
+    /// that something is badly wrong.
     pub fn check_tcp(&self) {
         let fd = self.tcp_fd();
-        if fd < 0 || self.peer_gone.load(Ordering::Relaxed) {
+        let mode = self.mode();
+        if fd < 0
+            || mode == MODE_TCP
+            || self.peer_gone.load(Ordering::Relaxed)
+            || self.leaving.load(Ordering::Acquire)
+        {
+            // (A side that sent its leave header reads the peer's answer
+            // in `leave` itself.)
             return;
         }
         if poll_one(fd, libc::POLLIN | libc::POLLRDHUP) == 0 {
             return;
         }
-        let mut b = [0u8; 1];
-        match sys_recv(fd, &mut b, libc::MSG_PEEK) {
-            Ok(0) => {
-                log::debug!(
-                    "{} -> {}: the peer closed its socket",
-                    self.local,
-                    self.peer
-                );
-                self.peer_gone.store(true, Ordering::Release);
-                self.wire.ring_own_bell();
-            }
-            Ok(_) => match self.mode() {
-                MODE_PENDING => self.fall_back("the server answered over TCP"),
-                MODE_RING => {
-                    log::error!(
-                        "{} -> {}: unexpected TCP data on a ring connection; resetting it",
-                        self.local,
-                        self.peer
-                    );
-                    self.fail_hard(libc::ECONNRESET);
-                }
-                _ => {}
-            },
-            Err(Errno(libc::EAGAIN)) => {}
-            Err(Errno(e)) => {
-                self.error.store(e, Ordering::Release);
-                self.peer_gone.store(true, Ordering::Release);
-            }
+        if !W::is_user(self) {
+            // The process using the connection answers (a forked copy
+            // that took the header would strand the user).
+            return;
         }
+        let mut b = [0u8; leave::HEADER_BYTES];
+        match sys_recv(fd, &mut b, libc::MSG_PEEK) {
+            Ok(0) => self.peer_closed_socket(),
+            Ok(n) if mode == MODE_PENDING => {
+                let _ = n;
+                self.fall_back("the server answered over TCP");
+            }
+            Ok(n) => self.header_arrived(&b[..n]),
+            Err(Errno(libc::EAGAIN)) => {}
+            Err(Errno(e)) => self.reset_by_peer(e),
+        }
+    }
+
+    /// The kernel socket's EOF: the peer process closed it or died. Kernel
+    /// TCP would have reset the connection if the peer left bytes of ours
+    /// unread; where the wire can tell, so does this.
+    fn peer_closed_socket(&self) {
+        log::debug!(
+            "{} -> {}: the peer closed its socket",
+            self.local,
+            self.peer
+        );
+        let unread = {
+            let tx = lock(&self.tx);
+            tx.as_ref()
+                .is_some_and(|tx| W::peer_left_unread(self, tx.bytes_written()))
+        };
+        self.peer_gone.store(true, Ordering::Release);
+        if unread {
+            self.reset_by_peer(libc::ECONNRESET);
+        }
+        self.wire.ring_own_bell();
+    }
+
+    /// The peer reset the connection (or, gone with our bytes unread,
+    /// would have): reads return what the ring holds, then the error once,
+    /// then EOF; writes fail; poll shows ERR and HUP.
+    fn reset_by_peer(&self, errno: c_int) {
+        if self.reset.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.error.store(errno, Ordering::Release);
+        self.peer_gone.store(true, Ordering::Release);
+        self.wire.ring_own_bell();
     }
 
     /// The connection cannot go on: the program gets `errno`, and the peer
     /// hears our kernel socket shut down (its ring layer reads that as this
-    /// end gone: EOF after what it received, EPIPE on send), so it does not
-    /// sleep forever on a ring nobody writes.
+    /// end gone), so it does not sleep forever on a ring nobody writes.
     pub fn fail_hard(&self, errno: c_int) {
         self.error.store(errno, Ordering::Release);
+        self.reset.store(true, Ordering::Release);
         if !self.peer_gone.swap(true, Ordering::AcqRel) {
             self.rd_shut.store(true, Ordering::Release);
             let fd = self.tcp_fd();
@@ -330,6 +387,31 @@ impl<W: Wire> RingConn<W> {
         errno
     }
 
+    /// Polls both ends (held by the caller) until no control-word write is
+    /// unreported, or the bound runs out. True when settled.
+    fn settle_locked(&self, tx: &mut TxSlot<W>, rx: &mut RxSlot<W>, limit_ns: u64) -> bool {
+        if !W::REAPS_COMPLETIONS {
+            return true;
+        }
+        let start = sys::monotonic_ns();
+        let mut wait = ringsock_ring::backoff::CompletionWait::new();
+        loop {
+            let tx_owes = tx
+                .as_mut()
+                .is_some_and(|tx| W::words_pending(tx.transport_mut()) && tx.poll().is_ok());
+            let rx_owes = rx
+                .as_mut()
+                .is_some_and(|rx| W::words_pending(rx.transport_mut()) && rx.poll().is_ok());
+            if !tx_owes && !rx_owes {
+                return true;
+            }
+            if self.peer_gone() || sys::monotonic_ns() - start > limit_ns {
+                return false;
+            }
+            wait.relax();
+        }
+    }
+
     /// Polls both ends until no control-word write is unreported: every
     /// tail and head this process published has landed and the matching
     /// sleeping-flag check ran (the ring crate's verbs module, "What verbs
@@ -365,10 +447,13 @@ impl<W: Wire> RingConn<W> {
         }
     }
 
-    /// Pushes batched bytes out (and a deferred end-of-stream mark).
+    /// Pushes batched bytes out (and a deferred end-of-stream mark, and
+    /// bytes the ring owes the kernel socket).
     fn flush_now(&self) {
         let mut tx = lock(&self.tx);
         self.flush_locked(&mut tx);
+        drop(tx);
+        self.push_tx_spill();
     }
 
     /// Background variant: skips a connection another thread is using (it
@@ -379,6 +464,7 @@ impl<W: Wire> RingConn<W> {
         };
         self.flush_locked(&mut tx);
         drop(tx);
+        self.push_tx_spill();
         if W::REAPS_COMPLETIONS {
             // A head push the receiver made (a word write) owes the peer a
             // kick if it waits for space: poll it here too.
@@ -397,8 +483,11 @@ impl<W: Wire> RingConn<W> {
     }
 
     /// Flushes with the sender locked; pays a deferred end-of-stream mark.
-    pub fn flush_locked(&self, tx: &mut Option<Sender<W::Transport>>) {
+    pub fn flush_locked(&self, tx: &mut TxSlot<W>) {
         self.dirty.store(false, Ordering::Release);
+        if self.mode() == MODE_TCP {
+            return;
+        }
         let Some(tx) = tx.as_mut() else {
             return;
         };
@@ -442,32 +531,25 @@ impl<W: Wire> RingConn<W> {
         fd >= 0 && poll_one(fd, libc::POLLOUT) & libc::POLLOUT != 0
     }
 
-    fn tcp_readiness(&self) -> Ready {
-        sockio::tcp_readiness(self.tcp_fd(), self.error.load(Ordering::Acquire))
-    }
-
-    fn tcp_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
-        sockio::recv_then_error(self.tcp_fd(), &self.error, bufs, peek)
-    }
-
-    fn tcp_send(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
-        sockio::send_vec(self.tcp_fd(), bufs)
-    }
-
-    /// A read that found nothing: EOF (or the pending error) once the peer
-    /// is gone, else EAGAIN.
+    /// A ring read that found nothing: the pending error once the
+    /// connection was reset, EOF once the peer is gone (its FIN came after
+    /// everything it put in the ring) or this side shut reading, else
+    /// EAGAIN.
     fn nothing_to_read(&self) -> Result<usize, Errno> {
-        if self.peer_gone() {
+        if self.peer_gone() || self.reset.load(Ordering::Acquire) {
             let e = self.error.swap(0, Ordering::AcqRel);
             return if e != 0 { Err(Errno(e)) } else { Ok(0) };
+        }
+        if self.rd_shut.load(Ordering::Acquire) {
+            return Ok(0);
         }
         Err(Errno(libc::EAGAIN))
     }
 
     /// Writes up to `budget` bytes of `bufs` into the ring, seen in mode
     /// `seen` (Pending or Ring); a call that finds the mode changed under
-    /// the sender's lock starts over (a fall-back moves the early bytes
-    /// while it holds that lock).
+    /// the sender's lock starts over (a fall-back or a leave moves the
+    /// bytes while it holds that lock).
     pub fn send_into_ring(
         &self,
         bufs: &[IoSlice<'_>],
@@ -527,7 +609,7 @@ impl<W: Wire> RingConn<W> {
             }
             let errno = self.ring_failed(&e, "send");
             if errno == Errno(libc::EPIPE) && self.peer_gone() {
-                return self.tcp_send(bufs);
+                return self.send_after_peer_gone(bufs);
             }
             return Err(errno);
         }
@@ -537,26 +619,52 @@ impl<W: Wire> RingConn<W> {
         Ok(total)
     }
 
-    fn ring_readiness(&self) -> Ready {
-        let mut r = Ready::NONE;
-        let gone = self.peer_gone();
-        {
-            let mut rx = lock(&self.rx);
-            let readable = rx.as_mut().map(|rx| rx.readable());
-            let data = matches!(readable, Some(Ok(true)) | Some(Err(_)));
-            if self.rd_shut.load(Ordering::Relaxed) || gone || data {
-                r = r | Ready::READ;
-            }
-            if rx.as_ref().is_some_and(|rx| rx.at_eof()) || gone {
-                r = r | Ready::RDHUP;
-            }
+    /// A send once the peer process is gone: after a reset, the error once
+    /// and then EPIPE, as TCP; after a plain close, on the kernel socket
+    /// (now in CLOSE_WAIT), so the program sees what TCP would show it: the
+    /// first write accepted, the peer's reset, then ECONNRESET/EPIPE.
+    /// Failing the first write at once is not the same: redis-benchmark
+    /// retries a failed write forever when its write handler meets it.
+    fn send_after_peer_gone(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
+        if self.reset.load(Ordering::Acquire) {
+            let e = self.error.swap(0, Ordering::AcqRel);
+            return Err(Errno(if e != 0 { e } else { libc::EPIPE }));
         }
-        if self.mode() == MODE_PENDING {
-            if W::pending_room(self) > 0 && self.tcp_connected() {
-                r = r | Ready::WRITE;
+        sockio::send_vec(self.tcp_fd(), bufs)
+    }
+
+    /// Readiness while on the ring (or pending), as TCP's poll computes it.
+    fn ring_readiness(&self) -> Ready {
+        let gone = self.peer_gone();
+        let reset = self.reset.load(Ordering::Acquire);
+        let (data, fin) = {
+            let mut rx = lock(&self.rx);
+            match rx.as_mut() {
+                Some(rx) => {
+                    let lowat = self.rcvlowat.load(Ordering::Relaxed);
+                    let data = if lowat <= 1 {
+                        !matches!(rx.readable(), Ok(false))
+                    } else {
+                        rx.available().map_or(true, |n| n >= lowat)
+                    };
+                    (data, rx.eos_published().unwrap_or(true))
+                }
+                None => (false, false),
             }
+        };
+        let rcv_shut = fin || gone || reset || self.rd_shut.load(Ordering::Acquire);
+        let snd_shut = reset || self.wr_shut.load(Ordering::Acquire);
+        let mut r = Ready::NONE;
+        if data || rcv_shut {
+            r = r | Ready::IN;
+        }
+        if rcv_shut {
+            r = r | Ready::RDHUP;
+        }
+        let writable = if self.mode() == MODE_PENDING {
+            W::pending_room(self) > 0 && self.tcp_connected()
         } else {
-            let writable = match lock(&self.tx).as_mut() {
+            match lock(&self.tx).as_mut() {
                 Some(tx) => {
                     // Reaping on every look, whatever the interest: a tail
                     // WRITE that completed may owe the peer its doorbell
@@ -569,17 +677,16 @@ impl<W: Wire> RingConn<W> {
                     !matches!(tx.writable(), Ok(false))
                 }
                 None => true,
-            };
-            if gone || self.wr_shut.load(Ordering::Relaxed) || writable {
-                r = r | Ready::WRITE;
             }
+        };
+        if snd_shut || gone || writable {
+            r = r | Ready::OUT;
+        }
+        if rcv_shut && snd_shut {
+            r = r | Ready::HUP;
         }
         if self.error.load(Ordering::Acquire) != 0 {
             r = r | Ready::ERR;
-        }
-        if gone && (self.wr_shut.load(Ordering::Relaxed) || self.error.load(Ordering::Acquire) != 0)
-        {
-            r = r | Ready::HUP;
         }
         r
     }
@@ -587,10 +694,10 @@ impl<W: Wire> RingConn<W> {
     fn arm_inner(&self, interest: Ready, level: bool) -> Ready {
         if !level {
             // An epoll set watches the kernel socket edge-triggered: if its
-            // EOF or reset fired while this registration was not armed,
-            // that edge is spent and will not come again, so look now, as
-            // the ring side's re-check does after prepare_wait. (Level
-            // waiters ppoll the socket itself.)
+            // EOF, reset or a leave header came while this registration was
+            // not armed, that edge is spent and will not come again, so look
+            // now, as the ring side's re-check does after prepare_wait.
+            // (Level waiters ppoll the socket itself.)
             self.check_tcp();
         }
         if self.settle() == MODE_TCP {
@@ -608,13 +715,13 @@ impl<W: Wire> RingConn<W> {
         // exactly what this did even if the mode changed meanwhile. While
         // pending the server's decision rings our bell whatever the flags
         // say.
-        if interest.intersects(Ready::READ | Ready::RDHUP) {
+        if interest.intersects(Ready::INPUT) {
             w.rx += 1;
             if let Some(rx) = lock(&self.rx).as_mut() {
                 let _ = rx.prepare_wait();
             }
         }
-        if interest.intersects(Ready::WRITE) {
+        if interest.intersects(Ready::OUTPUT) {
             w.tx += 1;
             if let Some(tx) = lock(&self.tx).as_mut() {
                 let _ = tx.prepare_wait();
@@ -631,21 +738,19 @@ impl<W: Wire> RingConn<W> {
             if level {
                 w.level = w.level.saturating_sub(1);
             }
-            if self.mode() != MODE_TCP {
-                if interest.intersects(Ready::READ | Ready::RDHUP) && w.rx > 0 {
-                    w.rx -= 1;
-                    if w.rx == 0 {
-                        if let Some(rx) = lock(&self.rx).as_mut() {
-                            let _ = rx.finish_wait(true);
-                        }
+            if interest.intersects(Ready::INPUT) && w.rx > 0 {
+                w.rx -= 1;
+                if w.rx == 0 {
+                    if let Some(rx) = lock(&self.rx).as_mut() {
+                        let _ = rx.finish_wait(true);
                     }
                 }
-                if interest.intersects(Ready::WRITE) && w.tx > 0 {
-                    w.tx -= 1;
-                    if w.tx == 0 {
-                        if let Some(tx) = lock(&self.tx).as_mut() {
-                            let _ = tx.finish_wait(true);
-                        }
+            }
+            if interest.intersects(Ready::OUTPUT) && w.tx > 0 {
+                w.tx -= 1;
+                if w.tx == 0 {
+                    if let Some(tx) = lock(&self.tx).as_mut() {
+                        let _ = tx.finish_wait(true);
                     }
                 }
             }
@@ -659,8 +764,8 @@ impl<W: Wire> RingConn<W> {
             if level && w.level == 0 && self.wire.drain_bells() && w.any_armed() {
                 let r = self.readiness();
                 let rx_ready =
-                    w.rx > 0 && r.intersects(Ready::READ | Ready::RDHUP | Ready::HUP | Ready::ERR);
-                let tx_ready = w.tx > 0 && r.intersects(Ready::WRITE | Ready::HUP | Ready::ERR);
+                    w.rx > 0 && r.intersects(Ready::IN | Ready::RDHUP | Ready::HUP | Ready::ERR);
+                let tx_ready = w.tx > 0 && r.intersects(Ready::OUT | Ready::HUP | Ready::ERR);
                 if rx_ready || tx_ready {
                     self.wire.ring_own_bell();
                 }
@@ -668,6 +773,60 @@ impl<W: Wire> RingConn<W> {
         }
         self.check_tcp();
         self.settle();
+    }
+
+    /// Whether the program left bytes of the peer's unread: closing then
+    /// resets the connection, as TCP does.
+    fn unread_at_close(&self) -> bool {
+        if !lock(&self.rx_spill).is_empty() {
+            return true;
+        }
+        self.mode() == MODE_RING
+            && lock(&self.rx)
+                .as_mut()
+                .is_some_and(|rx| rx.available().unwrap_or(0) > 0)
+    }
+
+    /// Whether the program asked for a reset on close (SO_LINGER {1, 0}).
+    fn linger_zero(&self) -> bool {
+        let mut l = libc::linger {
+            l_onoff: 0,
+            l_linger: 0,
+        };
+        let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+        // SAFETY: l and len describe a linger struct of our own.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_getsockopt,
+                self.tcp_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                &mut l as *mut libc::linger,
+                &mut len as *mut libc::socklen_t,
+            )
+        };
+        r == 0 && l.l_onoff != 0 && l.l_linger == 0
+    }
+
+    /// Closes with a reset: SO_LINGER {1, 0} on the kernel socket, whose
+    /// last close then sends RST; the ring gets no end-of-stream mark, so
+    /// the peer reads what we sent, then ECONNRESET.
+    fn close_with_reset(&self) {
+        let l = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: l describes a linger struct of our own.
+        unsafe {
+            libc::syscall(
+                libc::SYS_setsockopt,
+                self.tcp_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                &l as *const libc::linger,
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
     }
 }
 
@@ -698,6 +857,17 @@ impl<W: Wire> Tracked for RingConn<W> {
 
     fn ring_detail(&self) -> String {
         self.wire.detail()
+    }
+
+    fn socket_fd(&self) -> RawFd {
+        self.tcp_fd()
+    }
+
+    fn check_socket(&self) {
+        self.check_tcp();
+        if self.mode() == MODE_TCP {
+            super::watch::unwatch(self, self.tcp_fd());
+        }
     }
 
     fn flush_ring(&self) {
@@ -746,11 +916,12 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             }
             _ => {}
         }
-        if self.rd_shut.load(Ordering::Relaxed) {
-            let e = self.error.swap(0, Ordering::AcqRel);
-            return if e != 0 { Err(Errno(e)) } else { Ok(0) };
-        }
         let mut guard = lock(&self.rx);
+        if self.mode() == MODE_TCP {
+            // The peer left while we waited for the lock.
+            drop(guard);
+            return self.tcp_recv(bufs, peek);
+        }
         let Some(rx) = guard.as_mut() else {
             return Err(Errno(libc::EAGAIN));
         };
@@ -794,16 +965,36 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         if owe {
             self.mark_dirty();
         }
-        if total > 0 || eof {
+        if total > 0 {
             return Ok(total);
         }
+        if eof {
+            // After a reset the error comes before the EOF, as on TCP.
+            let e = self.error.swap(0, Ordering::AcqRel);
+            return if e != 0 && self.reset.load(Ordering::Acquire) {
+                Err(Errno(e))
+            } else {
+                Ok(0)
+            };
+        }
         match outcome {
-            None => self.nothing_to_read(),
+            None => {
+                if self.peer_gone.load(Ordering::Relaxed) {
+                    return self.nothing_to_read();
+                }
+                // The kernel socket may hold news the ring does not: the
+                // peer's FIN or reset, or its leave header.
+                self.check_tcp();
+                if self.mode() == MODE_TCP {
+                    return self.tcp_recv(bufs, peek);
+                }
+                self.nothing_to_read()
+            }
             Some(e) => {
                 let errno = self.ring_failed(&e, "recv");
                 if errno == Errno(libc::EPIPE) {
                     // The peer closed: what it sent is read, this is EOF.
-                    Ok(0)
+                    self.nothing_to_read().or(Ok(0))
                 } else {
                     Err(errno)
                 }
@@ -820,13 +1011,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             return Err(Errno(libc::EPIPE));
         }
         if self.peer_gone() {
-            // The peer process closed its socket or died: send on the
-            // kernel socket (now in CLOSE_WAIT), so the program sees what
-            // kernel TCP would show it: the first write accepted, the
-            // peer's reset, then ECONNRESET/EPIPE. Failing the first write
-            // at once is not the same: redis-benchmark retries a failed
-            // write forever when its write handler meets it.
-            return self.tcp_send(bufs);
+            return self.send_after_peer_gone(bufs);
         }
         if mode == MODE_PENDING {
             if !self.tcp_connected() {
@@ -863,7 +1048,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     fn wait_fds(&self, _fd: RawFd, interest: Ready) -> WaitFds {
         let tcp = self.tcp_fd();
         if self.settle() == MODE_TCP {
-            return sockio::tcp_wait_fds(tcp, interest);
+            return self.tcp_wait_fds(interest);
         }
         let mut out: WaitFds = [None; 3];
         let bells = self.wire.bell_fds().into_iter().flatten();
@@ -886,7 +1071,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
 
     fn available(&self) -> usize {
         match self.settle() {
-            MODE_TCP => sockio::fionread(self.tcp_fd()),
+            MODE_TCP => self.tcp_available(),
             _ => lock(&self.rx)
                 .as_mut()
                 .map_or(0, |rx| rx.available().unwrap_or(0)),
@@ -898,26 +1083,28 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             return Err(Errno(libc::EINVAL));
         }
         if self.settle() == MODE_TCP {
-            // SAFETY: shutdown on our duplicate of the socket.
-            let r = unsafe { libc::syscall(libc::SYS_shutdown, self.tcp_fd(), how) };
-            return if r < 0 {
-                Err(Errno(sys::errno()))
-            } else {
-                Ok(())
-            };
+            return self.tcp_shutdown(how);
         }
         if how != libc::SHUT_WR {
+            // Reads return what is (or later arrives) in the ring, then 0
+            // where they would wait: the peer may still send, as on TCP.
             self.rd_shut.store(true, Ordering::Release);
+            self.wire.ring_own_bell();
         }
         if how != libc::SHUT_RD && !self.wr_shut.swap(true, Ordering::AcqRel) {
             // The kernel socket stays untouched: its FIN would read as the
             // peer process dying. The end-of-stream mark says it instead;
             // a wire without a sender yet carries it on when it gets one.
             let mut tx = lock(&self.tx);
-            if tx.is_some() {
+            if tx.is_some() && self.mode() != MODE_TCP {
                 self.eos_owed.store(true, Ordering::Release);
                 self.flush_locked(&mut tx);
+            } else if self.mode() == MODE_TCP {
+                drop(tx);
+                return self.tcp_shutdown(libc::SHUT_WR);
             }
+            drop(tx);
+            self.wire.ring_own_bell();
         }
         Ok(())
     }
@@ -927,7 +1114,14 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     }
 
     fn claim(&self) -> Result<(), Errno> {
-        W::claim(self)
+        W::claim(self)?;
+        if self.mode() != MODE_TCP {
+            if let Some(me) = self.this() {
+                let tracked: Arc<dyn Tracked> = me;
+                super::watch::ensure(&tracked);
+            }
+        }
+        Ok(())
     }
 
     fn drain_at_exit(&self, deadline_ns: u64) {
@@ -938,7 +1132,14 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         // process using the connection flushes (a forked copy of the batch
         // state would send bytes twice). Never a blocking lock: `_exit` may
         // run in a signal handler that interrupted a thread holding it.
-        if !W::is_user(self) || self.mode() != MODE_RING {
+        if !W::is_user(self) {
+            return;
+        }
+        if self.mode() == MODE_TCP {
+            self.push_tx_spill_until(deadline_ns);
+            return;
+        }
+        if self.mode() != MODE_RING {
             return;
         }
         let mut guard = loop {
@@ -975,12 +1176,25 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         }
         let ends = kind == ReleaseKind::Owner && W::is_user(self);
         if ends && self.mode() == MODE_PENDING {
-            W::await_decision(self);
+            W::await_decision(self, true);
         }
-        if ends && self.mode() != MODE_TCP {
+        if ends && self.mode() == MODE_TCP {
+            // What the ring owed the kernel socket goes out before the
+            // program's close (bounded, as a lingering close would).
+            let limit = u64::from(crate::config::get().connect_timeout_ms) * 1_000_000;
+            self.push_tx_spill_until(sys::monotonic_ns() + limit);
+            if self.unread_at_close() {
+                self.close_with_reset();
+            }
+        } else if ends {
+            let reset = self.unread_at_close() || self.linger_zero();
+            if reset {
+                self.close_with_reset();
+            }
             if let Some(tx) = lock(&self.tx).as_mut() {
-                if !self.wr_shut.swap(true, Ordering::AcqRel)
-                    || self.eos_owed.load(Ordering::Acquire)
+                if !reset
+                    && (!self.wr_shut.swap(true, Ordering::AcqRel)
+                        || self.eos_owed.load(Ordering::Acquire))
                 {
                     // A full ring leaves no room for the mark: the peer then
                     // sees our kernel socket close, which reads the same.
@@ -998,6 +1212,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             // for a server that is merely slow to take the ring.
             self.settle_words();
         }
+        super::watch::unwatch(self, self.tcp_fd());
         let fd = self.tcp.swap(-1, Ordering::AcqRel);
         if fd >= 0 {
             sys::close(fd);
@@ -1006,6 +1221,31 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             if let Some(me) = self.this() {
                 background::note_closed(me);
             }
+        }
+    }
+
+    fn leave_ring(&self, hand_over: bool) -> bool {
+        self.leave(hand_over);
+        if self.mode() != MODE_TCP {
+            return false;
+        }
+        let limit = u64::from(crate::config::get().connect_timeout_ms) * 1_000_000;
+        self.push_tx_spill_until(sys::monotonic_ns() + limit);
+        lock(&self.tx_spill).is_empty()
+    }
+
+    fn set_rcvlowat(&self, bytes: usize) {
+        self.rcvlowat.store(bytes.max(1), Ordering::Relaxed);
+    }
+
+    fn rcvlowat(&self) -> usize {
+        self.rcvlowat.load(Ordering::Relaxed)
+    }
+
+    fn at_mark(&self) -> Option<bool> {
+        match self.mode() {
+            MODE_TCP if lock(&self.rx_spill).is_empty() => None,
+            _ => Some(false),
         }
     }
 }

@@ -100,8 +100,9 @@ pub trait Wire: Sized + Send + Sync + 'static {
         tx: &mut Option<Sender<Self::Transport>>,
     ) -> Result<Vec<u8>, RingError>;
 
-    /// Closing while pending: waits, a bounded time, for the decision.
-    fn await_decision(c: &RingConn<Self>);
+    /// Waits, a bounded time, for the server's decision (`closing`: the
+    /// program closed its socket meanwhile).
+    fn await_decision(c: &RingConn<Self>, closing: bool);
 
     /// The daemon says the server declined (with its reason) or never
     /// took the ring.
@@ -116,6 +117,13 @@ pub trait Wire: Sized + Send + Sync + 'static {
     /// Whether only the daemon can end this handshake, so the background
     /// thread asks every tick.
     fn urgent_follow_up(_c: &RingConn<Self>) -> bool {
+        false
+    }
+
+    /// The peer's socket closed without a word on the ring: whether it
+    /// left any of the `written` bytes we sent unread (TCP would have
+    /// reset the connection then). False where the wire cannot tell.
+    fn peer_left_unread(_c: &RingConn<Self>, _written: u64) -> bool {
         false
     }
 

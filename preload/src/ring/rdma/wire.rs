@@ -247,14 +247,18 @@ impl Wire for RdmaWire {
 
     /// The early bytes must reach the server either way, so ask the daemon
     /// ourselves, a bounded time.
-    fn await_decision(c: &RdmaConn) {
-        c.set_wr_shut();
+    fn await_decision(c: &RdmaConn, closing: bool) {
+        if closing {
+            c.set_wr_shut();
+        }
         let limit = u64::from(crate::config::get().connect_timeout_ms) * 1_000_000;
         let start = sys::monotonic_ns();
         while c.mode() == MODE_PENDING {
             match collect(c.offer_id) {
                 Collected::Answer(p) => connect_to(c, &p),
-                Collected::Refused(reason) => Self::decline_from_ctl(c, reason.as_deref()),
+                Collected::Refused(reason) => {
+                    <Self as Wire>::decline_from_ctl(c, reason.as_deref())
+                }
                 Collected::Pending => {}
             }
             if c.mode() != MODE_PENDING || sys::monotonic_ns() - start >= limit {

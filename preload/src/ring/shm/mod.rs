@@ -172,7 +172,7 @@ impl Wire for ShmWire {
     /// (or, if it turns it down, once they were resent over TCP, which
     /// `settle` does). A server that is merely slow to accept still finds
     /// them in the ring after this gives up.
-    fn await_decision(c: &ShmConn) {
+    fn await_decision(c: &ShmConn, _closing: bool) {
         let limit = u64::from(crate::config::get().connect_timeout_ms) * 1_000_000;
         let start = sys::monotonic_ns();
         while c.settle() == MODE_PENDING && sys::monotonic_ns() - start < limit {
@@ -205,6 +205,12 @@ impl Wire for ShmWire {
             };
             c.wire.bell.drain();
         }
+    }
+
+    /// The receiver counts the bytes it consumed in the shared control
+    /// block of the ring we write.
+    fn peer_left_unread(c: &ShmConn, written: u64) -> bool {
+        c.wire.tx_mem.ctrl().rx_stats.bytes.load(Ordering::Acquire) < written
     }
 
     fn decline_from_ctl(c: &ShmConn, _reason: Option<&str>) {

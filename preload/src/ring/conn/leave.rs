@@ -1,0 +1,399 @@
+//! Leaving the ring mid-stream for the kernel socket underneath.
+//!
+//! A side whose connection must go on where the ring cannot follow (its
+//! descriptor goes to another process, an exec, urgent data) *leaves*: it
+//! publishes everything it wrote, then sends on the kernel socket, before
+//! any byte of its own, a header naming two stream positions:
+//! * `consumed`: the bytes of the peer's stream it took from the ring,
+//!   exactly. The peer takes back everything it wrote past that point and
+//!   sends it on the kernel socket first (`Sender::take_after`).
+//! * `end`: the bytes of its own stream it put into the ring. The peer
+//!   reads the ring up to there, then the kernel socket after the header
+//!   (`Receiver::drain_to`).
+//!
+//! So each direction switches at one byte offset both ends agree on, and
+//! the leaver's successor (which may not load the shim at all) reads and
+//! writes plain TCP. The peer acknowledges by closing its end of the
+//! leaver's ring once it drained it (the `rx_closed` word the leaver's
+//! sender sees); the leaver waits for that, a bounded time, before it
+//! hands the descriptor on, so that no header of the peer's can reach the
+//! successor. If both sides leave at once, each sees the other's header
+//! while it waits: each then resends from the other's `consumed`, and
+//! neither drains (neither will read the ring again).
+
+use std::sync::atomic::Ordering;
+
+use super::tcp::poll_one_for;
+use super::{RingConn, Wire, MODE_PENDING, MODE_RING, MODE_TCP};
+use crate::attached::Errno;
+use crate::ring::sockio::{lock, send_all_bounded, sys_recv};
+use crate::sys;
+
+/// Longest a partial header may wait for the rest of itself.
+const HEADER_WAIT_NS: u64 = 1_000_000_000;
+
+/// Bytes of a leave header.
+pub const HEADER_BYTES: usize = 24;
+const MAGIC: &[u8; 8] = b"RSLEAVE1";
+
+/// A leave header: the leaver's exact positions in both streams.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Leave {
+    /// Bytes of the peer's stream the leaver consumed.
+    pub consumed: u64,
+    /// Bytes of the leaver's stream that went into the ring.
+    pub end: u64,
+}
+
+/// What the start of the kernel socket's unread bytes says.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    Leave(Leave),
+    /// A prefix of a header: more is on its way.
+    Partial,
+    /// Not a header: something is badly wrong with this connection.
+    Garbage,
+}
+
+impl Leave {
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[..8].copy_from_slice(MAGIC);
+        b[8..16].copy_from_slice(&self.consumed.to_le_bytes());
+        b[16..].copy_from_slice(&self.end.to_le_bytes());
+        b
+    }
+
+    /// Parses what a peek at the kernel socket returned.
+    pub fn parse(bytes: &[u8]) -> Parsed {
+        let magic = &MAGIC[..bytes.len().min(MAGIC.len())];
+        if !bytes.starts_with(magic) {
+            return Parsed::Garbage;
+        }
+        if bytes.len() < HEADER_BYTES {
+            return Parsed::Partial;
+        }
+        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        Parsed::Leave(Leave {
+            consumed: word(8),
+            end: word(16),
+        })
+    }
+}
+
+fn limit_ns() -> u64 {
+    u64::from(crate::config::get().connect_timeout_ms) * 1_000_000
+}
+
+impl<W: Wire> RingConn<W> {
+    /// Leaves the ring for the kernel socket (see the module docs). Called
+    /// by the process that uses the connection, before the descriptor goes
+    /// where the ring cannot follow; `hand_over` waits for the peer's
+    /// acknowledgement (bounded by RINGSOCK_CONNECT_TIMEOUT_MS), else the
+    /// kernel socket path settles it when it next reads.
+    pub fn leave(&self, hand_over: bool) {
+        if self.mode() == MODE_PENDING {
+            W::await_decision(self, false);
+        }
+        // A header of the peer's that is already here makes us the side
+        // that stays: then there is nothing left to do.
+        self.check_tcp();
+        if self.mode() != MODE_RING || self.peer_gone() {
+            if self.mode() == MODE_RING {
+                log::debug!(
+                    "{} -> {}: not leaving a ring whose peer is gone",
+                    self.local,
+                    self.peer
+                );
+            }
+            return;
+        }
+        let fd = self.tcp_fd();
+        let mut tx = lock(&self.tx);
+        let mut rx = lock(&self.rx);
+        if self.mode() != MODE_RING {
+            return;
+        }
+        self.flush_locked(&mut tx);
+        if !self.settle_locked(&mut tx, &mut rx, limit_ns()) {
+            log::warn!(
+                "{} -> {}: leaving the ring before its last writes were acknowledged",
+                self.local,
+                self.peer
+            );
+        }
+        let (Some(t), Some(r)) = (tx.as_mut(), rx.as_mut()) else {
+            return;
+        };
+        let header = Leave {
+            consumed: r.bytes_consumed(),
+            end: t.bytes_written(),
+        };
+        let shut = t.is_closed() || self.eos_owed.swap(false, Ordering::AcqRel);
+        self.leaving.store(true, Ordering::Release);
+        // Other threads wait for the locks we hold, and see the mode
+        // change only after the header is out: no plain byte can pass it.
+        let sent = send_all_bounded(fd, &header.encode());
+        self.mode.store(MODE_TCP, Ordering::Release);
+        if let Err(Errno(e)) = sent {
+            log::error!(
+                "{} -> {}: cannot send the leave header (errno {e}); the connection is reset",
+                self.local,
+                self.peer
+            );
+            self.leaving.store(false, Ordering::Release);
+            drop(rx);
+            drop(tx);
+            self.fail_hard(libc::ECONNRESET);
+            return;
+        }
+        if shut {
+            // SAFETY: shutdown on our own duplicate of the socket.
+            unsafe { libc::syscall(libc::SYS_shutdown, fd, libc::SHUT_WR) };
+        }
+        log::info!(
+            "{} -> {}: left the ring at {} bytes in, {} out",
+            self.local,
+            self.peer,
+            header.consumed,
+            header.end
+        );
+        drop(rx);
+        drop(tx);
+        super::super::watch::unwatch(self, fd);
+        if hand_over {
+            self.await_ack();
+            self.leaving.store(false, Ordering::Release);
+        }
+        self.wire.ring_own_bell();
+    }
+
+    /// While `leaving`: whether the peer's answer is settled (its
+    /// acknowledgement, plain bytes after it, or its own header, which is
+    /// taken here), so that the kernel socket carries only the stream.
+    pub(super) fn leaving_settled(&self) -> bool {
+        if !self.leaving.load(Ordering::Acquire) {
+            return true;
+        }
+        let settled = lock(&self.tx).as_ref().is_none_or(|tx| tx.peer_closed()) || {
+            let fd = self.tcp_fd();
+            let mut b = [0u8; HEADER_BYTES];
+            match sys_recv(fd, &mut b, libc::MSG_PEEK) {
+                Ok(n) if n > 0 => match Leave::parse(&b[..n]) {
+                    Parsed::Leave(l) => {
+                        let _ = sys_recv(fd, &mut b, 0);
+                        self.crossed(l);
+                        true
+                    }
+                    Parsed::Garbage => true,
+                    Parsed::Partial => false,
+                },
+                Err(Errno(libc::EAGAIN)) => false,
+                _ => true,
+            }
+        };
+        if settled {
+            self.leaving.store(false, Ordering::Release);
+        }
+        settled
+    }
+
+    /// After our header went out: waits for the peer to close its end of
+    /// our ring (it drained it and will send only plain bytes), or for its
+    /// own header (it left at the same moment), or for its end.
+    fn await_ack(&self) {
+        let fd = self.tcp_fd();
+        let deadline = sys::monotonic_ns() + limit_ns();
+        loop {
+            if lock(&self.tx).as_ref().is_none_or(|tx| tx.peer_closed()) {
+                return;
+            }
+            let mut b = [0u8; HEADER_BYTES];
+            match sys_recv(fd, &mut b, libc::MSG_PEEK) {
+                // The peer closed or reset: nobody will send a header.
+                Ok(0) => return,
+                Ok(n) => match Leave::parse(&b[..n]) {
+                    Parsed::Leave(l) => {
+                        let _ = sys_recv(fd, &mut b, 0);
+                        self.crossed(l);
+                        return;
+                    }
+                    // Plain bytes: the peer stays, and they are ours.
+                    Parsed::Garbage => return,
+                    Parsed::Partial => {}
+                },
+                Err(Errno(libc::EAGAIN)) => {}
+                Err(_) => return,
+            }
+            if sys::monotonic_ns() >= deadline {
+                log::warn!(
+                    "{} -> {}: the peer did not acknowledge our leaving in time",
+                    self.local,
+                    self.peer
+                );
+                return;
+            }
+            poll_one_for(fd, libc::POLLIN, 1);
+        }
+    }
+
+    /// Both sides left at once: each resends from the other's position,
+    /// and neither reads the ring again.
+    fn crossed(&self, l: Leave) {
+        let mut tx = lock(&self.tx);
+        let taken = match tx.as_mut().map(|t| t.take_after(l.consumed)) {
+            Some(Ok(t)) => t,
+            Some(Err(e)) => {
+                drop(tx);
+                self.left_broken(&e);
+                return;
+            }
+            None => return,
+        };
+        log::info!(
+            "{} -> {}: both sides left the ring; {} bytes go again on the socket",
+            self.local,
+            self.peer,
+            taken.bytes.len()
+        );
+        self.spill_tx(taken.bytes, taken.eos);
+        drop(tx);
+        self.push_tx_spill_until(sys::monotonic_ns() + limit_ns());
+    }
+
+    /// Bytes at the start of the kernel socket of a ring connection: a
+    /// leave header (or its first part), else garbage.
+    pub(super) fn header_arrived(&self, peeked: &[u8]) {
+        match Leave::parse(peeked) {
+            Parsed::Leave(l) => {
+                let mut b = [0u8; HEADER_BYTES];
+                if sys_recv(self.tcp_fd(), &mut b, 0) != Ok(HEADER_BYTES) {
+                    self.fail_hard(libc::ECONNRESET);
+                    return;
+                }
+                self.header_since.store(0, Ordering::Release);
+                self.stay(l);
+            }
+            Parsed::Partial => {
+                let now = sys::monotonic_ns();
+                let since = self.header_since.load(Ordering::Acquire);
+                if since == 0 {
+                    self.header_since.store(now, Ordering::Release);
+                } else if now - since > HEADER_WAIT_NS {
+                    log::error!(
+                        "{} -> {}: an incomplete leave header on the socket; resetting",
+                        self.local,
+                        self.peer
+                    );
+                    self.fail_hard(libc::ECONNRESET);
+                }
+            }
+            Parsed::Garbage => {
+                log::error!(
+                    "{} -> {}: unexpected TCP data on a ring connection; resetting it",
+                    self.local,
+                    self.peer
+                );
+                self.fail_hard(libc::ECONNRESET);
+            }
+        }
+    }
+
+    /// The peer left: read its ring to where it ended, acknowledge by
+    /// closing our end of it, and send again on the socket what it did not
+    /// take from ours. From here every call goes to the kernel socket.
+    fn stay(&self, l: Leave) {
+        let mut tx = lock(&self.tx);
+        let mut rx = lock(&self.rx);
+        if self.mode() != MODE_RING {
+            return;
+        }
+        let mut drained = Vec::new();
+        if let Some(r) = rx.as_mut() {
+            let deadline = sys::monotonic_ns() + limit_ns();
+            let mut wait = ringsock_ring::backoff::CompletionWait::new();
+            loop {
+                match r.drain_to(l.end, &mut drained) {
+                    Ok(true) => break,
+                    Ok(false) if sys::monotonic_ns() < deadline => {
+                        let _ = r.poll();
+                        wait.relax();
+                    }
+                    Ok(false) => {
+                        drop(rx);
+                        drop(tx);
+                        self.left_broken(&ringsock_ring::RingError::WouldBlock);
+                        return;
+                    }
+                    Err(e) => {
+                        drop(rx);
+                        drop(tx);
+                        self.left_broken(&e);
+                        return;
+                    }
+                }
+            }
+            let _ = r.close();
+        }
+        let taken = match tx.as_mut().map(|t| t.take_after(l.consumed)) {
+            Some(Ok(t)) => t,
+            Some(Err(e)) => {
+                drop(rx);
+                drop(tx);
+                self.left_broken(&e);
+                return;
+            }
+            None => Default::default(),
+        };
+        lock(&self.rx_spill).extend(drained);
+        let resent = taken.bytes.len();
+        self.spill_tx(taken.bytes, taken.eos || self.wr_shut());
+        self.mode.store(MODE_TCP, Ordering::Release);
+        super::super::watch::unwatch(self, self.tcp_fd());
+        // The acknowledgement (our end of its ring closed) must land.
+        let _ = self.settle_locked(&mut tx, &mut rx, limit_ns());
+        drop(rx);
+        drop(tx);
+        log::info!(
+            "{} -> {}: the peer left the ring (its stream ended at byte {}, ours was read to {}); {resent} bytes go again on the socket",
+            self.local,
+            self.peer,
+            l.end,
+            l.consumed
+        );
+        self.push_tx_spill();
+        self.wire.ring_own_bell();
+    }
+
+    /// A leave that cannot be carried out exactly: the connection is
+    /// reset, never continued with bytes lost or repeated.
+    fn left_broken(&self, e: &ringsock_ring::RingError) {
+        log::error!(
+            "{} -> {}: the ring cannot be left exactly ({e}); the connection is reset",
+            self.local,
+            self.peer
+        );
+        self.mode.store(MODE_TCP, Ordering::Release);
+        self.fail_hard(libc::ECONNRESET);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_prefixes_wait() {
+        let l = Leave {
+            consumed: 7,
+            end: u64::MAX - 3,
+        };
+        let b = l.encode();
+        assert_eq!(Leave::parse(&b), Parsed::Leave(l));
+        for n in 0..HEADER_BYTES {
+            assert_eq!(Leave::parse(&b[..n]), Parsed::Partial, "prefix {n}");
+        }
+        assert_eq!(Leave::parse(b"GET / HTTP/1.1\r\n"), Parsed::Garbage);
+        assert_eq!(Leave::parse(b"RSLEAVE2"), Parsed::Garbage);
+    }
+}

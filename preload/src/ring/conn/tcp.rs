@@ -1,0 +1,199 @@
+//! The kernel-socket path of a connection that left the ring (or never got
+//! it): plain system calls on our duplicate of the socket, behind what the
+//! ring still owed it. Bytes the peer had put into the ring before it left
+//! (`rx_spill`) are read before the socket's; bytes taken back from our
+//! ring (`tx_spill`) are sent before anything the program sends now, and a
+//! shutdown of the sending side waits for them.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::sync::atomic::Ordering;
+
+use libc::c_int;
+
+use super::{RingConn, Wire};
+use crate::attached::{Errno, Ready, WaitFd, WaitFds};
+use crate::ring::sockio::{self, lock, sys_send};
+use crate::sys;
+
+impl<W: Wire> RingConn<W> {
+    /// Queues bytes taken back from the ring for the kernel socket, and
+    /// the sending side's shutdown after them when `shut` (the ring held
+    /// our end-of-stream mark, or it was owed).
+    pub(super) fn spill_tx(&self, bytes: Vec<u8>, shut: bool) {
+        lock(&self.tx_spill).extend(bytes);
+        if shut || self.eos_owed.swap(false, Ordering::AcqRel) {
+            self.shut_wr_owed.store(true, Ordering::Release);
+        }
+    }
+
+    /// Sends what `tx_spill` holds without blocking; true once it is empty
+    /// (and the owed shutdown done).
+    pub(super) fn push_tx_spill(&self) -> bool {
+        let mut spill = lock(&self.tx_spill);
+        let fd = self.tcp_fd();
+        while !spill.is_empty() && fd >= 0 {
+            let (front, _) = spill.as_slices();
+            match sys_send(fd, front) {
+                Ok(n) => {
+                    spill.drain(..n);
+                }
+                Err(Errno(libc::EAGAIN)) | Err(Errno(libc::EINTR)) => {
+                    drop(spill);
+                    self.mark_dirty();
+                    return false;
+                }
+                Err(Errno(e)) => {
+                    log::warn!(
+                        "{} -> {}: {} bytes the ring owed the socket are lost with it (errno {e})",
+                        self.local,
+                        self.peer,
+                        spill.len()
+                    );
+                    spill.clear();
+                    self.error.store(e, Ordering::Release);
+                }
+            }
+        }
+        if self.shut_wr_owed.swap(false, Ordering::AcqRel) && fd >= 0 {
+            // SAFETY: shutdown on our own duplicate of the socket.
+            unsafe { libc::syscall(libc::SYS_shutdown, fd, libc::SHUT_WR) };
+        }
+        true
+    }
+
+    /// `push_tx_spill` until empty or `deadline_ns`, waiting for room.
+    pub(super) fn push_tx_spill_until(&self, deadline_ns: u64) {
+        while !self.push_tx_spill() && sys::monotonic_ns() < deadline_ns {
+            poll_one_for(self.tcp_fd(), libc::POLLOUT, 10);
+        }
+    }
+
+    pub(super) fn tcp_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
+        if !self.leaving_settled() {
+            // The peer's own leave header may still come first.
+            return Err(Errno(libc::EAGAIN));
+        }
+        {
+            let mut spill = lock(&self.rx_spill);
+            if !spill.is_empty() {
+                let mut total = 0;
+                for b in bufs.iter_mut() {
+                    let n = b.len().min(spill.len() - total);
+                    for (i, byte) in spill.range(total..total + n).enumerate() {
+                        b[i] = *byte;
+                    }
+                    total += n;
+                    if total == spill.len() {
+                        break;
+                    }
+                }
+                if !peek {
+                    spill.drain(..total);
+                }
+                return Ok(total);
+            }
+        }
+        if self.reset.load(Ordering::Acquire) {
+            let e = self.error.swap(0, Ordering::AcqRel);
+            return if e != 0 { Err(Errno(e)) } else { Ok(0) };
+        }
+        sockio::recv_then_error(self.tcp_fd(), &self.error, bufs, peek)
+    }
+
+    pub(super) fn tcp_send(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
+        if !self.push_tx_spill() {
+            return Err(Errno(libc::EAGAIN));
+        }
+        if self.reset.load(Ordering::Acquire) {
+            let e = self.error.swap(0, Ordering::AcqRel);
+            return Err(Errno(if e != 0 { e } else { libc::EPIPE }));
+        }
+        sockio::send_vec(self.tcp_fd(), bufs)
+    }
+
+    pub(super) fn tcp_readiness(&self) -> Ready {
+        let fd = self.tcp_fd();
+        let mut r = sockio::tcp_readiness(fd, self.error.load(Ordering::Acquire));
+        if !lock(&self.rx_spill).is_empty() {
+            r = r | Ready::IN;
+        }
+        if !lock(&self.tx_spill).is_empty() {
+            r = Ready(r.0 & !Ready::OUT.0);
+        }
+        if self.reset.load(Ordering::Acquire) {
+            r = r | Ready::IN | Ready::RDHUP | Ready::OUT | Ready::HUP;
+        }
+        if !self.leaving_settled() {
+            r = Ready(r.0 & !(Ready::IN.0 | Ready::RDHUP.0));
+        }
+        r
+    }
+
+    pub(super) fn tcp_wait_fds(&self, interest: Ready) -> WaitFds {
+        let mut fds = sockio::tcp_wait_fds(self.tcp_fd(), interest);
+        if let Some(bell) = self.wire.bell_fds()[0] {
+            // The end of a leave rings our bell: a reader that waited for
+            // the peer's header looks again.
+            fds[1] = Some(WaitFd {
+                fd: bell,
+                events: libc::POLLIN,
+            });
+        }
+        fds
+    }
+
+    pub(super) fn tcp_available(&self) -> usize {
+        lock(&self.rx_spill).len() + sockio::fionread(self.tcp_fd())
+    }
+
+    pub(super) fn tcp_shutdown(&self, how: c_int) -> Result<(), Errno> {
+        if how != libc::SHUT_RD && !lock(&self.tx_spill).is_empty() {
+            // The kernel's FIN must follow the bytes the ring owed it.
+            self.wr_shut.store(true, Ordering::Release);
+            self.shut_wr_owed.store(true, Ordering::Release);
+            self.push_tx_spill();
+            if how == libc::SHUT_WR {
+                return Ok(());
+            }
+            return self.tcp_shutdown(libc::SHUT_RD);
+        }
+        // SAFETY: shutdown on our duplicate of the socket.
+        let r = unsafe { libc::syscall(libc::SYS_shutdown, self.tcp_fd(), how) };
+        if r < 0 {
+            Err(Errno(sys::errno()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// poll(2) on one fd for up to `ms` milliseconds.
+pub(super) fn poll_one_for(fd: i32, events: i16, ms: i64) -> i16 {
+    if fd < 0 {
+        return 0;
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; bounded timeout; raw syscall.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_ppoll,
+            &mut p as *mut libc::pollfd,
+            1,
+            &libc::timespec {
+                tv_sec: 0,
+                tv_nsec: ms * 1_000_000,
+            } as *const libc::timespec,
+            std::ptr::null::<libc::sigset_t>(),
+            8,
+        )
+    };
+    if r > 0 {
+        p.revents
+    } else {
+        0
+    }
+}
