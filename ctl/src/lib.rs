@@ -11,6 +11,7 @@
 
 pub mod cli;
 pub mod daemon;
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod handler;

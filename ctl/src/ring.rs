@@ -221,7 +221,8 @@ impl RingStats for SegmentStats {
         };
         let mut out = Vec::new();
         for (i, dir) in DIRECTIONS.iter().enumerate().take(rings as usize) {
-            let Some(base) = ringsock_ring::transport::shm::control_offset(i as u32, slots, slot_size)
+            let Some(base) =
+                ringsock_ring::transport::shm::control_offset(i as u32, slots, slot_size)
             else {
                 break;
             };
@@ -338,7 +339,9 @@ mod vlayout {
 impl VerbsStats {
     /// Whether the memfd starts with a verbs header this daemon can read.
     fn recognizes(ring: &RingView<'_>) -> bool {
-        use ringsock_ring::transport::verbs_stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
+        use ringsock_ring::transport::verbs_stats::{
+            offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION,
+        };
         let Some(vl) = ring.load_u64(offsets::VERSION_LEN) else {
             return false;
         };
@@ -550,7 +553,9 @@ mod tests {
 
     mod verbs {
         use super::*;
-        use ringsock_ring::transport::verbs_stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
+        use ringsock_ring::transport::verbs_stats::{
+            offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION,
+        };
 
         const OUT: u64 = 4096;
         const IN: u64 = 8192;
