@@ -16,7 +16,6 @@ pub mod daemon;
 pub mod fuzzing;
 pub mod handler;
 pub mod hostid;
-pub mod json;
 pub mod logger;
 pub mod peer;
 pub mod proof;
