@@ -135,8 +135,8 @@ pub struct Verdict {
 }
 
 /// For a selection that found nothing because of its counter bounds: how
-/// many ends the other filters found, and the highest value each bounded
-/// counter reached among them.
+/// many reports the other filters kept, and the highest value each bounded
+/// counter reached in them.
 fn near_misses(sel: &Selection, samples: &[Vec<StatusEntry>]) -> String {
     let near: Vec<&StatusEntry> = samples
         .iter()
