@@ -1,14 +1,20 @@
-//! Command-line parsing (pure, unit-tested) and dispatch to the commands.
+//! Command-line parsing (clap) and dispatch to the commands. Flags are
+//! checked by clap (a bad one is a usage error, exit 2); environment
+//! values are read here, and a bad one is reported and replaced by the
+//! default instead.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::{Args, Parser, Subcommand};
 use log::LevelFilter;
+use ringsock_proto::Transport;
 
 use crate::daemon::{self, DaemonConfig};
 use crate::peer::{PeerConfig, DEFAULT_PEER_PORT, DEFAULT_PEER_RETRY_MS, DEFAULT_PEER_TIMEOUT_MS};
-use crate::{logger, run, status};
+use crate::status::{self, CounterBound, Expectation, Output, Selection};
+use crate::{logger, run};
 
 /// Default socket when neither `--socket` nor `RINGSOCK_CTL_SOCK` is set.
 pub const DEFAULT_SOCKET: &str = "/run/ringsock/ctl.sock";
@@ -18,199 +24,167 @@ pub const MAX_OFFER_TIMEOUT_MS: u64 = 3_600_000;
 /// A connect to another host's ctl is never worth waiting longer for.
 pub const MAX_PEER_TIMEOUT_MS: u64 = 60_000;
 
-pub const USAGE: &str = "\
-usage:
-  ringsock-ctl daemon [--socket PATH] [--offer-timeout-ms N] [--log-level L] [--foreground]
-                      [--peer-port N] [--peer-timeout-ms N] [--peer-retry-ms N]
-  ringsock-ctl status [--json] [--socket PATH]
-  ringsock-ctl run [--lib PATH] [--socket PATH] [--] CMD [ARGS...]
-  ringsock-ctl help | --help | --version
-
-environment:
+const ENVIRONMENT: &str = "\
+Environment (a flag wins; an invalid value is reported and the default used):
   RINGSOCK_CTL_SOCK           control socket (default /run/ringsock/ctl.sock)
   RINGSOCK_OFFER_TIMEOUT_MS   offer lifetime in ms (default 10000)
   RINGSOCK_CTL_PORT           TCP port of the ctls of all hosts (default 7471, 0: off)
   RINGSOCK_PEER_TIMEOUT_MS    bound on a forwarded offer's reply (default 300)
   RINGSOCK_PEER_RETRY_MS      how long an unreachable host stays on TCP (default 30000)
   RINGSOCK_LOG                log level: off, error, warn, info (default), debug, trace
-  RINGSOCK_LIB                path of libringsock.so for `run`
-";
+  RINGSOCK_LIB                path of libringsock.so for `run`";
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+const STATUS_EXAMPLES: &str = "\
+Selection: an end is selected when it passes every filter given (--port
+matches its local or its peer port; --counter needs the end to have that
+ring counter). --expect checks the selected ends; its terms, comma-separated,
+must all hold:
+  ends=N, ends>=N, ends<=N   how many connection ends are selected
+  transport=T                every selected end is on T (shm, rdma, tcp)
+It prints a line saying whether it holds and why, then the ends, and exits
+0 if it holds, 1 if not (or if no listing could be had).
+
+With --from, every report in every sample counts: an end is counted once
+however many samples show it, and transport=T must hold in each of them.
+
+Examples:
+  ringsock-ctl status --port 6379 --expect transport=shm,ends=2 --wait-ms 5000
+  ringsock-ctl status --from st.A --port 7209 --counter zc_writes>=1 --expect ends>=1
+  ringsock-ctl status --from st.A --from st.B --port 7209 --count";
+
+/// ringsock control daemon and CLI: sets up the ring connections of
+/// programs run under libringsock.so, and lists them.
+#[derive(Debug, Parser)]
+#[command(name = "ringsock-ctl", version, after_help = ENVIRONMENT)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// In every command an option given twice takes the last value (scripts
+/// add to a base command line); `--counter` and `--from` add up.
+#[derive(Debug, PartialEq, Eq, Subcommand)]
+pub enum Command {
+    /// Runs the per-host control daemon (detaches once listening unless
+    /// --foreground).
+    #[command(after_help = ENVIRONMENT, args_override_self = true)]
+    Daemon(DaemonArgs),
+    /// Lists the connections the shims report, or checks them (--expect).
+    #[command(after_help = STATUS_EXAMPLES, args_override_self = true)]
+    Status(StatusArgs),
+    /// Runs CMD with libringsock.so prepended to LD_PRELOAD.
+    #[command(after_help = ENVIRONMENT, args_override_self = true)]
+    Run(RunArgs),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
 pub struct DaemonArgs {
+    /// Control socket [env: RINGSOCK_CTL_SOCK; default: /run/ringsock/ctl.sock]
+    #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// How long an offer waits for its claim, a claim for its answer and a
+    /// result for its collection, 1..=3600000 [env: RINGSOCK_OFFER_TIMEOUT_MS; default: 10000]
+    #[arg(long, value_name = "N", value_parser = offer_timeout_arg)]
     pub offer_timeout_ms: Option<u64>,
+    /// Log level: off, error, warn, info, debug, trace; a bad one is
+    /// reported and info used [env: RINGSOCK_LOG; default: info]
+    #[arg(long, value_name = "L")]
     pub log_level: Option<String>,
+    /// Stay attached to the terminal
+    #[arg(long)]
     pub foreground: bool,
+    /// TCP port the ctls of all hosts listen on for each other, 0: off
+    /// [env: RINGSOCK_CTL_PORT; default: 7471]
+    #[arg(long, value_name = "N", value_parser = port_arg)]
     pub peer_port: Option<u16>,
+    /// Bound on the reply to an offer for another host, 1..=60000
+    /// [env: RINGSOCK_PEER_TIMEOUT_MS; default: 300]
+    #[arg(long, value_name = "N", value_parser = peer_timeout_arg)]
     pub peer_timeout_ms: Option<u64>,
+    /// How long a host whose ctl could not be reached stays on TCP,
+    /// 0..=3600000 [env: RINGSOCK_PEER_RETRY_MS; default: 30000]
+    #[arg(long, value_name = "N", value_parser = retry_arg)]
     pub peer_retry_ms: Option<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
 pub struct StatusArgs {
+    /// Print {"connections":[...]}, one object per connection end
+    #[arg(long, conflicts_with_all = ["count", "expect"])]
     pub json: bool,
+    /// Print how many ends are on each transport: rdma=N,tcp=N,shm=N
+    #[arg(long, conflicts_with = "expect")]
+    pub count: bool,
+    /// Control socket [env: RINGSOCK_CTL_SOCK; default: /run/ringsock/ctl.sock]
+    #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Only ends whose local or peer port is P
+    #[arg(long, value_name = "P")]
+    pub port: Option<u16>,
+    /// Only ends reported by process N
+    #[arg(long, value_name = "N")]
+    pub pid: Option<u32>,
+    /// Only ends on this transport: shm, rdma or tcp
+    #[arg(long, value_name = "T", value_parser = transport_arg)]
+    pub transport: Option<Transport>,
+    /// Only ends with a ring counter within BOUND: NAME>=N, NAME<=N or
+    /// NAME=N; repeatable
+    #[arg(long = "counter", value_name = "BOUND", value_parser = CounterBound::parse)]
+    pub counters: Vec<CounterBound>,
+    /// Check the selected ends, e.g. transport=shm,ends=2 (see below)
+    #[arg(long, value_name = "LIST", value_parser = Expectation::parse)]
+    pub expect: Option<Expectation>,
+    /// Ask again until --expect holds, for at most N ms
+    #[arg(long, value_name = "N", requires = "expect", conflicts_with = "from")]
+    pub wait_ms: Option<u64>,
+    /// Read listings saved from `status --json` (one per line) from FILE
+    /// instead of asking the daemon; repeatable
+    #[arg(long, value_name = "FILE", conflicts_with = "socket")]
+    pub from: Vec<PathBuf>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
 pub struct RunArgs {
+    /// libringsock.so to preload [env: RINGSOCK_LIB; default: next to ringsock-ctl]
+    #[arg(long, value_name = "PATH")]
     pub lib: Option<PathBuf>,
+    /// Control socket for the program (sets its RINGSOCK_CTL_SOCK)
+    #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// The command, then its arguments (from the command on, options are
+    /// the command's own; `--` before it also ends ours)
+    #[arg(
+        value_name = "CMD",
+        required = true,
+        trailing_var_arg = true,
+        num_args = 1..
+    )]
     pub argv: Vec<OsString>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
-    Daemon(DaemonArgs),
-    Status(StatusArgs),
-    Run(RunArgs),
-    Help,
-    Version,
+/// Parses `argv` (without the program name).
+pub fn parse(argv: Vec<OsString>) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(std::iter::once(OsString::from("ringsock-ctl")).chain(argv))
 }
 
-/// Splits `--name=value` / `--name value` arguments.
-struct Args {
-    items: std::vec::IntoIter<OsString>,
+fn offer_timeout_arg(s: &str) -> Result<u64, String> {
+    parse_timeout(s).ok_or_else(|| format!("expected 1..={MAX_OFFER_TIMEOUT_MS}"))
 }
 
-impl Args {
-    fn next(&mut self) -> Option<OsString> {
-        self.items.next()
-    }
-
-    /// The value of option `name`: inline after '=' or the next argument.
-    fn value(&mut self, name: &str, inline: Option<String>) -> Result<OsString, String> {
-        match inline {
-            Some(v) => Ok(v.into()),
-            None => self
-                .next()
-                .ok_or_else(|| format!("option {name} needs a value")),
-        }
-    }
+fn port_arg(s: &str) -> Result<u16, String> {
+    parse_port(s).ok_or_else(|| "expected 0..=65535".into())
 }
 
-/// (`--name`, Some(value)) for `--name=value`.
-fn split_opt(arg: &OsString) -> Option<(String, Option<String>)> {
-    let s = arg.to_str()?;
-    if !s.starts_with("--") {
-        return None;
-    }
-    Some(match s.split_once('=') {
-        Some((n, v)) => (n.to_owned(), Some(v.to_owned())),
-        None => (s.to_owned(), None),
-    })
+fn peer_timeout_arg(s: &str) -> Result<u64, String> {
+    parse_peer_timeout(s).ok_or_else(|| format!("expected 1..={MAX_PEER_TIMEOUT_MS}"))
 }
 
-fn unknown(cmd: &str, arg: &OsString) -> String {
-    format!("{cmd}: unexpected argument {}", arg.to_string_lossy())
+fn retry_arg(s: &str) -> Result<u64, String> {
+    parse_retry(s).ok_or_else(|| format!("expected 0..={MAX_OFFER_TIMEOUT_MS}"))
 }
 
-pub fn parse(argv: Vec<OsString>) -> Result<Command, String> {
-    let mut args = Args {
-        items: argv.into_iter(),
-    };
-    let Some(sub) = args.next() else {
-        return Ok(Command::Help);
-    };
-    match sub.to_str() {
-        Some("daemon") => parse_daemon(&mut args).map(Command::Daemon),
-        Some("status") => parse_status(&mut args).map(Command::Status),
-        Some("run") => parse_run(&mut args).map(Command::Run),
-        Some("help" | "--help" | "-h") => Ok(Command::Help),
-        Some("--version" | "-V") => Ok(Command::Version),
-        _ => Err(format!("unknown command {}", sub.to_string_lossy())),
-    }
-}
-
-fn parse_daemon(args: &mut Args) -> Result<DaemonArgs, String> {
-    let mut d = DaemonArgs::default();
-    while let Some(arg) = args.next() {
-        let Some((name, inline)) = split_opt(&arg) else {
-            return Err(unknown("daemon", &arg));
-        };
-        match name.as_str() {
-            "--socket" => d.socket = Some(args.value(&name, inline)?.into()),
-            "--offer-timeout-ms" => {
-                let v = args.value(&name, inline)?;
-                d.offer_timeout_ms =
-                    Some(parse_timeout(&v.to_string_lossy()).ok_or_else(|| {
-                        format!(
-                            "--offer-timeout-ms: expected 1..={MAX_OFFER_TIMEOUT_MS}, got {}",
-                            v.to_string_lossy()
-                        )
-                    })?);
-            }
-            "--log-level" => {
-                d.log_level = Some(args.value(&name, inline)?.to_string_lossy().into_owned())
-            }
-            "--foreground" if inline.is_none() => d.foreground = true,
-            "--peer-port" => {
-                let v = args.value(&name, inline)?.to_string_lossy().into_owned();
-                d.peer_port = Some(
-                    parse_port(&v)
-                        .ok_or_else(|| format!("--peer-port: expected 0..=65535, got {v}"))?,
-                );
-            }
-            "--peer-timeout-ms" => {
-                let v = args.value(&name, inline)?.to_string_lossy().into_owned();
-                d.peer_timeout_ms = Some(parse_peer_timeout(&v).ok_or_else(|| {
-                    format!("--peer-timeout-ms: expected 1..={MAX_PEER_TIMEOUT_MS}, got {v}")
-                })?);
-            }
-            "--peer-retry-ms" => {
-                let v = args.value(&name, inline)?.to_string_lossy().into_owned();
-                d.peer_retry_ms = Some(parse_retry(&v).ok_or_else(|| {
-                    format!("--peer-retry-ms: expected 0..={MAX_OFFER_TIMEOUT_MS}, got {v}")
-                })?);
-            }
-            _ => return Err(unknown("daemon", &arg)),
-        }
-    }
-    Ok(d)
-}
-
-fn parse_status(args: &mut Args) -> Result<StatusArgs, String> {
-    let mut s = StatusArgs::default();
-    while let Some(arg) = args.next() {
-        let Some((name, inline)) = split_opt(&arg) else {
-            return Err(unknown("status", &arg));
-        };
-        match name.as_str() {
-            "--json" if inline.is_none() => s.json = true,
-            "--socket" => s.socket = Some(args.value(&name, inline)?.into()),
-            _ => return Err(unknown("status", &arg)),
-        }
-    }
-    Ok(s)
-}
-
-fn parse_run(args: &mut Args) -> Result<RunArgs, String> {
-    let mut r = RunArgs::default();
-    while let Some(arg) = args.next() {
-        if arg == "--" {
-            break;
-        }
-        match split_opt(&arg) {
-            Some((name, inline)) if name == "--lib" => {
-                r.lib = Some(args.value(&name, inline)?.into())
-            }
-            Some((name, inline)) if name == "--socket" => {
-                r.socket = Some(args.value(&name, inline)?.into())
-            }
-            Some(_) => return Err(unknown("run", &arg)),
-            // The command itself: everything from here on is its argv.
-            None => {
-                r.argv.push(arg);
-                break;
-            }
-        }
-    }
-    r.argv.extend(args.items.by_ref());
-    if r.argv.is_empty() {
-        return Err("run: no command given".into());
-    }
-    Ok(r)
+fn transport_arg(s: &str) -> Result<Transport, String> {
+    Transport::from_name(s).ok_or_else(|| "expected shm, rdma or tcp".into())
 }
 
 pub fn parse_timeout(s: &str) -> Option<u64> {
@@ -319,24 +293,44 @@ fn offer_timeout(flag: Option<u64>) -> Duration {
     Duration::from_millis(ms)
 }
 
-/// Entry point; returns the process exit code.
+fn status_options(s: StatusArgs) -> status::Options {
+    status::Options {
+        socket: socket_path(s.socket),
+        output: if s.json {
+            Output::Json
+        } else if s.count {
+            Output::Count
+        } else {
+            Output::Table
+        },
+        selection: Selection {
+            port: s.port,
+            pid: s.pid,
+            transport: s.transport,
+            counters: s.counters,
+        },
+        expect: s.expect,
+        wait: s.wait_ms.map(Duration::from_millis),
+        from: s.from,
+    }
+}
+
+/// Entry point; returns the process exit code: 2 for a usage error, 0 for
+/// help and version (also when no command is given: the help).
 pub fn main(argv: Vec<OsString>) -> i32 {
-    let cmd = match parse(argv) {
+    let argv = if argv.is_empty() {
+        vec![OsString::from("help")]
+    } else {
+        argv
+    };
+    let cli = match parse(argv) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("ringsock-ctl: {e}\n\n{USAGE}");
-            return 2;
+            let _ = e.print();
+            return e.exit_code();
         }
     };
-    match cmd {
-        Command::Help => {
-            print!("{USAGE}");
-            0
-        }
-        Command::Version => {
-            println!("ringsock-ctl {}", env!("CARGO_PKG_VERSION"));
-            0
-        }
+    match cli.command {
         Command::Daemon(d) => {
             logger::init(log_level(d.log_level.as_deref()));
             let cfg = DaemonConfig {
@@ -354,7 +348,7 @@ pub fn main(argv: Vec<OsString>) -> i32 {
                 Err(daemon::StartError::Reported) => 1,
             }
         }
-        Command::Status(s) => status::run(&socket_path(s.socket), s.json),
+        Command::Status(s) => status::run(&status_options(s)),
         Command::Run(r) => {
             let lib = run::find_lib(
                 r.lib.as_deref(),
@@ -374,10 +368,20 @@ pub fn main(argv: Vec<OsString>) -> i32 {
 
 #[cfg(test)]
 mod tests {
+    use clap::error::ErrorKind;
+    use clap::CommandFactory;
+
     use super::*;
 
-    fn p(args: &[&str]) -> Result<Command, String> {
+    fn p(args: &[&str]) -> Result<Command, ErrorKind> {
         parse(args.iter().map(OsString::from).collect())
+            .map(|c| c.command)
+            .map_err(|e| e.kind())
+    }
+
+    #[test]
+    fn definition_is_consistent() {
+        Cli::command().debug_assert();
     }
 
     #[test]
@@ -391,73 +395,131 @@ mod tests {
                 "--log-level",
                 "debug",
                 "--foreground"
-            ]),
-            Ok(Command::Daemon(DaemonArgs {
+            ])
+            .unwrap(),
+            Command::Daemon(DaemonArgs {
                 socket: Some("/tmp/s".into()),
                 offer_timeout_ms: Some(250),
                 log_level: Some("debug".into()),
                 foreground: true,
                 ..DaemonArgs::default()
-            }))
+            })
         );
         assert_eq!(
             p(&[
                 "daemon",
+                "--peer-port=7",
+                "--foreground",
+                "--foreground",
                 "--peer-port=0",
                 "--peer-timeout-ms",
                 "150",
                 "--peer-retry-ms=0"
-            ]),
-            Ok(Command::Daemon(DaemonArgs {
+            ])
+            .unwrap(),
+            Command::Daemon(DaemonArgs {
                 peer_port: Some(0),
+                foreground: true,
                 peer_timeout_ms: Some(150),
                 peer_retry_ms: Some(0),
                 ..DaemonArgs::default()
-            }))
+            })
         );
-        assert!(p(&["daemon", "--peer-port", "65536"]).is_err());
-        assert!(p(&["daemon", "--peer-timeout-ms", "0"]).is_err());
-        assert!(p(&["daemon", "--peer-timeout-ms", "60001"]).is_err());
-        assert!(p(&["daemon", "--peer-retry-ms", "-1"]).is_err());
-        assert!(p(&["daemon", "--offer-timeout-ms", "0"]).is_err());
-        assert!(p(&["daemon", "--offer-timeout-ms", "abc"]).is_err());
-        assert!(p(&["daemon", "--socket"]).is_err());
-        assert!(p(&["daemon", "--bogus"]).is_err());
-        assert!(p(&["daemon", "extra"]).is_err());
+        for bad in [
+            &["daemon", "--peer-port", "65536"][..],
+            &["daemon", "--peer-timeout-ms", "0"],
+            &["daemon", "--peer-timeout-ms", "60001"],
+            &["daemon", "--peer-retry-ms", "-1"],
+            &["daemon", "--offer-timeout-ms", "0"],
+            &["daemon", "--offer-timeout-ms", "abc"],
+            &["daemon", "--socket"],
+            &["daemon", "--bogus"],
+            &["daemon", "extra"],
+            &["daemon", "--foreground=yes"],
+        ] {
+            assert!(p(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
     fn status_options() {
         assert_eq!(
-            p(&["status", "--json", "--socket=/x"]),
-            Ok(Command::Status(StatusArgs {
+            p(&["status", "--json", "--socket=/x"]).unwrap(),
+            Command::Status(StatusArgs {
                 json: true,
-                socket: Some("/x".into())
-            }))
+                socket: Some("/x".into()),
+                ..StatusArgs::default()
+            })
         );
         assert!(p(&["status", "--json=yes"]).is_err());
+        let Command::Status(s) = p(&[
+            "status",
+            "--port",
+            "7209",
+            "--transport",
+            "rdma",
+            "--counter",
+            "zc_writes>=1",
+            "--counter=zc_bytes>=65536",
+            "--expect",
+            "transport=rdma,ends>=1",
+            "--wait-ms",
+            "5000",
+        ])
+        .unwrap() else {
+            panic!("not status")
+        };
+        assert_eq!(s.port, Some(7209));
+        assert_eq!(s.transport, Some(Transport::Rdma));
+        assert_eq!(s.counters.len(), 2);
+        assert_eq!(s.counters[1].to_string(), "zc_bytes>=65536");
+        assert_eq!(s.expect.unwrap().to_string(), "transport=rdma,ends>=1");
+        assert_eq!(s.wait_ms, Some(5000));
+        for bad in [
+            &["status", "--transport", "udp"][..],
+            &["status", "--counter", "x"],
+            &["status", "--expect", "ends"],
+            &["status", "--wait-ms", "5"],
+            &["status", "--json", "--count"],
+            &["status", "--json", "--expect", "ends=1"],
+            &["status", "--from", "f", "--socket", "s"],
+            &[
+                "status",
+                "--from",
+                "f",
+                "--expect",
+                "ends=1",
+                "--wait-ms",
+                "5",
+            ],
+        ] {
+            assert!(p(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
     fn run_argv() {
         let want = |lib: Option<&str>, argv: &[&str]| {
-            Ok(Command::Run(RunArgs {
+            Command::Run(RunArgs {
                 lib: lib.map(PathBuf::from),
                 socket: None,
                 argv: argv.iter().map(OsString::from).collect(),
-            }))
+            })
         };
         assert_eq!(
-            p(&["run", "--lib", "/l.so", "--", "redis-server", "--port", "7"]),
+            p(&["run", "--lib", "/l.so", "--", "redis-server", "--port", "7"]).unwrap(),
             want(Some("/l.so"), &["redis-server", "--port", "7"])
         );
         // Without "--", the first non-option starts the command, and its
         // own options are not ours.
         assert_eq!(
-            p(&["run", "curl", "--lib", "x"]),
+            p(&["run", "curl", "--lib", "x"]).unwrap(),
             want(None, &["curl", "--lib", "x"])
         );
-        assert_eq!(p(&["run", "--", "--weird"]), want(None, &["--weird"]));
+        assert_eq!(
+            p(&["run", "--", "--weird"]).unwrap(),
+            want(None, &["--weird"])
+        );
         assert!(p(&["run"]).is_err());
         assert!(p(&["run", "--"]).is_err());
         assert!(p(&["run", "--nope", "x"]).is_err());
@@ -465,8 +527,9 @@ mod tests {
 
     #[test]
     fn misc() {
-        assert_eq!(p(&[]), Ok(Command::Help));
-        assert_eq!(p(&["--version"]), Ok(Command::Version));
+        assert_eq!(p(&["--version"]).unwrap_err(), ErrorKind::DisplayVersion);
+        assert_eq!(p(&["--help"]).unwrap_err(), ErrorKind::DisplayHelp);
+        assert_eq!(p(&["help"]).unwrap_err(), ErrorKind::DisplayHelp);
         assert!(p(&["frobnicate"]).is_err());
         assert_eq!(parse_timeout(" 10 "), Some(10));
         assert_eq!(parse_timeout("3600001"), None);

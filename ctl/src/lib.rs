@@ -11,11 +11,11 @@
 
 pub mod cli;
 pub mod daemon;
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod handler;
 pub mod hostid;
-pub mod json;
 pub mod logger;
 pub mod peer;
 pub mod proof;

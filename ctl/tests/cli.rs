@@ -213,13 +213,9 @@ fn status_pages_through_many_reports() {
         };
         assert_eq!(call(&mut shim, &report, &[]).0, Msg::Ok);
     }
-    let out = Command::new(BIN)
-        .args(["status", "--json", "--socket"])
-        .arg(&d.socket)
-        .output()
-        .unwrap();
-    let json = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(json.matches("\"session\":").count(), 100);
+    let conns = status_conns(&d.socket);
+    let fds: Vec<i32> = conns.iter().map(|c| c.fd).collect();
+    assert_eq!(fds, (0..100).collect::<Vec<i32>>());
 }
 
 #[test]
@@ -286,4 +282,171 @@ fn run_prepends_the_shim_to_ld_preload() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(127));
+}
+
+/// `status --json` of the daemon at `socket`.
+fn status_json(socket: &std::path::Path) -> String {
+    let out = Command::new(BIN)
+        .args(["status", "--json", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn status_with(socket: &std::path::Path, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(BIN)
+        .args(["status", "--socket"])
+        .arg(socket)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn report(fd: i32, local: &str, peer: &str, transport: Transport) -> Msg {
+    Msg::ConnReport {
+        fd,
+        local: local.parse().unwrap(),
+        peer: peer.parse().unwrap(),
+        transport,
+        reason: if transport == Transport::Tcp {
+            "no listener".into()
+        } else {
+            String::new()
+        },
+        ring: None,
+    }
+}
+
+#[test]
+fn status_expect_selects_counts_and_says_why() {
+    let d = Daemon::start();
+    let mut shim = d.session();
+    for (fd, local, peer, t) in [
+        (3, "127.0.0.1:41000", "127.0.0.1:6379", Transport::Shm),
+        (4, "127.0.0.1:6379", "127.0.0.1:41000", Transport::Shm),
+        (5, "127.0.0.1:41001", "127.0.0.1:80", Transport::Tcp),
+    ] {
+        assert_eq!(call(&mut shim, &report(fd, local, peer, t), &[]).0, Msg::Ok);
+    }
+    let (code, out, _) = status_with(
+        &d.socket,
+        &["--port", "6379", "--expect", "transport=shm,ends=2"],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.starts_with(
+            "transport=shm,ends=2 holds for the connection ends on port 6379: 2 ends, all on shm\n"
+        ),
+        "{out}"
+    );
+    let (code, out, _) = status_with(&d.socket, &["--expect", "transport=shm"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("3 ends, 1 not on shm"), "{out}");
+    assert!(
+        out.lines()
+            .nth(1)
+            .unwrap()
+            .contains("tcp 127.0.0.1:41001 <-> 127.0.0.1:80"),
+        "{out}"
+    );
+    let pid = std::process::id().to_string();
+    let (code, out, _) = status_with(
+        &d.socket,
+        &["--pid", &pid, "--transport", "tcp", "--expect", "ends=1"],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out, _) = status_with(&d.socket, &["--count"]);
+    assert_eq!((code, out.as_str()), (Some(0), "rdma=0,tcp=1,shm=2\n"));
+    let (code, out, _) = status_with(&d.socket, &["--port", "80", "--json"]);
+    assert_eq!(code, Some(0));
+    let conns = ringsock_integration::status::parse(&out).unwrap();
+    assert_eq!(conns.len(), 1, "{out}");
+    assert_eq!(conns[0].peer.port(), 80);
+    // A bad expectation is a usage error.
+    let (code, _, err) = status_with(&d.socket, &["--expect", "ends>=many"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("not an unsigned number"), "{err}");
+}
+
+#[test]
+fn status_wait_ms_polls_until_the_expectation_holds() {
+    let d = Daemon::start();
+    let waiter = Command::new(BIN)
+        .args(["status", "--socket"])
+        .arg(&d.socket)
+        .args(["--port", "7000", "--expect", "ends=1", "--wait-ms", "60000"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Not reported yet: the waiter keeps asking.
+    let mut shim = d.session();
+    assert!(status_conns(&d.socket).is_empty());
+    let r = report(3, "127.0.0.1:41000", "127.0.0.1:7000", Transport::Rdma);
+    assert_eq!(call(&mut shim, &r, &[]).0, Msg::Ok);
+    let out = waiter.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("ends=1 holds"), "{text}");
+
+    // An expectation that never holds fails once the wait is over.
+    let (code, out, _) = status_with(&d.socket, &["--expect", "ends=5", "--wait-ms", "300"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("1 end (want ends=5)"), "{out}");
+}
+
+#[test]
+fn status_expect_without_daemon_fails_after_the_wait() {
+    let dir = TempDir::new();
+    let (code, _, err) = status_with(
+        &dir.path("none.sock"),
+        &["--expect", "ends=0", "--wait-ms", "200"],
+    );
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no daemon"), "{err}");
+}
+
+#[test]
+fn status_from_saved_samples() {
+    let d = Daemon::start();
+    let mut shim = d.session();
+    let dir = TempDir::new();
+    let file = dir.path("samples");
+    let mut text = status_json(&d.socket);
+    assert_eq!(text, "{\"connections\":[]}\n");
+    let r = report(3, "127.0.0.1:41000", "127.0.0.1:7209", Transport::Rdma);
+    assert_eq!(call(&mut shim, &r, &[]).0, Msg::Ok);
+    text.push_str(&status_json(&d.socket));
+    text.push('\n');
+    text.push_str(&status_json(&d.socket));
+    fs::write(&file, &text).unwrap();
+    let from = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["status", "--from"])
+            .arg(&file)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, out) = from(&["--port", "7209", "--expect", "transport=rdma,ends=1"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("1 end, all on rdma; 3 samples"), "{out}");
+    let (code, out) = from(&["--count"]);
+    assert_eq!((code, out.as_str()), (Some(0), "rdma=1,tcp=0,shm=0\n"));
+    let (code, out) = from(&["--port", "7209"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("127.0.0.1:41000"), "{out}");
+    let (code, out) = from(&["--counter", "zc_writes>=1", "--expect", "ends>=1"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("highest zc_writes absent"), "{out}");
 }

@@ -8,101 +8,18 @@
 
 mod common;
 
-use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::*;
+use ringsock_integration::netns::{in_ns, Hosts};
 use ringsock_proto::{frame, Client, ErrorCode, Msg, RefuseReason};
 
-const IP_A: &str = "10.77.0.1";
-const IP_B: &str = "10.77.0.2";
-/// On B's subnet, but no host has it: SYNs to it go unanswered.
-const IP_NOBODY: &str = "10.77.0.3";
 const PORT: &str = "7471";
 const PEER_TIMEOUT_MS: u64 = 300;
-
-static NEXT: AtomicUsize = AtomicUsize::new(0);
-
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run ip: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Two namespaces joined by a veth pair: A has IP_A, B has IP_B (/24).
-/// Names are unique per process and test; removed on drop (the veth pair
-/// goes with them).
-struct Hosts {
-    a: String,
-    b: String,
-}
-
-impl Hosts {
-    fn new() -> Option<Hosts> {
-        let tag = format!(
-            "{}x{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        let h = Hosts {
-            a: format!("rsctl-a{tag}"),
-            b: format!("rsctl-b{tag}"),
-        };
-        let (va, vb) = (format!("rva{tag}"), format!("rvb{tag}"));
-        let setup = || -> Result<(), String> {
-            ip(&["netns", "add", &h.a])?;
-            ip(&["netns", "add", &h.b])?;
-            ip(&[
-                "link", "add", &va, "netns", &h.a, "type", "veth", "peer", "name", &vb, "netns",
-                &h.b,
-            ])?;
-            for (ns, dev, addr) in [(&h.a, &va, IP_A), (&h.b, &vb, IP_B)] {
-                ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
-                ip(&["-n", ns, "link", "set", dev, "up"])?;
-                ip(&["-n", ns, "link", "set", "lo", "up"])?;
-            }
-            Ok(())
-        };
-        match setup() {
-            Ok(()) => Some(h),
-            Err(e) => {
-                eprintln!("SKIPPED: network namespaces unavailable ({e})");
-                None
-            }
-        }
-    }
-
-    fn daemon_a(&self, extra: &[&str]) -> Daemon {
-        daemon_in(&self.a, extra)
-    }
-
-    fn daemon_b(&self, extra: &[&str]) -> Daemon {
-        daemon_in(&self.b, extra)
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        let _ = ip(&["netns", "del", &self.a]);
-        let _ = ip(&["netns", "del", &self.b]);
-    }
-}
 
 fn daemon_in(ns: &str, extra: &[&str]) -> Daemon {
     let timeout = PEER_TIMEOUT_MS.to_string();
@@ -111,29 +28,13 @@ fn daemon_in(ns: &str, extra: &[&str]) -> Daemon {
     Daemon::start_in(Some(ns), &args)
 }
 
-/// Runs `f` on a thread inside network namespace `ns`.
-fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let nsf = File::open(&path).unwrap();
-            // SAFETY: setns on an open namespace file; affects this thread.
-            let r = unsafe { libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .unwrap()
-    })
-}
-
-fn sa(ip: &str, port: u16) -> SocketAddr {
-    SocketAddr::new(ip.parse().unwrap(), port)
+fn sa(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.into(), port)
 }
 
 /// A listener on B registered with B's daemon by `session`.
 fn listen_b(h: &Hosts, session: &mut Client) -> (TcpListener, SocketAddr) {
-    let l = in_ns(&h.b, || TcpListener::bind(sa(IP_B, 0)).unwrap());
+    let l = in_ns(&h.b, || TcpListener::bind(sa(h.ip_b, 0)).unwrap());
     let addr = l.local_addr().unwrap();
     let (r, _) = call(session, &Msg::ListenerAdd { addr }, &[l.as_raw_fd()]);
     assert_eq!(r, Msg::Ok);
@@ -185,8 +86,8 @@ fn collect_final(c: &mut Client, offer_id: u64) -> Msg {
 #[test]
 fn offer_across_hosts_is_claimed_answered_and_collected() {
     let Some(h) = Hosts::new() else { return };
-    let da = h.daemon_a(&[]);
-    let db = h.daemon_b(&[]);
+    let da = daemon_in(&h.a, &[]);
+    let db = daemon_in(&h.b, &[]);
     let mut server = db.session();
     let (l, server_addr) = listen_b(&h, &mut server);
     let mut client = da.session();
@@ -214,7 +115,7 @@ fn offer_across_hosts_is_claimed_answered_and_collected() {
 
     connect(&sock, server_addr).unwrap();
     let (accepted, peer) = l.accept().unwrap();
-    assert_eq!(peer, sa(IP_A, client_addr.port()));
+    assert_eq!(peer, sa(h.ip_a, client_addr.port()));
 
     // The forwarded record on A is not claimable there: presenting the
     // client's own connected socket finds nothing.
@@ -305,8 +206,8 @@ fn offer_across_hosts_is_claimed_answered_and_collected() {
 #[test]
 fn decline_cancel_expiry_and_lost_claimer_reach_the_other_host() {
     let Some(h) = Hosts::new() else { return };
-    let da = h.daemon_a(&[]);
-    let db = h.daemon_b(&["--offer-timeout-ms", "400"]);
+    let da = daemon_in(&h.a, &[]);
+    let db = daemon_in(&h.b, &["--offer-timeout-ms", "400"]);
     let mut server = db.session();
     let (l, server_addr) = listen_b(&h, &mut server);
     let mut client = da.session();
@@ -400,10 +301,10 @@ fn decline_cancel_expiry_and_lost_claimer_reach_the_other_host() {
 #[test]
 fn host_without_ctl_is_refused_at_once_and_remembered() {
     let Some(h) = Hosts::new() else { return };
-    let da = h.daemon_a(&[]);
+    let da = daemon_in(&h.a, &[]);
     let mut client = da.session();
     // B has a listener but no ctl: the connect is refused (RST).
-    let l = in_ns(&h.b, || TcpListener::bind(sa(IP_B, 0)).unwrap());
+    let l = in_ns(&h.b, || TcpListener::bind(sa(h.ip_b, 0)).unwrap());
     let server_addr = l.local_addr().unwrap();
     let (sock, ca) = client_a(&h);
     let (r, took) = offer(&mut client, &sock, ca, server_addr, b"");
@@ -418,7 +319,7 @@ fn host_without_ctl_is_refused_at_once_and_remembered() {
         "{took:?}"
     );
     // A ctl starts on B, with a listener: A still remembers B as down.
-    let db = h.daemon_b(&[]);
+    let db = daemon_in(&h.b, &[]);
     let mut server = db.session();
     let (_l2, server2) = listen_b(&h, &mut server);
     let (sock, ca) = client_a(&h);
@@ -436,12 +337,12 @@ fn host_without_ctl_is_refused_at_once_and_remembered() {
     // A daemon with a short retry interval tries again afterwards.
     drop(client);
     drop(da);
-    let da = h.daemon_a(&["--peer-retry-ms", "200"]);
+    let da = daemon_in(&h.a, &["--peer-retry-ms", "200"]);
     let mut client = da.session();
     let (_l3, server3) = listen_b(&h, &mut server);
     // First: a host with no ctl at all (nobody on that address).
     let (sock, ca) = client_a(&h);
-    let (r, took) = offer(&mut client, &sock, ca, sa(IP_NOBODY, 80), b"");
+    let (r, took) = offer(&mut client, &sock, ca, sa(h.ip_nobody(), 80), b"");
     assert_eq!(
         r,
         Msg::OfferRefused {
@@ -464,11 +365,11 @@ fn host_without_ctl_is_refused_at_once_and_remembered() {
 #[test]
 fn ctl_that_accepts_but_never_answers_is_bounded_and_cached() {
     let Some(h) = Hosts::new() else { return };
-    let da = h.daemon_a(&[]);
+    let da = daemon_in(&h.a, &[]);
     let mut client = da.session();
     // On B, something holds the ctl port, accepts, and never answers.
-    let silent = in_ns(&h.b, || TcpListener::bind(sa(IP_B, 7471)).unwrap());
-    let app = in_ns(&h.b, || TcpListener::bind(sa(IP_B, 0)).unwrap());
+    let silent = in_ns(&h.b, || TcpListener::bind(sa(h.ip_b, 7471)).unwrap());
+    let app = in_ns(&h.b, || TcpListener::bind(sa(h.ip_b, 0)).unwrap());
     let server_addr = app.local_addr().unwrap();
     let (sock, ca) = client_a(&h);
     let (r, took) = offer(&mut client, &sock, ca, server_addr, b"");
@@ -506,7 +407,7 @@ fn ctl_that_accepts_but_never_answers_is_bounded_and_cached() {
 
 /// A raw ctl-to-ctl connection from host A to B's ctl.
 fn raw_peer(h: &Hosts) -> TcpStream {
-    let s = in_ns(&h.a, || TcpStream::connect(sa(IP_B, 7471)).unwrap());
+    let s = in_ns(&h.a, || TcpStream::connect(sa(h.ip_b, 7471)).unwrap());
     s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     s
 }
@@ -539,14 +440,15 @@ fn closed_by_peer(s: &mut TcpStream) -> bool {
 #[test]
 fn remote_offers_must_come_from_the_client_address() {
     let Some(h) = Hosts::new() else { return };
-    let db = h.daemon_b(&[]);
+    let db = daemon_in(&h.b, &[]);
     let mut server = db.session();
     let (l, server_addr) = listen_b(&h, &mut server);
     let mut p = raw_peer(&h);
     // A client address that is not the connection's source: refused.
+    let [a, b, c, _] = h.ip_a.octets();
     let forged = Msg::RemoteOffer {
         offer_ref: 1,
-        client: sa("10.77.0.9", 40000),
+        client: sa(Ipv4Addr::new(a, b, c, 9), 40000),
         server: server_addr,
         payload: vec![],
     };
@@ -561,8 +463,8 @@ fn remote_offers_must_come_from_the_client_address() {
     // No listener for that server address.
     let nolistener = Msg::RemoteOffer {
         offer_ref: 2,
-        client: sa(IP_A, 40000),
-        server: sa(IP_B, 1),
+        client: sa(h.ip_a, 40000),
+        server: sa(h.ip_b, 1),
         payload: vec![],
     };
     send_msg(&mut p, &nolistener);
@@ -578,7 +480,7 @@ fn remote_offers_must_come_from_the_client_address() {
     let (sock, ca) = client_a(&h);
     let good = Msg::RemoteOffer {
         offer_ref: 3,
-        client: sa(IP_A, ca.port()),
+        client: sa(h.ip_a, ca.port()),
         server: server_addr,
         payload: b"p".to_vec(),
     };
@@ -602,7 +504,7 @@ fn remote_offers_must_come_from_the_client_address() {
 #[test]
 fn garbage_and_oversized_frames_close_only_that_connection() {
     let Some(h) = Hosts::new() else { return };
-    let db = h.daemon_b(&[]);
+    let db = daemon_in(&h.b, &[]);
     let mut bad: Vec<Vec<u8>> = vec![
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
         // Announces more than the frame limit.
@@ -640,8 +542,8 @@ fn garbage_and_oversized_frames_close_only_that_connection() {
         &mut p,
         &Msg::RemoteOffer {
             offer_ref: 6,
-            client: sa(IP_A, 1234),
-            server: sa(IP_B, 1),
+            client: sa(h.ip_a, 1234),
+            server: sa(h.ip_b, 1),
             payload: vec![],
         },
     );
@@ -654,8 +556,8 @@ fn garbage_and_oversized_frames_close_only_that_connection() {
 #[test]
 fn remote_offers_refuse_descriptors_and_peer_port_zero_stays_local() {
     let Some(h) = Hosts::new() else { return };
-    let da = h.daemon_a(&[]);
-    let db = h.daemon_b(&[]);
+    let da = daemon_in(&h.a, &[]);
+    let db = daemon_in(&h.b, &[]);
     let mut server = db.session();
     let (_l, server_addr) = listen_b(&h, &mut server);
     let mut client = da.session();
@@ -700,13 +602,13 @@ fn remote_offers_refuse_descriptors_and_peer_port_zero_stays_local() {
 #[test]
 fn remote_offer_is_claimed_only_with_the_accepted_socket() {
     let Some(h) = Hosts::new() else { return };
-    let db = h.daemon_b(&[]);
+    let db = daemon_in(&h.b, &[]);
     let mut server = db.session();
     let (l, server_addr) = listen_b(&h, &mut server);
     let mut p1 = raw_peer(&h);
     let mut p2 = raw_peer(&h);
     let (sock, ca) = client_a(&h);
-    let client = sa(IP_A, ca.port());
+    let client = sa(h.ip_a, ca.port());
     send_msg(
         &mut p1,
         &Msg::RemoteOffer {

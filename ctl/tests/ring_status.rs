@@ -1,6 +1,6 @@
 //! `status` end to end with a real shim segment: the daemon maps the
 //! reported memfd and shows the ring counters per direction, in the table
-//! and in --json.
+//! and in --json (read by the typed reader).
 
 mod common;
 
@@ -11,13 +11,13 @@ use common::*;
 use ringsock_proto::{Msg, Transport};
 use ringsock_ring::{Receiver, RingConfig, Segment, Sender, ShmTransport};
 
-fn status(d: &Daemon, json: bool) -> String {
-    let mut c = Command::new(BIN);
-    c.arg("status");
-    if json {
-        c.arg("--json");
-    }
-    let out = c.arg("--socket").arg(&d.socket).output().unwrap();
+fn table(d: &Daemon) -> String {
+    let out = Command::new(BIN)
+        .arg("status")
+        .arg("--socket")
+        .arg(&d.socket)
+        .output()
+        .unwrap();
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap()
 }
@@ -47,17 +47,18 @@ fn status_shows_live_ring_counters() {
     };
     assert_eq!(call(&mut shim, &report, &[memfd.as_raw_fd()]).0, Msg::Ok);
 
-    let json = status(&d, true);
-    assert!(json.contains("\"c2s_bytes\":3000"), "{json}");
-    assert!(json.contains("\"s2c_bytes\":0"), "{json}");
-    assert!(json.contains("\"c2s_batches\":"), "{json}");
-    assert!(json.contains("\"c2s_occupancy\":"), "{json}");
-    assert!(!json.contains("memfd_size"), "{json}");
-    let table = status(&d, false);
+    let conns = status_conns(&d.socket);
+    let c = &conns[0];
+    assert_eq!(c.stats.get("c2s_bytes"), Some(&3000), "{:?}", c.stats);
+    assert_eq!(c.stats.get("s2c_bytes"), Some(&0), "{:?}", c.stats);
+    assert!(c.stats.contains_key("c2s_batches"), "{:?}", c.stats);
+    assert!(c.stats.contains_key("c2s_occupancy"), "{:?}", c.stats);
+    assert!(!c.stats.contains_key("memfd_size"), "{:?}", c.stats);
+    let table = table(&d);
     assert!(table.contains("#5 c2s 2.9KiB"), "{table}");
 
     // Live: more traffic shows at the next status.
     tx.write(&[2u8; 500]).unwrap();
     tx.flush().unwrap();
-    assert!(status(&d, true).contains("\"c2s_bytes\":3500"));
+    assert_eq!(status_conns(&d.socket)[0].stat("c2s_bytes"), 3500);
 }

@@ -5,13 +5,16 @@ killed (TERM, then KILL) by `Procs.kill_all()`, which scripts/bench calls
 after every run and again on exit, Ctrl-C, SIGTERM or an error.
 """
 
-import json
 import os
 import signal
 import socket
 import statistics
 import subprocess
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pylib"))
+import ringsock_status  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Binaries: $RINGSOCK_BIN, else the repo's normal release dir.
@@ -213,17 +216,14 @@ class Ringsock(System):
         env = dict(self.env)
         env.pop("LD_PRELOAD", None)
         try:
-            out = subprocess.run([CTL, "status", "--json", "--socket", self.sock],
-                                 capture_output=True, text=True, timeout=10, env=env)
-            conns = json.loads(out.stdout)["connections"]
-        except (ValueError, KeyError, OSError, subprocess.TimeoutExpired):
+            conns = ringsock_status.status(CTL, self.sock, env=env, timeout=10)
+        except ringsock_status.StatusError:
             return {"error": 1}
         counts, reasons = {}, {}
         for c in conns:
-            t = c.get("transport", "?")
-            counts[t] = counts.get(t, 0) + 1
-            if t not in ("shm", "rdma"):
-                r = c.get("reason") or "no reason given"
+            counts[c.transport] = counts.get(c.transport, 0) + 1
+            if not c.on_ring:
+                r = c.reason or "no reason given"
                 reasons[r] = reasons.get(r, 0) + 1
         if reasons:
             counts["reasons"] = reasons

@@ -162,10 +162,8 @@ if [ "$said" -eq 2 ]; then pass "shim pull knob: both shims logged that their rd
 else bad "shim pull knob: $said of 2 shims logged the knob as ignored"; fi
 busy=0; okb=0
 for h in A B; do
-  conns /tmp/st.shim.$h $port > /tmp/cn.$h
-  t=$(wc -l < /tmp/cn.$h); o=$(grep -vc '^rdma ' /tmp/cn.$h)
-  if [ "$t" -gt 0 ] && [ "$o" -eq 0 ]; then pass "shim transport $h: all $t reports rdma"
-  else bad "shim transport $h: $o of $t reports not rdma"; head -n 4 /tmp/cn.$h; fi
+  expect_status "shim transport $h" --from /tmp/st.shim.$h --port $port \
+    --expect "transport=rdma,ends>=1"
   # Every report of a connection that sent at least 1 MiB: its slot WRITE
   # bytes are at least half of what it sent (pushed, not READ).
   awk -v want=":$port\"" '{ n = split($0, c, "\"session\":")

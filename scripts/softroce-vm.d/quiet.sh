@@ -37,11 +37,8 @@ if grep -qx ok /tmp/q.cli; then pass "quiet writer: all 3 bytes arrived while th
 else bad "quiet writer: $(grep FAIL /tmp/q.cli || echo 'client did not finish')"; fi
 if grep -qx ok /tmp/q.srv && ! grep -q FAIL /tmp/q.srv; then pass "quiet reader: 3 bytes then EOF"
 else bad "quiet reader: $(tr '\n' ' ' < /tmp/q.srv)"; fi
-t=$(tally quiet $port)
-case $t in
-  rdma=[1-9]*,tcp=0,shm=0) pass "quiet transport: $t" ;;
-  *) bad "quiet transport: $t (want rdma only)"; last_sample quiet $port ;;
-esac
+expect_status "quiet transport" --from /tmp/st.quiet.A --from /tmp/st.quiet.B --port $port \
+  --expect "transport=rdma,ends>=1" || last_sample quiet $port
 
 # A writer that exits with its socket open (exitsend): 200 KB (less than
 # a ring) in 100-byte writes, then exit or _exit without close. The queue
@@ -66,11 +63,8 @@ for how in exit _exit; do
   sent=$(sed -n 's/^sent //p' /tmp/x.cli); got=$(sed -n 's/^got //p' /tmp/x.srv)
   if [ -n "$sent" ] && [ "$sent" = "$got" ]; then pass "exit drain ($how): reader got $got"
   else bad "exit drain ($how): writer sent '$sent', reader got '$got' $(cat /tmp/x.cli /tmp/x.srv | tr '\n' ' ')"; fi
-  t=$(tally exit$how $port)
-  case $t in
-    rdma=[1-9]*,tcp=0,shm=0) pass "exit drain ($how) transport: $t" ;;
-    *) bad "exit drain ($how) transport: $t (want rdma only)"; last_sample exit$how $port ;;
-  esac
+  expect_status "exit drain ($how) transport" --from /tmp/st.exit$how.A --from /tmp/st.exit$how.B \
+    --port $port --expect "transport=rdma,ends>=1" || last_sample exit$how $port
 done
 [ $fail -eq 0 ] && echo "QUIET-CHECK PASSED" || { echo "QUIET-CHECK FAILED"; tail -n 20 /tmp/shimA.log /tmp/shimB.log; }
 exit $fail

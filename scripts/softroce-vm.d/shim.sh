@@ -62,25 +62,6 @@ bad() { echo "CHECK FAIL $*"; nfail=$((nfail + 1)); fail=1; }
 
 . /guest.d/shimhosts.sh
 
-# transports NAME PORT WANT HOST...: every connection on PORT that HOST's
-# daemon reported in any sample was on WANT, and there was at least one.
-transports() {
-  name=$1; port=$2; want=$3; shift 3
-  for h in "$@"; do
-    conns /tmp/st.$name.$h $port > /tmp/cn.$name.$h
-    n=$(wc -l < /tmp/cn.$name.$h)
-    other=$(grep -vc "^$want " /tmp/cn.$name.$h)
-    sed "s/^/    status $h: /" /tmp/cn.$name.$h | head -n 12
-    if [ "$n" -eq 0 ]; then
-      bad "$name transport $h: daemon $h reported no connection on port $port ($(grep -c connections /tmp/st.$name.$h) samples; last: $(grep connections /tmp/st.$name.$h | tail -n 1 | cut -c1-300))"
-    elif [ "$other" -ne 0 ]; then
-      bad "$name transport $h: $other of $n reports on port $port not \"$want\": $(grep -v "^$want " /tmp/cn.$name.$h | head -n 3 | tr '\n' ';')"
-    else
-      pass "$name transport $h: all $n reports on port $port are \"$want\""
-    fi
-  done
-}
-
 # wire NAME BEFORE AFTER A2B B2A MODE: the payload (bytes A->B, B->A)
 # crossed the RDMA wire (MODE rdma) or the TCP wire (MODE tcp).
 wire() {
@@ -311,19 +292,9 @@ zc_log() {
 zc_status() {
   zname=$1; zport=$2; shift 2
   for h in "$@"; do
-    r=$(awk -v want=":$zport\"" '{ n = split($0, c, "\"session\":")
-        for (i = 2; i <= n; i++) if (index(c[i], want)) {
-          if (match(c[i], /"zc_writes":[0-9]+/)) { v = substr(c[i], RSTART + 12, RLENGTH - 12) + 0; if (v > w) w = v }
-          if (match(c[i], /"zc_bytes":[0-9]+/)) { v = substr(c[i], RSTART + 11, RLENGTH - 11) + 0; if (v > b) b = v }
-        } }
-        END { print w + 0, b + 0 }' /tmp/st.$zname.$h)
-    zw=${r% *}; zb=${r#* }
-    if [ "$zw" -gt 0 ] && [ "$zb" -ge $ZC_MIN ]; then
-      pass "$zname status $h: zc_writes=$zw zc_bytes=$zb"
-    else
-      bad "$zname status $h: no sample shows zero-copy WRITEs (max zc_writes=$zw zc_bytes=$zb)"
-      last_sample $zname $zport
-    fi
+    expect_status "$zname status $h" --from /tmp/st.$zname.$h --port $zport \
+      --counter "zc_writes>=1" --counter "zc_bytes>=$ZC_MIN" --expect "ends>=1" \
+      || last_sample $zname $zport
   done
 }
 ZA="$SA RINGSOCK_ZEROCOPY_MIN=$ZC_MIN"

@@ -52,17 +52,20 @@ stop() { # PID...: ends a server and reaps it
 }
 
 # Status sampling: both daemons every SAMPLE_SECS (default 0.2 s) into
-# /tmp/st.NAME.{A,B}. Each sample starts two ringsock-ctl processes: at
-# 0.2 s they took about a sixth of the guest's CPU during a bulk run (perf),
-# so benchmarks sample less often (programs.sh).
+# /tmp/st.NAME.{A,B}, one `ringsock-ctl status --json` listing per line
+# (what a failed sample said goes to /tmp/st.NAME.{A,B}.err). Each sample
+# starts two ringsock-ctl processes: at 0.2 s they took about a sixth of
+# the guest's CPU during a bulk run (perf), so benchmarks sample less
+# often (programs.sh). The samples are read back by `ringsock-ctl status
+# --from` (ctl/README.md): no JSON is parsed in shell.
 SAMPLE_SECS=${SAMPLE_SECS:-0.2}
+sample_one() { # NAME HOST
+  ringsock-ctl status --json --socket /tmp/ctl$2.sock >> /tmp/st.$1.$2 2>> /tmp/st.$1.$2.err
+}
 sample_start() { # NAME
-  rm -f /tmp/st.$1.A /tmp/st.$1.B
+  rm -f /tmp/st.$1.A /tmp/st.$1.B /tmp/st.$1.A.err /tmp/st.$1.B.err
   ( while :; do
-      for h in A B; do
-        ringsock-ctl status --json --socket /tmp/ctl$h.sock >> /tmp/st.$1.$h 2>&1
-        echo >> /tmp/st.$1.$h
-      done
+      for h in A B; do sample_one $1 $h; done
       sleep $SAMPLE_SECS
     done ) &
   smppid=$!
@@ -70,34 +73,59 @@ sample_start() { # NAME
 sample_stop() { # NAME: one last sample, then the sampler ends
   kill $smppid 2>/dev/null
   wait $smppid 2>/dev/null
-  for h in A B; do ringsock-ctl status --json --socket /tmp/ctl$h.sock >> /tmp/st.$1.$h 2>&1; echo >> /tmp/st.$1.$h; done
+  for h in A B; do sample_one $1 $h; done
 }
 
-# conns FILE PORT: the reported connections whose local or peer port is
-# PORT, one "transport local peer pid=N reason=..." line each, unique.
-conns() {
-  awk -v want=":$2\"" '
-    function str(s, k) { if (match(s, "\"" k "\":\"[^\"]*\"")) return substr(s, RSTART + length(k) + 4, RLENGTH - length(k) - 5); return "-" }
-    function num(s, k) { if (match(s, "\"" k "\":[0-9]+")) return substr(s, RSTART + length(k) + 3, RLENGTH - length(k) - 3); return "-" }
-    { n = split($0, c, "\"session\":")
-      for (i = 2; i <= n; i++)
-        if (index(c[i], want))
-          print str(c[i], "transport"), str(c[i], "local"), str(c[i], "peer"), "pid=" num(c[i], "pid"), "reason=" str(c[i], "reason") }' "$1" | sort -u
+# expect_status LABEL ARGS...: `ringsock-ctl status ARGS` (a check with
+# --expect) as one pass or bad line with its verdict, then the connection
+# ends it names; returns 1 if the check failed.
+expect_status() {
+  label=$1; shift
+  if ringsock-ctl status "$@" > /tmp/expect.out 2> /tmp/expect.err; then
+    pass "$label: $(head -n 1 /tmp/expect.out)"; rc=0
+  else
+    bad "$label: $(head -n 1 /tmp/expect.out)$(head -n 1 /tmp/expect.err)"; rc=1
+  fi
+  tail -n +2 /tmp/expect.out | sed 's/^/  /'
+  tail -n +2 /tmp/expect.err | head -n 4 | sed 's/^/    /'
+  return $rc
+}
+
+# transports NAME PORT WANT HOST...: every connection end on PORT that
+# HOST's daemon reported in any sample of run NAME was on WANT, and there
+# was at least one.
+transports() {
+  name=$1; port=$2; want=$3; shift 3
+  for h in "$@"; do
+    expect_status "$name transport $h" --from /tmp/st.$name.$h --port $port \
+      --expect "transport=$want,ends>=1" || last_errors $name $h
+  done
+}
+
+# last_errors NAME HOST: what failed samples of run NAME in HOST said.
+last_errors() {
+  [ -s /tmp/st.$1.$2.err ] && tail -n 3 /tmp/st.$1.$2.err | sed "s/^/    sampler $2: /"
+  return 0
 }
 
 # last_sample NAME PORT: what the daemons last said about PORT's
 # connections, ring counters included (for a run that failed).
 last_sample() {
   for h in A B; do
-    grep connections /tmp/st.$1.$h | tail -n 1 \
-      | awk -v want=":$2\"" '{ n = split($0, c, "\"session\":"); for (i = 2; i <= n; i++) if (index(c[i], want)) print "    last status '$h': " substr(c[i], 1, 900) }'
+    [ -s /tmp/st.$1.$h ] || continue
+    tail -n 1 /tmp/st.$1.$h > /tmp/st.last
+    ringsock-ctl status --from /tmp/st.last --port $2 | sed "s/^/    last status $h: /"
   done
 }
 
-
-# tally NAME PORT: "rdma=N,tcp=M,shm=K", the transports of the connections
-# on PORT that either daemon reported in any sample of run NAME.
+# tally NAME PORT: "rdma=N,tcp=N,shm=N", the connection ends on PORT that
+# either daemon reported on each transport in any sample of run NAME.
 tally() {
-  for h in A B; do [ -e /tmp/st.$1.$h ] && conns /tmp/st.$1.$h $2; done \
-    | awk '{ n[$1]++ } END { printf "rdma=%d,tcp=%d,shm=%d\n", n["rdma"], n["tcp"], n["shm"] }'
+  from=""
+  for h in A B; do [ -e /tmp/st.$1.$h ] && from="$from --from /tmp/st.$1.$h"; done
+  if [ -n "$from" ]; then
+    ringsock-ctl status $from --port $2 --count
+  else
+    echo "rdma=0,tcp=0,shm=0"
+  fi
 }

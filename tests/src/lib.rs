@@ -8,26 +8,30 @@
 //!   reaped when dropped, with its output kept in a temp dir;
 //! * `Ctl` runs a private `ringsock-ctl daemon` (stopped on drop) that
 //!   `Cmd::shimmed(..).ctl(&ctl)` programs use, and reads its `status
-//!   --json` (`Conn`, `Link`, `assert_all_shm`); programs without `.ctl`
-//!   get a control socket path where no daemon answers (pure TCP);
+//!   --json` through `status`, the one typed reader of it (`Conn`, `Link`,
+//!   `assert_all_shm`); programs without `.ctl` get a control socket path
+//!   where no daemon answers (pure TCP);
+//! * `netns::Hosts`: two network namespaces joined by a veth pair, for
+//!   runs between "hosts" (also used by ringsock-ctl's own tests);
 //! * `resources::holdings` and `rings_on_machine` count descriptors, ring
 //!   memfds and mappings for leak checks;
-//! * `free_port`, `wait_port`, `TempDir`, `sha256` and the `require!`
+//! * `free_port`, `wait_port`, `TempDir`, `sha256` (sha2) and the `require!`
 //!   macro, which skips a test (with a printed reason) only when a program
 //!   is not installed.
 
 pub mod ctl;
-pub mod json;
 pub mod netns;
 pub mod proc;
 pub mod resources;
 pub mod sha256;
 pub mod shim;
+pub mod status;
 pub mod tmp;
 
-pub use ctl::{assert_all_shm, links, show, Conn, Ctl, Link, Watched};
+pub use ctl::{Ctl, Watched};
 pub use proc::{free_port, no_daemon_sock, run, wait_port, Cmd, Server};
 pub use shim::{ctl_bin, shim, which};
+pub use status::{assert_all_shm, links, show, Conn, Link};
 pub use tmp::TempDir;
 
 /// Skips the calling test, with a reason on stdout, if any of the programs

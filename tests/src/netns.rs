@@ -1,7 +1,9 @@
 //! Two "hosts" on one machine, for runs between hosts: network namespaces
-//! A and B joined by a veth pair, a `ringsock-ctl daemon` per namespace
-//! (`NsCtl`), and programs started inside a namespace, with or without the
-//! shim (`Hosts::shimmed_in` / `plain_in`).
+//! A and B joined by a veth pair (`Hosts`, also used by ringsock-ctl's
+//! tests), a `ringsock-ctl daemon` per namespace (`NsCtl`), programs
+//! started inside a namespace, with or without the shim
+//! (`Hosts::shimmed_in` / `plain_in`), and code run on a thread inside
+//! one (`in_ns`).
 //!
 //! Programs run through `ip netns exec NS env VAR=.. PROGRAM ..`: both `ip`
 //! (without a batch or `-all`) and `env` exec in place, so the spawned pid
@@ -11,14 +13,16 @@
 //! across network namespaces, so status is read from the test's namespace.
 
 use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::ctl::{status_at, Conn};
+use crate::ctl::status_at;
 use crate::proc::{Cmd, Server};
 use crate::shim::{ctl_bin, shim};
+use crate::status::Conn;
 use crate::tmp::TempDir;
 
 fn ip(args: &[&str]) -> Result<(), String> {
@@ -95,6 +99,13 @@ impl Hosts {
         }
     }
 
+    /// An address on the hosts' subnet that no host has: SYNs to it go
+    /// unanswered.
+    pub fn ip_nobody(&self) -> Ipv4Addr {
+        let [a, b, c, _] = self.ip_a.octets();
+        Ipv4Addr::new(a, b, c, 3)
+    }
+
     /// `program` inside namespace `ns`, without the shim.
     pub fn plain_in(ns: &str, program: &str) -> Cmd {
         Cmd::plain("ip").args(["netns", "exec", ns, "env", "-u", "LD_PRELOAD", program])
@@ -121,6 +132,24 @@ impl Drop for Hosts {
         let _ = ip(&["netns", "del", &self.a]);
         let _ = ip(&["netns", "del", &self.b]);
     }
+}
+
+/// Runs `f` on a thread inside network namespace `ns` (what it creates,
+/// sockets included, belongs to that namespace).
+pub fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    let path = format!("/var/run/netns/{ns}");
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let nsf = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+            // SAFETY: setns on an open namespace file; it moves only this
+            // thread, which ends with the scope.
+            let r = unsafe { libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
 }
 
 /// A `ringsock-ctl daemon --foreground` inside a namespace, on a private

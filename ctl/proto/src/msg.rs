@@ -58,6 +58,13 @@ impl Transport {
         }
     }
 
+    /// The transport `as_str` names (`shm`, `rdma`, `tcp`).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Transport::Shm, Transport::Rdma, Transport::Tcp]
+            .into_iter()
+            .find(|t| t.as_str() == name)
+    }
+
     fn code(self) -> u8 {
         match self {
             Transport::Shm => 1,

@@ -339,3 +339,12 @@ fn frame_len_for_streams() {
     assert_eq!(frame_len(&f[..3]), Ok(None));
     assert_eq!(frame_len(&f), Ok(Some(f.len())));
 }
+
+#[test]
+fn transport_names_round_trip() {
+    for t in [Transport::Shm, Transport::Rdma, Transport::Tcp] {
+        assert_eq!(Transport::from_name(t.as_str()), Some(t));
+    }
+    assert_eq!(Transport::from_name("SHM"), None);
+    assert_eq!(Transport::from_name(""), None);
+}

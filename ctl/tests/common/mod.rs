@@ -140,6 +140,13 @@ impl Drop for Daemon {
     }
 }
 
+/// Every connection end the daemon at `socket` lists, read from `status
+/// --json` by the typed reader the integration tests use.
+pub fn status_conns(socket: &Path) -> Vec<ringsock_integration::Conn> {
+    ringsock_integration::status::status_of(Path::new(BIN), socket)
+        .unwrap_or_else(|e| panic!("status: {e}"))
+}
+
 /// Request/reply, panicking on transport errors (tests want the reply).
 pub fn call(c: &mut Client, m: &Msg, fds: &[RawFd]) -> (Msg, Fds) {
     c.call(m, fds).unwrap()

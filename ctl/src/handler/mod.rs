@@ -21,7 +21,6 @@ use crate::registry::{
 };
 
 #[cfg(test)]
-#[path = "handler_tests.rs"]
 mod tests;
 
 /// What a listening-socket proof established.

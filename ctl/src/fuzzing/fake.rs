@@ -1,0 +1,134 @@
+//! Fake descriptors: each pretends to be a socket or a memfd, answers the
+//! handler's proofs from what it pretends, and counts itself alive until
+//! dropped, so a test can compare the live count with what the registry
+//! claims to hold.
+
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+use ringsock_proto::{RingStat, MAX_STAT_NAME};
+
+use crate::handler::{ClientProof, Env, ListenerProof};
+
+/// What a fake descriptor pretends to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FakeSock {
+    Listener {
+        addr: SocketAddr,
+        dual_stack: bool,
+    },
+    /// Bound (and maybe connected) client socket.
+    Client {
+        local: SocketAddr,
+        peer: Option<SocketAddr>,
+    },
+    /// Accepted (connected) socket.
+    Accepted {
+        local: SocketAddr,
+        peer: SocketAddr,
+    },
+    Memfd {
+        size: u64,
+    },
+    /// Anything else (a pipe, a file...).
+    Other,
+}
+
+/// A fake descriptor; counts itself alive until dropped.
+#[derive(Debug)]
+pub struct FakeFd {
+    pub sock: FakeSock,
+    live: Rc<Cell<usize>>,
+}
+
+impl Drop for FakeFd {
+    fn drop(&mut self) {
+        self.live.set(self.live.get() - 1);
+    }
+}
+
+/// Hands out fake descriptors and answers proofs from what they pretend.
+#[derive(Debug, Default, Clone)]
+pub struct FakeEnv {
+    live: Rc<Cell<usize>>,
+}
+
+impl FakeEnv {
+    pub fn fd(&self, sock: FakeSock) -> FakeFd {
+        self.live.set(self.live.get() + 1);
+        FakeFd {
+            sock,
+            live: self.live.clone(),
+        }
+    }
+
+    /// Fake descriptors alive right now.
+    pub fn live(&self) -> usize {
+        self.live.get()
+    }
+}
+
+impl Env for FakeEnv {
+    type Fd = FakeFd;
+    type Ring = FakeFd;
+
+    fn listener(&mut self, fd: &FakeFd) -> Result<ListenerProof, String> {
+        match fd.sock {
+            FakeSock::Listener { addr, dual_stack } => Ok(ListenerProof { addr, dual_stack }),
+            _ => Err("not a listening TCP socket".into()),
+        }
+    }
+
+    fn client(&mut self, fd: &FakeFd) -> Result<ClientProof, String> {
+        match fd.sock {
+            FakeSock::Client { local, peer } => Ok(ClientProof { local, peer }),
+            FakeSock::Accepted { local, peer } => Ok(ClientProof {
+                local,
+                peer: Some(peer),
+            }),
+            _ => Err("not a TCP client socket".into()),
+        }
+    }
+
+    fn accepted(&mut self, fd: &FakeFd) -> Result<(SocketAddr, SocketAddr), String> {
+        match fd.sock {
+            FakeSock::Accepted { local, peer } => Ok((local, peer)),
+            FakeSock::Client {
+                local,
+                peer: Some(peer),
+            } => Ok((local, peer)),
+            _ => Err("not a connected TCP socket".into()),
+        }
+    }
+
+    fn open_ring(&mut self, fd: FakeFd) -> FakeFd {
+        fd
+    }
+
+    /// 192.0.2.0/24 (TEST-NET-1) stands for other hosts.
+    fn is_local_ip(&mut self, ip: std::net::IpAddr) -> bool {
+        !matches!(ip, std::net::IpAddr::V4(v4) if v4.octets()[..3] == [192, 0, 2])
+    }
+
+    /// `memfd_size`, then as many more counters as the memfd has pages,
+    /// modulo 48, with over-long names: a provider may return more and
+    /// longer than an entry carries, and the handler must cut both (a full
+    /// page of such entries must still encode).
+    fn ring_stats(&self, ring: &FakeFd) -> Vec<RingStat> {
+        let size = match ring.sock {
+            FakeSock::Memfd { size } => size,
+            _ => 0,
+        };
+        let extra = (size >> 12) % 48;
+        std::iter::once(RingStat {
+            name: "memfd_size".into(),
+            value: size,
+        })
+        .chain((0..extra).map(|i| RingStat {
+            name: format!("{i:02}_{}", "n".repeat(MAX_STAT_NAME)),
+            value: u64::MAX - i,
+        }))
+        .collect()
+    }
+}
