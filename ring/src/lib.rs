@@ -13,6 +13,7 @@
 //! The protocol (`sender`, `receiver`) drives a `transport::Transport`;
 //! `transport::shm` runs it over memory shared by two processes.
 
+
 pub mod backoff;
 pub mod config;
 pub mod error;
