@@ -8,8 +8,8 @@ use std::os::fd::AsRawFd;
 use std::process::Command;
 
 use common::*;
-use ringsock_ring::{Receiver, RingConfig, Segment, Sender, ShmTransport};
 use ringsock_proto::{Msg, Transport};
+use ringsock_ring::{Receiver, RingConfig, Segment, Sender, ShmTransport};
 
 fn status(d: &Daemon, json: bool) -> String {
     let mut c = Command::new(BIN);

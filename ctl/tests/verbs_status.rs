@@ -12,10 +12,10 @@ use std::thread;
 use std::time::Duration;
 
 use common::*;
-use ringsock_ring::transport::verbs_stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
 use ringsock_proto::{
     frame, Msg, RingStat, StatusEntry, Transport, MAX_FRAME_TOTAL, MAX_RING_STATS_V1,
 };
+use ringsock_ring::transport::verbs::stats::{offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION};
 
 fn status(socket: &std::path::Path, json: bool) -> String {
     let mut c = Command::new(BIN);

@@ -8,6 +8,7 @@
 //! `transport::shm`.
 
 use crate::config::RingConfig;
+use crate::error::{ConfigError, RingError};
 use crate::layout::RingControl;
 use std::sync::Arc;
 
@@ -50,7 +51,7 @@ impl RingMem {
     /// and not accessed other than through ring handles (in this or another
     /// process).
     #[cfg(not(loom))]
-    pub unsafe fn from_raw(
+    pub(crate) unsafe fn from_raw(
         ctrl: *mut u8,
         slots: *mut u8,
         slots_len: usize,
@@ -109,6 +110,21 @@ impl RingMem {
 
     pub fn slots(&self) -> &SlotMemory {
         &self.inner.slots
+    }
+
+    /// Checks `cfg` (`RingConfig::validate`) and that this memory holds
+    /// exactly its slots: what a ring end needs before it touches them.
+    pub(crate) fn check(&self, cfg: &RingConfig) -> Result<(), RingError> {
+        cfg.validate()?;
+        let have = self.slots().len();
+        if have as u64 != cfg.ring_bytes() {
+            return Err(ConfigError::Memory {
+                have,
+                want: cfg.ring_bytes(),
+            }
+            .into());
+        }
+        Ok(())
     }
 }
 
@@ -194,14 +210,6 @@ mod plain {
             assert!(off.is_multiple_of(8), "unaligned slot word");
             // SAFETY: in bounds and 8-aligned.
             unsafe { std::ptr::write_volatile(self.base.as_ptr().add(off).cast::<u64>(), value) }
-        }
-
-        /// Raw pointer to the byte at `off` (for transports that hand memory
-        /// to hardware).
-        pub fn ptr_at(&self, off: usize) -> *mut u8 {
-            self.check(off, 0);
-            // SAFETY: off <= len, so the result is in or one past the region.
-            unsafe { self.base.as_ptr().add(off) }
         }
     }
 

@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use libc::c_int;
-use ringsock_ring::{EventFd, Notify, Receiver, RingError, RingMem, Segment, Sender, ShmTransport};
 use ringsock_proto::Transport;
+use ringsock_ring::{EventFd, Notify, Receiver, RingError, RingMem, Segment, Sender, ShmTransport};
 
 use super::background;
 use super::msgstart::MessageStart;

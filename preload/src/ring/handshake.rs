@@ -19,8 +19,8 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use ringsock_ring::{EventFd, Notify, Receiver, RingConfig, Segment, Sender, ShmTransport};
 use ringsock_proto::{Fds, Msg, RefuseReason};
+use ringsock_ring::{EventFd, Notify, Receiver, RingConfig, Segment, Sender, ShmTransport};
 
 use super::conn::{Parts, PeerBell, ShmConn, Side, STATE_ACCEPTED, STATE_DECLINED, WORD_STATE};
 use super::tracked::Tracked;

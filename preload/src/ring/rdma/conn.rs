@@ -39,9 +39,9 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use libc::c_int;
-use ringsock_ring::transport::verbs::{Connected, Doorbell, QpParams, VerbsConn, VerbsTransport};
-use ringsock_ring::{EventFd, Notify, Receiver, RingError, Sender};
 use ringsock_proto::Transport;
+use ringsock_ring::transport::verbs::{Connected, Doorbell, QpParams, VerbsConn, VerbsTransport};
+use ringsock_ring::{EventFd, Notify, Receiver, RingError, Sender, VerbsError};
 
 use super::super::background;
 use super::super::conn::PENDING_CAP;
@@ -189,12 +189,14 @@ impl RdmaConn {
         }
         let params = payload
             .strip_prefix(PREFIX)
-            .ok_or(RingError::Config("verbs: the answer is not a verbs answer"))
+            .ok_or(RingError::Verbs(VerbsError::Params(
+                "the answer is not a verbs answer",
+            )))
             .and_then(QpParams::decode);
         let vc = lock(&self.unconnected).take();
         let connected = match (vc, params) {
             (Some(vc), Ok(p)) => vc.connect(&p),
-            (None, _) => Err(RingError::Config("verbs: the queue pair is gone")),
+            (None, _) => Err(RingError::Closed),
             (_, Err(e)) => Err(e),
         };
         match connected {
@@ -397,9 +399,9 @@ impl RdmaConn {
             return Errno(libc::EPIPE);
         }
         let errno = match e {
-            RingError::Config(m) => {
+            RingError::Config(_) | RingError::Verbs(_) => {
                 log::error!(
-                    "{what} on {} -> {}: {m}; the connection is reset",
+                    "{what} on {} -> {}: {e}; the connection is reset",
                     self.local,
                     self.peer
                 );
@@ -420,7 +422,7 @@ impl RdmaConn {
     fn settle_words(&self) {
         let start = sys::monotonic_ns();
         let mut spins = 0u32;
-        let mut wait = ringsock_ring::backoff::CompletionWait::new();
+        let mut wait = ringsock_ring::sleep::backoff::CompletionWait::new();
         loop {
             let mut owed = false;
             for end in [true, false] {
@@ -1055,7 +1057,7 @@ impl AttachedConn for RdmaConn {
             return;
         };
         let _ = tx.flush();
-        let mut wait = ringsock_ring::backoff::CompletionWait::new();
+        let mut wait = ringsock_ring::sleep::backoff::CompletionWait::new();
         while tx.transport_mut().words_pending() && sys::monotonic_ns() < deadline_ns {
             if tx.poll().is_err() || self.peer_gone.load(Ordering::Acquire) {
                 return;

@@ -10,7 +10,7 @@
 #![cfg(not(loom))]
 
 use crate::config::RingConfig;
-use crate::error::{Corruption, RingError};
+use crate::error::{ConfigError, Corruption, RingError};
 use crate::layout::CONTROL_BYTES;
 use crate::memory::RingMem;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -103,7 +103,11 @@ impl Segment {
     pub fn create(cfg: &RingConfig, rings: u32) -> Result<Segment, RingError> {
         cfg.validate()?;
         if rings == 0 || rings > MAX_RINGS {
-            return Err(RingError::Config("a segment holds 1..=8 rings"));
+            return Err(ConfigError::SegmentRings {
+                rings,
+                max: MAX_RINGS,
+            }
+            .into());
         }
         let len = segment_len(rings, cfg.slots, cfg.slot_size);
         // A failed huge-page attempt costs four system calls: after one,
