@@ -89,10 +89,13 @@ struct Region {
     fd: OwnedFd,
 }
 
-// SAFETY: plain memory; all access goes through RingMem (atomics and
-// bounds-checked copies), the header's atomics, or the device.
+// SAFETY: the region owns its mapping and memfd alone; unmapping from
+// another thread is fine. The memory itself is reached through RingMem
+// (atomics and bounds-checked copies), the header's atomics, the staging
+// words (one writer: the `sq` lock) or the device.
 unsafe impl Send for Region {}
-// SAFETY: as above.
+// SAFETY: `&Region` only reads `base`, `len`, `huge` and `fd`, which never
+// change; the memory behind `base` is accessed as said for `Send`.
 unsafe impl Sync for Region {}
 
 impl Region {
@@ -111,23 +114,22 @@ impl Region {
         if huge {
             flags |= libc::MFD_HUGETLB;
         }
-        // SAFETY: a constant C string name; the new fd is owned below.
+        // SAFETY: the name is a NUL-terminated literal the kernel only
+        // reads; a failure is a negative return, handled below.
         let raw = unsafe { libc::memfd_create(c"ringsock-verbs".as_ptr(), flags) };
         if raw < 0 {
             return Err(RingError::last_os());
         }
-        // SAFETY: raw is a fresh fd nobody else owns.
+        // SAFETY: `raw` is the descriptor memfd_create just returned
+        // (non-negative), owned by nothing else yet.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: plain syscalls on our fd.
-        if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0
-            || unsafe {
-                libc::fcntl(
-                    raw,
-                    libc::F_ADD_SEALS,
-                    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
-                )
-            } != 0
-        {
+        // SAFETY: ftruncate of the descriptor `fd` owns, integer arguments.
+        if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0 {
+            return Err(RingError::last_os());
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        // SAFETY: F_ADD_SEALS on the same descriptor, integer arguments.
+        if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, seals) } != 0 {
             return Err(RingError::last_os());
         }
         // SAFETY: shared mapping of the whole (sealed) file, no address
@@ -322,7 +324,7 @@ struct Shared {
     sq: Mutex<SqState>,
     rq: Mutex<()>,
     /// The epoch of the last standing flag whose ending ring the doorbell
-    /// reaped (`waiting::Ring::EndsStanding`); 0: none.
+    /// reaped (`Ring::EndsStanding`); 0: none.
     standing_ended: AtomicU32,
 }
 
@@ -330,7 +332,10 @@ struct Shared {
 // serializes its own use of the send queue (`sq`) and of the receive
 // queue and channel (`rq`) with mutexes.
 unsafe impl Send for Shared {}
-// SAFETY: as above.
+// SAFETY: `&Shared` reads the verbs object pointers (set before `Shared`
+// is shared, then fixed) and calls libibverbs on them, which is
+// thread-safe; the queues' own state is behind `sq` and `rq`, the rest are
+// atomics or immutable.
 unsafe impl Sync for Shared {}
 
 impl Drop for Shared {
@@ -546,18 +551,20 @@ impl VerbsConn {
             }
             .into());
         }
-        // SAFETY: context open.
+        // SAFETY: `dev.ctx` is an open context (Device keeps it open
+        // while `s.dev` holds it); a null result is handled below.
         s.channel = unsafe { ibv_create_comp_channel(dev.ctx) };
         if s.channel.is_null() {
             return Err(call_failed("ibv_create_comp_channel", errno()));
         }
-        // SAFETY: the channel fd belongs to the channel; making it
-        // non-blocking lets `Doorbell::drain` never block.
+        // SAFETY: `s.channel` is the live channel just created (non-null);
+        // reading its `fd` field is a plain read.
         let fd = unsafe { (*s.channel).fd };
-        // SAFETY: fcntl on that fd with integer arguments.
+        // Non-blocking, so that `Doorbell::drain` never blocks.
+        // SAFETY: F_GETFL on the channel's descriptor, integer arguments.
         let fl = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
-        // SAFETY: as above.
         if fl < 0
+            // SAFETY: F_SETFL on the same descriptor, integer arguments.
             || unsafe {
                 libc::syscall(
                     libc::SYS_fcntl,
@@ -569,7 +576,9 @@ impl VerbsConn {
         {
             return Err(RingError::last_os());
         }
-        // SAFETY: context open; no channel for the send CQ (it is polled).
+        // SAFETY: `dev.ctx` is open (as above); null channel and context
+        // pointers are allowed (the send CQ is polled, not waited on); a
+        // null result is handled below.
         s.send_cq = unsafe {
             ibv_create_cq(
                 dev.ctx,
@@ -582,7 +591,8 @@ impl VerbsConn {
         if s.send_cq.is_null() {
             return Err(call_failed("ibv_create_cq", errno()));
         }
-        // SAFETY: context and channel open.
+        // SAFETY: `dev.ctx` is open and `s.channel` is the live channel
+        // created on it above; a null result is handled below.
         s.recv_cq =
             unsafe { ibv_create_cq(dev.ctx, rq_depth as i32, std::ptr::null_mut(), s.channel, 0) };
         if s.recv_cq.is_null() {
@@ -644,7 +654,9 @@ impl VerbsConn {
         QpParams {
             gid: s.dev.gid,
             lid: s.dev.lid,
-            // SAFETY: qp is valid for the life of self.
+            // SAFETY: `s.qp` is the live queue pair `create` made (it
+            // returns no VerbsConn without one); Shared destroys it only
+            // on drop. A plain field read.
             qpn: unsafe { (*s.qp).qp_num },
             psn: s.psn,
             mtu: s.dev.mtu,
@@ -660,7 +672,8 @@ impl VerbsConn {
                 } else {
                     0
                 },
-            // SAFETY: mr is valid for the life of self.
+            // SAFETY: `s.mr` is the live registration `create` made, as
+            // for `qp`. A plain field read.
             rkey: unsafe { (*s.mr).rkey },
             out_ring: RingDesc {
                 ctrl_addr: r.addr(l.out_ctrl),
@@ -686,7 +699,8 @@ impl VerbsConn {
     /// channel): known before the connection is, so a caller can hand a
     /// fixed set of fds to pollers from the start.
     pub fn doorbell_fd(&self) -> std::os::fd::RawFd {
-        // SAFETY: the channel lives as long as self.
+        // SAFETY: `channel` is the live completion channel `create` made;
+        // Shared destroys it only on drop. A plain field read.
         unsafe { (*self.shared.channel).fd }
     }
 
@@ -737,7 +751,8 @@ impl VerbsConn {
         {
             let _g = lock(&shared.rq);
             shared.post_recvs(shared.rq_depth)?;
-            // SAFETY: recv_cq valid; arm for solicited events.
+            // SAFETY: `recv_cq` is the live CQ `create` made; 1 arms it for
+            // solicited events only.
             let rc = unsafe { ibv_req_notify_cq(shared.recv_cq, 1) };
             if rc != 0 {
                 return Err(call_failed("ibv_req_notify_cq", rc));
@@ -1075,10 +1090,12 @@ impl Shared {
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
-        // SAFETY: ibv_wc is plain data; zeroed is valid.
+        // SAFETY: ibv_wc is integers and a union of integers, for which
+        // zero is valid.
         let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
         loop {
-            // SAFETY: send_cq valid, wc has room for 16 entries.
+            // SAFETY: `send_cq` is live while `self` is; `wc` has room for
+            // the 16 completions the call may write.
             let n = unsafe { ibv_poll_cq(self.send_cq, wc.len() as i32, wc.as_mut_ptr()) };
             if n < 0 {
                 // A provider's own code, not an errno.
@@ -1143,7 +1160,7 @@ impl Shared {
         // SAFETY: ibv_send_wr and ibv_sge are plain data (pointers may be
         // null); `fill_wr` sets every field the opcode uses.
         let mut wrs: [ibv_send_wr; 2] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
+        // SAFETY: ibv_sge is plain integers, for which zero is valid.
         let mut sges: [ibv_sge; 2] = unsafe { std::mem::zeroed() };
         // Inline sources: the library copies them during the post call.
         let mut words = [0u64; 2];
@@ -1231,7 +1248,8 @@ impl Shared {
         let force = *unsignaled + 1 >= (self.sq_depth / 2).max(1);
         let signaled = signaled || force;
         *unsignaled = if signaled { 0 } else { *unsignaled + 1 };
-        // SAFETY: mr valid while self lives.
+        // SAFETY: `mr` is the live registration made before `Shared` was
+        // shared; it is deregistered only on drop. A plain field read.
         sge.lkey = unsafe { (*self.mr).lkey };
         let mut flags = if signaled {
             ibv_send_flags::IBV_SEND_SIGNALED.0
@@ -1326,11 +1344,13 @@ impl Shared {
     /// immediates say (a standing flag's end, a tail) and reposts as many
     /// receives. Caller holds `rq`.
     fn poll_recv(&self) -> Result<u32, RingError> {
-        // SAFETY: plain data.
+        // SAFETY: ibv_wc is integers and a union of integers, for which
+        // zero is valid.
         let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
         let mut total = 0;
         loop {
-            // SAFETY: recv_cq valid, room for 16.
+            // SAFETY: `recv_cq` is live while `self` is; `wc` has room for
+            // the 16 completions the call may write.
             let n = unsafe { ibv_poll_cq(self.recv_cq, wc.len() as i32, wc.as_mut_ptr()) };
             if n < 0 {
                 // A provider's own code, not an errno.
@@ -1795,7 +1815,8 @@ pub struct Doorbell {
 
 impl Doorbell {
     pub fn fd(&self) -> std::os::fd::RawFd {
-        // SAFETY: the channel lives as long as shared.
+        // SAFETY: `channel` is live while `shared` is (destroyed only on
+        // its drop). A plain field read.
         unsafe { (*self.shared.channel).fd }
     }
 
@@ -1821,7 +1842,8 @@ impl Doorbell {
             unsafe { ibv_ack_cq_events(s.recv_cq, events) };
         }
         let mut got = self.shared.poll_recv()?;
-        // SAFETY: recv_cq valid; solicited events only.
+        // SAFETY: `recv_cq` is live while `shared` is; 1 = solicited
+        // events only.
         let rc = unsafe { ibv_req_notify_cq(s.recv_cq, 1) };
         if rc != 0 {
             return Err(call_failed("ibv_req_notify_cq", rc));

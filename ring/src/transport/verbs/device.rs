@@ -29,7 +29,9 @@ pub struct Device {
 // SAFETY: libibverbs contexts and PDs are thread-safe (the library locks
 // internally); the pointers are only freed in Drop, once.
 unsafe impl Send for Device {}
-// SAFETY: as above; `Device` exposes no interior mutation of its own.
+// SAFETY: `&Device` reads fields fixed at open and passes `ctx`/`pd` to
+// libibverbs, which locks internally; the one mutable part, `zc`, is a
+// OnceLock over a mutex-guarded cache.
 unsafe impl Sync for Device {}
 
 /// Which device, and which GID of its port, a caller wants; `None`
@@ -109,7 +111,8 @@ impl Device {
         gid_index: Option<u8>,
     ) -> Result<Arc<Device>, RingError> {
         let mut n = 0;
-        // SAFETY: plain library call; the list is freed below.
+        // SAFETY: `n` is a live out-parameter; the list is freed below
+        // (ibv_free_device_list), once.
         let list = unsafe { ibv_get_device_list(&mut n) };
         if list.is_null() {
             return Err(call_failed("ibv_get_device_list", errno()));
@@ -220,7 +223,8 @@ impl Device {
         };
         d.gid_index = idx;
         d.gid = gid;
-        // SAFETY: ctx open.
+        // SAFETY: `ctx` is the context opened above (Drop closes it); a
+        // null result is handled below.
         d.pd = unsafe { ibv_alloc_pd(ctx) };
         if d.pd.is_null() {
             return Err(call_failed("ibv_alloc_pd", errno()));

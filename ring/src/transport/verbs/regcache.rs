@@ -509,7 +509,8 @@ pub fn invalidate_all() {
 /// copy-on-write under the device, and zero-copy stays off.
 pub fn fork_safe() -> bool {
     static SAFE: OnceLock<bool> = OnceLock::new();
-    // SAFETY: a query without arguments.
+    // SAFETY: ibv_is_fork_initialized takes no arguments and only reads
+    // libibverbs' own state.
     *SAFE.get_or_init(|| unsafe { ibv_is_fork_initialized() } == IBV_FORK_UNNEEDED)
 }
 

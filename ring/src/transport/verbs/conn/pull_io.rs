@@ -167,7 +167,8 @@ impl Shared {
         // asked for.
         self.post_held_slots(st)?;
         let seq = self.next_seq(st)?;
-        // SAFETY: mr valid while self lives.
+        // SAFETY: `mr` is the live registration made before `Shared` was
+        // shared; it is deregistered only on drop. A plain field read.
         let lkey = unsafe { (*self.mr).lkey };
         let mut sge = ibv_sge {
             addr: self.region.addr(off),
