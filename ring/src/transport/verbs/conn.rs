@@ -42,7 +42,7 @@ const SQ_DEPTH: u32 = 256;
 /// (`params::FEATURE_TAIL_CREDITS`).
 const RQ_DEPTH: u32 = 64;
 /// Immediate bit of the ring that ends a standing flag (the low 31 bits
-/// carry its epoch, `waiting::Ring::EndsStanding`); plain kicks carry 1
+/// carry its epoch, `Ring::EndsStanding`); plain kicks carry 1
 /// or 2.
 const IMM_ENDS_STANDING: u32 = 1 << 31;
 /// Immediate bit of a ring that carries the sender's new tail in its low
