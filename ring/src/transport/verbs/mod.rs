@@ -1,11 +1,13 @@
-//! The RDMA verbs transport (cargo feature `verbs`, `rdma-sys`).
+//! The RDMA verbs transport (cargo feature `verbs`, `rdma-sys`). Without
+//! the feature only `stats` is here, the header layout the ctl daemon
+//! reads without linking rdma-core.
 //!
 //! Each end of a connection registers one region holding its two ring
 //! copies: the *sender copy* of the ring it sends on and the *receiver
 //! copy* of the ring it receives on (`[header | out ctrl | out slots | in
 //! ctrl | in slots | staging]`, a sealed memfd on huge pages when the
 //! system has free ones, else 4 KiB pages). The header page
-//! (`transport::verbs::stats::VerbsHeader`: layout and counters) is not
+//! (`stats::VerbsHeader`: layout and counters) is not
 //! registered; `share_fd` hands the memfd to the ctl daemon, which reads
 //! the counters for `status`. One RC queue pair per connection end carries
 //! both rings:
