@@ -275,7 +275,7 @@ pub struct VerbsStats;
 
 /// The verbs counters a header carries, in report order.
 pub const VERBS_COUNTERS: [(&str, usize); 10] = {
-    use ringsock_ring::transport::verbs_stats::offsets as o;
+    use ringsock_ring::transport::verbs::stats::offsets as o;
     [
         ("wr_posted", o::WR_POSTED),
         ("wr_signaled", o::WR_SIGNALED),
@@ -292,13 +292,14 @@ pub const VERBS_COUNTERS: [(&str, usize); 10] = {
 
 /// After `VERBS_COUNTERS`: zero-copy WRITEs and their bytes (also counted
 /// in `slot_writes`/`slot_bytes`), records sent without their header and
-/// headers re-sent (`ringsock_ring::headerless`), then the pull-mode counters of the
-/// header page (`verbs::pull::PullCounters`): switches of the outgoing
-/// ring (`tx_*`) and mode words seen on the incoming one (`rx_*`), READs
-/// this end posted and their bytes, catch-up WRITEs. Named as the fields
+/// headers re-sent (`ringsock_ring::transport::verbs::headerless`), then
+/// the pull-mode counters of the header page (`verbs::pull::PullCounters`):
+/// switches of the outgoing ring (`tx_*`) and mode words seen on the
+/// incoming one (`rx_*`), READs this end posted and their bytes, catch-up
+/// WRITEs. Named as the fields
 /// of `PullCounters`/`PullStats`.
 pub const VERBS_EXTRA_COUNTERS: [(&str, usize); 12] = {
-    use ringsock_ring::transport::verbs_stats::offsets as o;
+    use ringsock_ring::transport::verbs::stats::offsets as o;
     [
         ("zc_writes", o::ZC_WRITES),
         ("zc_bytes", o::ZC_BYTES),
@@ -339,7 +340,7 @@ mod vlayout {
 impl VerbsStats {
     /// Whether the memfd starts with a verbs header this daemon can read.
     fn recognizes(ring: &RingView<'_>) -> bool {
-        use ringsock_ring::transport::verbs_stats::{
+        use ringsock_ring::transport::verbs::stats::{
             offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION,
         };
         let Some(vl) = ring.load_u64(offsets::VERSION_LEN) else {
@@ -354,7 +355,7 @@ impl VerbsStats {
 
 impl RingStats for VerbsStats {
     fn stats(&self, ring: &RingView<'_>) -> Vec<RingStat> {
-        use ringsock_ring::transport::verbs_stats::offsets;
+        use ringsock_ring::transport::verbs::stats::offsets;
         if !Self::recognizes(ring) {
             return MemfdStats.stats(ring);
         }
@@ -553,7 +554,7 @@ mod tests {
 
     mod verbs {
         use super::*;
-        use ringsock_ring::transport::verbs_stats::{
+        use ringsock_ring::transport::verbs::stats::{
             offsets, VerbsHeader, VERBS_MAGIC, VERBS_VERSION,
         };
 

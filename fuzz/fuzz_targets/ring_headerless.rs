@@ -1,5 +1,5 @@
 //! Feeds a receiver records placed from arbitrary headerless-record
-//! immediates (`ringsock_ring::headerless`, verbs `FEATURE_HEADERLESS`), mixed
+//! immediates (`ringsock_ring::transport::verbs::headerless`, verbs `FEATURE_HEADERLESS`), mixed
 //! with arbitrary tail words, over arbitrary ring bytes: every placement
 //! must lie inside the ring and only raise the tail by at most a ring, and
 //! the receiver must return data, WouldBlock, EOF or a Corrupt error,
@@ -11,7 +11,7 @@ mod ring_input;
 
 use libfuzzer_sys::fuzz_target;
 use ring_input::{read_every_way, ring_from};
-use ringsock_ring::headerless::{self, Hint};
+use ringsock_ring::transport::verbs::headerless::{self, Hint};
 use ringsock_ring::record;
 use std::sync::atomic::Ordering;
 

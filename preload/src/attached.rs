@@ -144,9 +144,9 @@ pub trait AttachedConn: Send + Sync {
     fn readiness(&self) -> Ready;
 
     /// Looks at `readiness` a spinning waiter takes back to back before it
-    /// yields the CPU between looks (`ringsock_ring::backoff::CompletionWait`).
+    /// yields the CPU between looks (`ringsock_ring::sleep::backoff::CompletionWait`).
     fn spin_looks(&self) -> u32 {
-        ringsock_ring::backoff::SPIN_TURNS
+        ringsock_ring::sleep::backoff::SPIN_TURNS
     }
 
     /// Asks to be woken through `wait_fds` when any of `interest` may have

@@ -1,6 +1,6 @@
 //! Ring geometry and batching parameters.
 
-use crate::error::RingError;
+use crate::error::{ConfigError, RingError};
 
 /// Parameters of one ring direction. Both ends of a ring must use the same
 /// geometry (`slots`, `slot_size`); the batching knobs are sender- or
@@ -95,7 +95,7 @@ impl RingConfig {
 
     /// Checks every field; the error names the first bad one.
     pub fn validate(&self) -> Result<(), RingError> {
-        let bad = |what: &'static str| Err(RingError::Config(what));
+        let bad = |what| Err(RingError::Config(ConfigError::Field(what)));
         if !self.slots.is_power_of_two() || self.slots < MIN_SLOTS || self.slots > MAX_SLOTS {
             return bad("slots must be a power of two in 4..=1048576");
         }

@@ -152,9 +152,10 @@ impl RingControl {
     }
 }
 
-/// Bumps a single-writer counter without a locked instruction: only one
-/// thread of one process ever writes a given counter, readers tolerate a
-/// stale value.
+/// Bumps a single-writer counter without a locked instruction: one writer
+/// at a time (one thread, or whoever holds the lock that serializes the
+/// counter's writers), readers tolerate a stale value and, in other
+/// processes too, see each value whole (an aligned 8-byte store).
 ///
 /// Counters are statistics, not part of any ordering argument, so the loom
 /// models leave them out to keep the state space small.

@@ -11,43 +11,59 @@
 //! wakeup (`Sender::prepare_wait`, `Receiver::prepare_wait`).
 //!
 //! The protocol (`sender`, `receiver`) drives a `transport::Transport`;
-//! `transport::shm` runs it over memory shared by two processes.
+//! `transport::shm` runs it over memory shared by two processes,
+//! `transport::verbs` (feature `verbs`) over RDMA between hosts. `config`
+//! holds the geometry and batching knobs, `layout` the shared control
+//! block (what `ringsock-ctl status` reads), `sleep` how an end spins,
+//! announces that it sleeps, sleeps and is woken. The library reads no
+//! environment: every knob comes from the caller.
 
-pub mod backoff;
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+/// Declares a module private to the crate, except under `--cfg loom` and
+/// `--cfg fuzzing`: the loom models (`tests/loom_*.rs`) and the fuzz
+/// targets (`fuzz/`) drive its code directly.
+macro_rules! model_visible {
+    ($(#[$attr:meta])* mod $name:ident;) => {
+        #[cfg(any(loom, fuzzing))]
+        $(#[$attr])*
+        pub mod $name;
+        #[cfg(not(any(loom, fuzzing)))]
+        $(#[$attr])*
+        pub(crate) mod $name;
+    };
+}
+
 pub mod config;
-pub mod error;
-pub mod headerless;
+mod error;
 pub mod layout;
-pub mod memory;
-pub mod notify;
-pub mod park;
-pub mod receiver;
-pub mod record;
-pub mod sender;
+mod memory;
+mod receiver;
+model_visible! {
+    mod record;
+}
+mod sender;
+pub mod sleep;
 mod sync;
-pub mod tail_hint;
 pub mod transport;
-pub mod wait;
-pub mod waiting;
 
 pub use config::RingConfig;
-pub use error::{Corruption, RingError};
+pub use error::{ConfigError, Corruption, RingError, VerbsError};
 pub use layout::{RingControl, RingStats};
-pub use memory::RingMem;
-pub use notify::Notify;
+pub use memory::{RingMem, SlotMemory};
 pub use receiver::Receiver;
 pub use sender::Sender;
+pub use sleep::notify::Notify;
 pub use transport::shm::ShmTransport;
-pub use transport::{PeerWord, Transport, Visibility};
+pub use transport::{PeerWord, Ring, Transport, Visibility};
 
 #[cfg(not(loom))]
-pub use notify::EventFd;
+pub use sleep::notify::EventFd;
+#[cfg(not(loom))]
+pub use sleep::spin::SpinBudget;
 #[cfg(not(loom))]
 pub use transport::shm::Segment;
-#[cfg(all(feature = "verbs", not(loom)))]
-pub use transport::verbs::{Device, Doorbell, QpParams, VerbsConn, VerbsTransport};
-#[cfg(not(loom))]
-pub use wait::SpinBudget;
 
 /// A sender/receiver pair over one ring in private memory, for two threads
 /// of one process (tests, benchmarks).

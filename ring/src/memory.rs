@@ -8,6 +8,7 @@
 //! `transport::shm`.
 
 use crate::config::RingConfig;
+use crate::error::{ConfigError, RingError};
 use crate::layout::RingControl;
 use std::sync::Arc;
 
@@ -37,7 +38,10 @@ struct Inner {
 // establishes with acquire/release on the control block; the backing owner
 // is Send + Sync.
 unsafe impl Send for Inner {}
-// SAFETY: as above; shared access is the point of this type.
+// SAFETY: `&Inner` gives only atomic loads and stores on the control
+// block and the bounds-checked slot copies, which are sound from any
+// number of threads at once (the protocol orders who writes which byte);
+// `ctrl` and the slots point into memory `_owner` keeps alive.
 unsafe impl Sync for Inner {}
 
 impl RingMem {
@@ -50,7 +54,7 @@ impl RingMem {
     /// and not accessed other than through ring handles (in this or another
     /// process).
     #[cfg(not(loom))]
-    pub unsafe fn from_raw(
+    pub(crate) unsafe fn from_raw(
         ctrl: *mut u8,
         slots: *mut u8,
         slots_len: usize,
@@ -109,6 +113,21 @@ impl RingMem {
 
     pub fn slots(&self) -> &SlotMemory {
         &self.inner.slots
+    }
+
+    /// Checks `cfg` (`RingConfig::validate`) and that this memory holds
+    /// exactly its slots: what a ring end needs before it touches them.
+    pub(crate) fn check(&self, cfg: &RingConfig) -> Result<(), RingError> {
+        cfg.validate()?;
+        let have = self.slots().len();
+        if have as u64 != cfg.ring_bytes() {
+            return Err(ConfigError::Memory {
+                have,
+                want: cfg.ring_bytes(),
+            }
+            .into());
+        }
+        Ok(())
     }
 }
 
@@ -184,7 +203,9 @@ mod plain {
         pub fn read_word(&self, off: usize) -> u64 {
             self.check(off, 8);
             assert!(off.is_multiple_of(8), "unaligned slot word");
-            // SAFETY: in bounds and 8-aligned (slots are 64-aligned).
+            // SAFETY: `check` keeps `off..off + 8` inside the slots, and
+            // `off` is a multiple of 8 on a 64-aligned base, so the read is
+            // in bounds and aligned for a u64; any bit pattern is a u64.
             unsafe { std::ptr::read_volatile(self.base.as_ptr().add(off).cast::<u64>()) }
         }
 
@@ -192,16 +213,10 @@ mod plain {
         pub fn write_word(&self, off: usize, value: u64) {
             self.check(off, 8);
             assert!(off.is_multiple_of(8), "unaligned slot word");
-            // SAFETY: in bounds and 8-aligned.
+            // SAFETY: in bounds and aligned, as for `read_word`; the
+            // protocol gives this end the slot it writes (the receiver
+            // places only headers it owns, the sender only its own slots).
             unsafe { std::ptr::write_volatile(self.base.as_ptr().add(off).cast::<u64>(), value) }
-        }
-
-        /// Raw pointer to the byte at `off` (for transports that hand memory
-        /// to hardware).
-        pub fn ptr_at(&self, off: usize) -> *mut u8 {
-            self.check(off, 0);
-            // SAFETY: off <= len, so the result is in or one past the region.
-            unsafe { self.base.as_ptr().add(off) }
         }
     }
 
@@ -211,15 +226,19 @@ mod plain {
         layout: Layout,
     }
 
-    // SAFETY: plain owned memory.
+    // SAFETY: the region owns its allocation alone (no aliasing handle
+    // escapes but the raw pointer `ptr()` hands to `RingMem::from_raw`,
+    // whose accesses carry their own argument); freeing it from another
+    // thread is fine for the global allocator.
     unsafe impl Send for HeapRegion {}
-    // SAFETY: HeapRegion itself is never accessed through &self.
+    // SAFETY: `&HeapRegion` only reads `ptr` and `layout`, both immutable.
     unsafe impl Sync for HeapRegion {}
 
     impl HeapRegion {
         pub(super) fn zeroed(len: usize) -> Self {
             let layout = Layout::from_size_align(len.max(1), 4096).expect("ring layout");
-            // SAFETY: layout has non-zero size.
+            // SAFETY: `layout` has a non-zero size (`len.max(1)`), as
+            // `alloc_zeroed` requires; a null result is handled below.
             let ptr = unsafe { alloc_zeroed(layout) };
             let ptr = NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
             HeapRegion { ptr, layout }
@@ -232,7 +251,8 @@ mod plain {
 
     impl Drop for HeapRegion {
         fn drop(&mut self) {
-            // SAFETY: allocated in `zeroed` with this layout.
+            // SAFETY: `ptr` came from `alloc_zeroed` with this very
+            // `layout` (`zeroed`) and is freed only here, once.
             unsafe { dealloc(self.ptr.as_ptr(), self.layout) }
         }
     }
@@ -287,7 +307,9 @@ mod modeled {
             let mut done = 0;
             self.each(off, src.len(), |cell, within, take| {
                 cell.with_mut(|v| {
-                    // SAFETY: loom checks exclusivity of this access.
+                    // SAFETY: `v` points to this slot's Vec for the
+                    // closure's length; loom's cell reports any access to
+                    // it that is not exclusive, which fails the model.
                     unsafe {
                         (&mut *v)[within..within + take].copy_from_slice(&src[done..done + take])
                     }
@@ -300,7 +322,9 @@ mod modeled {
             let mut done = 0;
             self.each(off, dst.len(), |cell, within, take| {
                 cell.with(|v| {
-                    // SAFETY: loom checks this read is ordered after writes.
+                    // SAFETY: `v` points to this slot's Vec for the
+                    // closure's length; loom's cell reports a read that
+                    // races a write, which fails the model.
                     dst[done..done + take].copy_from_slice(unsafe { &(&*v)[within..within + take] })
                 });
                 done += take;

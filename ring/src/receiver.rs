@@ -7,15 +7,15 @@
 //! ring (sticky `Corrupt` error); it never panics or touches memory outside
 //! the ring.
 
-use crate::backoff::CompletionWait;
 use crate::config::RingConfig;
 use crate::error::{Corruption, RingError};
 use crate::layout::{bump, RingControl};
 use crate::memory::RingMem;
 use crate::record::{self, Header, HEADER_BYTES};
+use crate::sleep::backoff::CompletionWait;
+use crate::sleep::flags;
 use crate::sync::{fence, Ordering};
 use crate::transport::{PeerWord, Transport, Visibility};
-use crate::waiting;
 
 pub struct Receiver<T: Transport> {
     mem: RingMem,
@@ -35,7 +35,7 @@ pub struct Receiver<T: Transport> {
     /// The last head whose WRITE carried a kick (0: none).
     kicked_head: u64,
     /// The epoch of our standing sleep flag while the sender honours it
-    /// (`waiting`: placed, and its ending ring not reaped yet).
+    /// (`sleep::flags`: placed, and its ending ring not reaped yet).
     standing: Option<u32>,
     /// The epoch of the last standing flag announced.
     epoch: u32,
@@ -60,10 +60,7 @@ struct Cursor {
 
 impl<T: Transport> Receiver<T> {
     pub fn new(mem: RingMem, transport: T, cfg: RingConfig) -> Result<Self, RingError> {
-        cfg.validate()?;
-        if mem.slots().len() != cfg.ring_bytes() as usize {
-            return Err(RingError::Config("ring memory does not match the geometry"));
-        }
+        mem.check(&cfg)?;
         Ok(Receiver {
             mem,
             transport,
@@ -412,7 +409,7 @@ impl<T: Transport> Receiver<T> {
             bump(&self.ctrl().rx_stats.kicks, 1);
             self.kicked_head = self.head;
             self.transport
-                .write_word_kicking(PeerWord::LocalHead, self.head, waiting::Ring::Plain)
+                .write_word_kicking(PeerWord::LocalHead, self.head, flags::Ring::Plain)
         } else {
             self.transport
                 .write_word(PeerWord::LocalHead, self.head, false)
@@ -440,16 +437,16 @@ impl<T: Transport> Receiver<T> {
         if self.take_flag_tx_waiting(self.synced_head) {
             bump(&self.ctrl().rx_stats.kicks, 1);
             self.transport
-                .kick_peer(waiting::Ring::Plain)
+                .kick_peer(flags::Ring::Plain)
                 .map_err(|e| self.fail(e))?;
         }
         Ok(())
     }
 
     /// Clears the sender's "I wait for space" flag if it waits without
-    /// having seen `head`; true then (we owe it a kick). See `waiting`.
+    /// having seen `head`; true then (we owe it a kick). See `sleep::flags`.
     fn take_flag_tx_waiting(&self, head: u64) -> bool {
-        waiting::take_if_unseen(&self.ctrl().tx_waiting.value, head)
+        flags::take_if_unseen(&self.ctrl().tx_waiting.value, head)
     }
 
     /// Reaps transport completions (verbs head pushes).
@@ -470,7 +467,7 @@ impl<T: Transport> Receiver<T> {
     /// order cannot lose a wakeup). Returns true when it is safe to block
     /// on our doorbell; false when data (or the end mark) arrived.
     ///
-    /// With a standing flag still honoured (`waiting`) there is nothing to
+    /// With a standing flag still honoured (`sleep::flags`) there is nothing to
     /// announce: it was placed before an earlier look at the tail, so the
     /// sender rings the doorbell for any tail this look misses, and the
     /// ring that ends the flag, if not reaped before this call (the
@@ -514,10 +511,10 @@ impl<T: Transport> Receiver<T> {
     fn announce(&mut self) -> Result<(), RingError> {
         let standing = self.transport.standing_waits();
         let value = if standing {
-            self.epoch = waiting::next_epoch(self.epoch);
-            waiting::announce_standing(self.epoch)
+            self.epoch = flags::next_epoch(self.epoch);
+            flags::announce_standing(self.epoch)
         } else {
-            waiting::announce(self.local_tail)
+            flags::announce(self.local_tail)
         };
         let vis = self
             .transport

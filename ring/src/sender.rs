@@ -27,15 +27,15 @@
 //! by the next `flush`: the program's next wait, or the shim's background
 //! thread within a millisecond (FLUSH_NS).
 
-use crate::backoff::CompletionWait;
 use crate::config::RingConfig;
 use crate::error::{Corruption, RingError};
 use crate::layout::{bump, RingControl};
 use crate::memory::RingMem;
 use crate::record::{self, Header, FLAG_EOS, HEADER_BYTES};
+use crate::sleep::backoff::CompletionWait;
+use crate::sleep::flags;
 use crate::sync::{fence, Ordering};
 use crate::transport::{ExternalSrc, PeerWord, Transport, Visibility};
-use crate::waiting;
 
 /// Most payload bytes `write_zero_copy` posts before it waits for them:
 /// posting a whole 1 MiB send at once made Soft-RoCE in the test guest
@@ -67,8 +67,8 @@ pub struct Sender<T: Transport> {
     streaming: bool,
     /// The last tail whose WRITE carried a kick (0: none).
     kicked_tail: u64,
-    /// Rings given to the receiver's current standing flag (`waiting`).
-    standing: waiting::StandingKicks,
+    /// Rings given to the receiver's current standing flag (`sleep::flags`).
+    standing: flags::StandingKicks,
     closed: bool,
     failed: Option<RingError>,
     /// Payload bytes of the committed records (the stream position at
@@ -92,10 +92,7 @@ impl<T: Transport> Sender<T> {
     /// The sending end over `mem` (this end's copy of the ring) and
     /// `transport`. The geometry in `cfg` must be the ring's.
     pub fn new(mem: RingMem, transport: T, cfg: RingConfig) -> Result<Self, RingError> {
-        cfg.validate()?;
-        if mem.slots().len() != cfg.ring_bytes() as usize {
-            return Err(RingError::Config("ring memory does not match the geometry"));
-        }
+        mem.check(&cfg)?;
         Ok(Sender {
             mem,
             transport,
@@ -112,7 +109,7 @@ impl<T: Transport> Sender<T> {
             tail_in_flight: false,
             streaming: false,
             kicked_tail: 0,
-            standing: waiting::StandingKicks::default(),
+            standing: flags::StandingKicks::default(),
             closed: false,
             failed: None,
             committed_bytes: 0,
@@ -457,7 +454,7 @@ impl<T: Transport> Sender<T> {
         // the ring reaches the receiver after the tail, so a receiver
         // that arms before it arrives is woken and one that arms after
         // sees the tail (loom: `tests/loom_early_kick.rs`).
-        // A standing flag (`waiting`) is owed a ring with every tail, so
+        // A standing flag (`sleep::flags`) is owed a ring with every tail, so
         // on verbs every tail to such a receiver takes this path.
         let early = if self.transport.kicks_with_word() {
             self.take_flag_rx_waiting(self.tail)
@@ -512,11 +509,11 @@ impl<T: Transport> Sender<T> {
 
     /// The ring the receiver is owed for `tail`, if any: it sleeps
     /// without having seen it (the flag is cleared), or its flag is a
-    /// standing one (see `waiting`).
-    fn take_flag_rx_waiting(&mut self, tail: u64) -> Option<waiting::Ring> {
+    /// standing one (see `sleep::flags`).
+    fn take_flag_rx_waiting(&mut self, tail: u64) -> Option<flags::Ring> {
         let mem = &self.mem;
         let flag = &mem.ctrl().rx_waiting.value;
-        waiting::take_for_tail(flag, tail, &mut self.standing)
+        flags::take_for_tail(flag, tail, &mut self.standing)
     }
 
     /// Reaps transport completions (verbs); a completed tail write clears
@@ -605,11 +602,7 @@ impl<T: Transport> Sender<T> {
         }
         let vis = self
             .transport
-            .write_word(
-                PeerWord::TxWaiting,
-                waiting::announce(self.local_head),
-                true,
-            )
+            .write_word(PeerWord::TxWaiting, flags::announce(self.local_head), true)
             .map_err(|e| self.fail(e))?;
         if vis == Visibility::AtCompletion {
             self.await_completion()?;
@@ -715,7 +708,7 @@ impl<T: Transport> Sender<T> {
     /// end afterwards (every write fails with `Closed`). `consumed` must
     /// lie between what the receiver handed back (our head) and what we
     /// wrote: anything else is a lie the ring refuses as corruption. Fails
-    /// (`Config`) when a zero-copy record's payload, which our copy lacks,
+    /// (`Unsupported`) when a zero-copy record's payload, which our copy lacks,
     /// would be needed.
     pub fn take_after(&mut self, consumed: u64) -> Result<Taken, RingError> {
         self.commit()?;
@@ -758,8 +751,8 @@ impl<T: Transport> Sender<T> {
             let end = at + u64::from(h.len);
             if end > consumed {
                 if slot < self.zc_tail {
-                    return Err(RingError::Config(
-                        "a zero-copy record's payload cannot be taken back",
+                    return Err(RingError::Unsupported(
+                        "taking back a zero-copy record's payload",
                     ));
                 }
                 let skip = consumed.saturating_sub(at) as usize;

@@ -11,7 +11,7 @@ mod loom_support;
 
 use loom::thread;
 use loom_support::model;
-use ringsock_ring::notify::modeled::Bell;
+use ringsock_ring::sleep::notify::modeled::Bell;
 use ringsock_ring::{heap_pair, RingConfig, RingError};
 
 fn cfg(slots: u32) -> RingConfig {

@@ -35,7 +35,7 @@ use loom::sync::atomic::{fence, AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_support::model;
-use ringsock_ring::waiting::{announce, take_if_unseen};
+use ringsock_ring::sleep::flags::{announce, take_if_unseen};
 
 /// The tail the sender publishes.
 const TAIL: u64 = 1;
@@ -85,7 +85,7 @@ fn nic(m: &Mem, kick: bool) {
 }
 
 /// `Sender::sync_tail` then, at the completion, `tail_visible`, with the
-/// real flag check (`ringsock_ring::waiting`).
+/// real flag check (`ringsock_ring::sleep::flags`).
 fn sender(m: Arc<Mem>, v: Variant) {
     let early = take_if_unseen(&m.rx_waiting, TAIL);
     let kick = early && v.carry_kick;

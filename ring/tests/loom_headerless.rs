@@ -1,4 +1,4 @@
-//! Loom model of records sent without their header (`ringsock_ring::headerless`,
+//! Loom model of records sent without their header (`ringsock_ring::transport::verbs::headerless`,
 //! verbs `FEATURE_HEADERLESS`): the sender's WRITE_WITH_IMM places only the
 //! record's payload; whoever reaps its completion writes the header into
 //! the receiver copy and raises `local_tail` with the real
@@ -36,8 +36,8 @@ use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 use loom_support::model;
-use ringsock_ring::headerless::{self, Hint};
 use ringsock_ring::record::Header;
+use ringsock_ring::transport::verbs::headerless::{self, Hint};
 
 const SLOTS: u64 = 4;
 const SLOT_SIZE: usize = 64;

@@ -1,4 +1,4 @@
-//! Loom model of `ringsock_ring::park::WorkerPark`, the shim background
+//! Loom model of `ringsock_ring::sleep::park::WorkerPark`, the shim background
 //! thread's sleep: a job posted while the worker decides to sleep either
 //! is seen by the worker's look for work or rings its eventfd.
 //!
@@ -16,7 +16,7 @@
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use ringsock_ring::park::WorkerPark;
+use ringsock_ring::sleep::park::WorkerPark;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Poster {

@@ -1,4 +1,4 @@
-//! Loom model of *standing* sleep flags (`ringsock_ring::waiting`, verbs
+//! Loom model of *standing* sleep flags (`ringsock_ring::sleep::flags`, verbs
 //! receivers): once a standing flag is placed in the sender's memory the
 //! receiver sleeps again and again without announcing, and the sender
 //! rings the doorbell with every tail until the flag's budget is spent; the
@@ -36,7 +36,7 @@ use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 use loom_support::model;
-use ringsock_ring::waiting::{
+use ringsock_ring::sleep::flags::{
     announce_standing, next_epoch, take_for_tail, Ring, StandingKicks, STANDING_KICKS,
 };
 

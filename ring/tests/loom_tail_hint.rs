@@ -1,4 +1,4 @@
-//! Loom model of tails carried in doorbell rings (`ringsock_ring::tail_hint`,
+//! Loom model of tails carried in doorbell rings (`ringsock_ring::transport::verbs::tail_hint`,
 //! verbs `FEATURE_TAIL_IN_IMM`): the sender's slot WRITE_WITH_IMM places
 //! the slots and rings the receiver with the tail's low bits, and no tail
 //! word is written; whoever reaps the ring raises the receiver copy's
@@ -40,7 +40,7 @@ use loom::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 use loom_support::model;
-use ringsock_ring::tail_hint;
+use ringsock_ring::transport::verbs::tail_hint;
 
 /// The sender publishes tails 1..=LAST, one slot each.
 const LAST: u64 = 3;

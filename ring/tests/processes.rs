@@ -70,7 +70,7 @@ fn two_processes_share_a_ring() {
             *b = (seed >> 24) as u8;
         }
         fnv(&mut hash, &chunk[..n]);
-        ringsock_ring::wait::send_all_blocking(&mut tx, &to_parent, &mut spin, &chunk[..n])
+        ringsock_ring::sleep::spin::send_all_blocking(&mut tx, &to_parent, &mut spin, &chunk[..n])
             .unwrap();
         sent += n;
     }
@@ -80,9 +80,13 @@ fn two_processes_share_a_ring() {
     let mut reply = [0u8; 8];
     let mut got = 0;
     while got < 8 {
-        got +=
-            ringsock_ring::wait::recv_blocking(&mut rx, &to_parent, &mut spin, &mut reply[got..])
-                .unwrap();
+        got += ringsock_ring::sleep::spin::recv_blocking(
+            &mut rx,
+            &to_parent,
+            &mut spin,
+            &mut reply[got..],
+        )
+        .unwrap();
     }
     assert_eq!(u64::from_le_bytes(reply), hash, "child saw different bytes");
     assert!(child.wait().unwrap().success());
@@ -124,14 +128,20 @@ fn child_role() {
     let mut hash = 0xcbf29ce484222325u64;
     let mut buf = vec![0u8; 65536];
     loop {
-        let n = ringsock_ring::wait::recv_blocking(&mut rx, &my_bell, &mut spin, &mut buf).unwrap();
+        let n = ringsock_ring::sleep::spin::recv_blocking(&mut rx, &my_bell, &mut spin, &mut buf)
+            .unwrap();
         if n == 0 {
             break;
         }
         fnv(&mut hash, &buf[..n]);
     }
-    ringsock_ring::wait::send_all_blocking(&mut tx, &my_bell, &mut spin, &hash.to_le_bytes())
-        .unwrap();
+    ringsock_ring::sleep::spin::send_all_blocking(
+        &mut tx,
+        &my_bell,
+        &mut spin,
+        &hash.to_le_bytes(),
+    )
+    .unwrap();
 }
 
 #[test]

@@ -201,7 +201,8 @@ fn two_threads_stream_with_sleeping_ends() {
     let writer = std::thread::spawn(move || {
         let mut spin = SpinBudget::new(Duration::ZERO);
         for chunk in data.chunks(777) {
-            ringsock_ring::wait::send_all_blocking(&mut tx, &tx_bell, &mut spin, chunk).unwrap();
+            ringsock_ring::sleep::spin::send_all_blocking(&mut tx, &tx_bell, &mut spin, chunk)
+                .unwrap();
         }
         loop {
             match tx.close() {
@@ -215,7 +216,8 @@ fn two_threads_stream_with_sleeping_ends() {
     let mut got = Vec::with_capacity(expect.len());
     let mut buf = vec![0u8; 4096];
     loop {
-        let n = ringsock_ring::wait::recv_blocking(&mut rx, &rx_bell, &mut spin, &mut buf).unwrap();
+        let n = ringsock_ring::sleep::spin::recv_blocking(&mut rx, &rx_bell, &mut spin, &mut buf)
+            .unwrap();
         if n == 0 {
             break;
         }

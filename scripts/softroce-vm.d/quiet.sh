@@ -7,8 +7,8 @@
 # byte arrived while it slept. On verbs the check for the sleeping reader
 # is owed when the send's tail WRITE completes, which only the shim's
 # background thread sees: until 2026-11-23 that thread could lose the
-# wake-up for the post (ringsock_ring::park) and every byte then waited for the
-# writer's close (waited_ms about 6900 for a byte sent at about 2900).
+# wake-up for the post (ringsock_ring::sleep::park) and every byte then
+# waited for the writer's close (waited_ms about 6900 for a byte sent at about 2900).
 #   cargo build --release -p ringsock-preload -p ringsock-ctl
 #   cargo build --release -p ringsock-integration --bin quietsend --bin exitsend
 #   scripts/softroce-vm --timeout 120 scripts/softroce-vm.d/quiet.sh \

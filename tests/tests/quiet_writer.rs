@@ -2,10 +2,10 @@
 //! does not see) must not hold back its byte: a batch left open by the
 //! send is the shim background thread's to flush. The thread once lost
 //! the wake-up for such a post (it looked whether the thread slept before
-//! bumping its counter, `ringsock_ring::park`), and every later byte of that
-//! process then waited for the writer's next call on the socket: on verbs
-//! (scripts/softroce-vm.d/quiet.sh) the reader saw its one byte only when
-//! the writer closed.
+//! bumping its counter, `ringsock_ring::sleep::park`), and every later
+//! byte of that process then waited for the writer's next call on the
+//! socket: on verbs (scripts/softroce-vm.d/quiet.sh) the reader saw its
+//! one byte only when the writer closed.
 //!
 //! `quietsend` (tests/src/bin/quietsend.rs) checks each byte arrived
 //! while the writer slept, through a file the reader updates; both run

@@ -64,6 +64,17 @@ pub struct Config {
     /// (registered, cached; the copy path when it cannot be). 0 or at
     /// least `ZEROCOPY_FLOOR`.
     pub zerocopy_min: u64,
+    /// RINGSOCK_DEVICE (unset: the RDMA device the route to the peer
+    /// leaves through, else the first with an active port): the device
+    /// for connections to other hosts, by name.
+    pub rdma_device: Option<String>,
+    /// RINGSOCK_GID_INDEX (unset: the route's RoCE v2 GID, else the
+    /// port's first IPv4-mapped one): 0..=255. `Err` says why a value
+    /// cannot be used: connections to other hosts then stay TCP.
+    pub rdma_gid_index: Result<Option<u8>, String>,
+    /// RINGSOCK_VERBS_MODE (push): the shim's rdma connections always
+    /// push; any other value is kept here to be logged as ignored.
+    pub verbs_mode: Option<OsString>,
 }
 
 /// Smallest accepted RINGSOCK_ZEROCOPY_MIN: below it a registration lookup
@@ -102,6 +113,9 @@ impl Default for Config {
             connect_timeout_ms: 1000,
             claim_wait_ms: 1000,
             zerocopy_min: 0,
+            rdma_device: None,
+            rdma_gid_index: Ok(None),
+            verbs_mode: None,
         }
     }
 }
@@ -210,6 +224,19 @@ impl Config {
                 Ok(ZeroCopyMin(v))
             })
             .0;
+        // Unset, empty or not UTF-8: the device of the route.
+        let rdma_device = lookup("RINGSOCK_DEVICE")
+            .filter(|v| !v.is_empty())
+            .and_then(|v| v.into_string().ok());
+        let rdma_gid_index = match lookup("RINGSOCK_GID_INDEX").and_then(|v| v.into_string().ok()) {
+            Some(s) if !s.is_empty() => s
+                .trim()
+                .parse::<u8>()
+                .map(Some)
+                .map_err(|_| "RINGSOCK_GID_INDEX must be in 0..=255".to_string()),
+            _ => Ok(None),
+        };
+        let verbs_mode = lookup("RINGSOCK_VERBS_MODE").filter(|v| !v.is_empty());
         let cfg = Config {
             disable,
             log_level,
@@ -228,6 +255,9 @@ impl Config {
             connect_timeout_ms,
             claim_wait_ms,
             zerocopy_min,
+            rdma_device,
+            rdma_gid_index,
+            verbs_mode,
         };
         (cfg, b.diags)
     }
@@ -370,6 +400,36 @@ mod tests {
         }
         let (_, d) = with(&[("RINGSOCK_ZEROCOPY_MIN", "4096")]);
         assert!(d[0].reason.contains("below 16384"), "{:?}", d[0]);
+    }
+
+    #[test]
+    fn rdma_device_and_gid_index() {
+        let (c, d) = with(&[("RINGSOCK_DEVICE", "rxeB"), ("RINGSOCK_GID_INDEX", " 3 ")]);
+        assert!(d.is_empty(), "{d:?}");
+        assert_eq!(c.rdma_device.as_deref(), Some("rxeB"));
+        assert_eq!(c.rdma_gid_index, Ok(Some(3)));
+        let (c, _) = with(&[("RINGSOCK_DEVICE", ""), ("RINGSOCK_GID_INDEX", "")]);
+        assert_eq!((c.rdma_device, c.rdma_gid_index), (None, Ok(None)));
+        // A bad index keeps connections to other hosts on TCP (the
+        // device is not opened), with this reason.
+        for bad in ["256", "-1", "x"] {
+            let (c, d) = with(&[("RINGSOCK_GID_INDEX", bad)]);
+            assert!(d.is_empty(), "{d:?}");
+            assert_eq!(
+                c.rdma_gid_index,
+                Err("RINGSOCK_GID_INDEX must be in 0..=255".to_string()),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn verbs_mode_is_kept_for_its_warning() {
+        assert_eq!(with(&[]).0.verbs_mode, None);
+        assert_eq!(with(&[("RINGSOCK_VERBS_MODE", "")]).0.verbs_mode, None);
+        let (c, d) = with(&[("RINGSOCK_VERBS_MODE", "pull")]);
+        assert!(d.is_empty());
+        assert_eq!(c.verbs_mode, Some(OsString::from("pull")));
     }
 
     #[test]

@@ -86,7 +86,7 @@ pub fn fewest_looks<'a>(conns: impl Iterator<Item = &'a dyn AttachedConn>) -> u3
     conns
         .map(|c| c.spin_looks())
         .min()
-        .unwrap_or(ringsock_ring::backoff::SPIN_TURNS)
+        .unwrap_or(ringsock_ring::sleep::backoff::SPIN_TURNS)
 }
 
 /// Polls `ready` for up to `limit_ns`, yielding the CPU between polls
@@ -98,7 +98,7 @@ fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> bool
     // an oversubscribed machine the peer, or the kernel work that carries
     // the data (a software RDMA device's softirqs), may need this CPU to
     // make the very progress we wait for (`AttachedConn::spin_looks`).
-    let mut relax = ringsock_ring::backoff::CompletionWait::with_spin_turns(looks);
+    let mut relax = ringsock_ring::sleep::backoff::CompletionWait::with_spin_turns(looks);
     loop {
         if ready() {
             return true;

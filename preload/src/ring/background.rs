@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use ringsock_proto::{Msg, Transport};
-use ringsock_ring::park::WorkerPark;
+use ringsock_ring::sleep::park::WorkerPark;
 
 use super::ctl;
 use super::plock::PLock;
@@ -88,10 +88,10 @@ static LIVE: PLock<BTreeMap<RawFd, (u64, Msg)>> = PLock::new(BTreeMap::new(), BT
 /// Reports waiting to be sent, with the time they were queued.
 static REPORTS: PLock<VecDeque<(u64, Report)>> = PLock::new(VecDeque::new(), VecDeque::new);
 
-/// The thread's sleep (`ringsock_ring::park`, loom-modelled): every post bumps
-/// it, and a post rings `WAKE_FD` only while the thread sleeps without a
-/// deadline (or a long one). While it ticks (`FLUSH_NS`) posters never
-/// make a system call.
+/// The thread's sleep (`ringsock_ring::sleep::park`, loom-modelled):
+/// every post bumps it, and a post rings `WAKE_FD` only while the thread
+/// sleeps without a deadline (or a long one). While it ticks (`FLUSH_NS`)
+/// posters never make a system call.
 static PARK: WorkerPark = WorkerPark::new();
 /// The pid whose thread is running (a forked child has none).
 static THREAD_PID: AtomicI32 = AtomicI32::new(0);

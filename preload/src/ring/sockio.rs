@@ -29,9 +29,9 @@ pub fn ring_errno(e: &RingError, what: &str) -> Errno {
             Errno(libc::ECONNRESET)
         }
         RingError::Os(e) => Errno(*e),
-        RingError::Config(m) => {
-            log::error!("{what}: {m}");
-            Errno(libc::EINVAL)
+        RingError::Config(_) | RingError::Unsupported(_) | RingError::Verbs(_) => {
+            log::error!("{what}: {e}");
+            Errno(e.errno())
         }
     }
 }

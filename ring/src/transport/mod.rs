@@ -10,12 +10,11 @@
 //! visibility is known only when a signaled work request completes.
 
 pub mod shm;
-#[cfg(all(feature = "verbs", not(loom)))]
 pub mod verbs;
-pub mod verbs_stats;
+
+pub use crate::sleep::flags::Ring;
 
 use crate::error::RingError;
-use crate::waiting::Ring;
 
 /// The control words one end writes into the other end's copy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,7 +112,7 @@ pub trait Transport {
     }
 
     /// Receiver end: whether it may announce a *standing* sleep flag
-    /// (`crate::waiting`): the peer's sender honours them and this end's
+    /// (`crate::sleep::flags`): the peer's sender honours them and this end's
     /// doorbell has room for their rings. Verbs only: there an
     /// announcement costs a network round trip.
     fn standing_waits(&self) -> bool {
@@ -154,9 +153,7 @@ pub trait Transport {
         src: ExternalSrc,
     ) -> Result<u64, RingError> {
         let _ = (first, count, header, src);
-        Err(RingError::Config(
-            "zero-copy writes are not supported by this transport",
-        ))
+        Err(RingError::Unsupported("zero-copy writes on this transport"))
     }
 
     /// Waits until the device no longer reads the memory of the external

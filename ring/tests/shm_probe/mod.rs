@@ -12,13 +12,16 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ringsock_ring::waiting::Ring;
 use ringsock_ring::{
-    PeerWord, Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport, Transport, Visibility,
+    PeerWord, Receiver, Ring, RingConfig, RingError, RingMem, Sender, ShmTransport, Transport,
+    VerbsError, Visibility,
 };
 
 /// What `fetch_tail` returns once `Probes::broken` is set.
-pub const FLUSHED: RingError = RingError::Config("verbs: work request flushed (test)");
+pub const FLUSHED: RingError = RingError::Verbs(VerbsError::Completion {
+    status: 5,
+    what: "work request flushed (test)",
+});
 
 /// Shared with the test while the transport is owned by a ring end.
 #[derive(Clone, Default)]

@@ -311,7 +311,7 @@ impl<W: Wire> RingConn<W> {
         let mut drained = Vec::new();
         if let Some(r) = rx.as_mut() {
             let deadline = sys::monotonic_ns() + limit_ns();
-            let mut wait = ringsock_ring::backoff::CompletionWait::new();
+            let mut wait = ringsock_ring::sleep::backoff::CompletionWait::new();
             loop {
                 match r.drain_to(l.end, &mut drained) {
                     Ok(true) => break,

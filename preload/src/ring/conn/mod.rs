@@ -371,9 +371,9 @@ impl<W: Wire> RingConn<W> {
             return Errno(libc::EPIPE);
         }
         let errno = match e {
-            RingError::Config(m) => {
+            RingError::Config(_) | RingError::Verbs(_) => {
                 log::error!(
-                    "{what} on {} -> {}: {m}; the connection is reset",
+                    "{what} on {} -> {}: {e}; the connection is reset",
                     self.local,
                     self.peer
                 );
@@ -394,7 +394,7 @@ impl<W: Wire> RingConn<W> {
             return true;
         }
         let start = sys::monotonic_ns();
-        let mut wait = ringsock_ring::backoff::CompletionWait::new();
+        let mut wait = ringsock_ring::sleep::backoff::CompletionWait::new();
         loop {
             let tx_owes = tx
                 .as_mut()
@@ -424,7 +424,7 @@ impl<W: Wire> RingConn<W> {
         }
         let start = sys::monotonic_ns();
         let mut spins = 0u32;
-        let mut wait = ringsock_ring::backoff::CompletionWait::new();
+        let mut wait = ringsock_ring::sleep::backoff::CompletionWait::new();
         loop {
             let tx_owes = lock(&self.tx)
                 .as_mut()
@@ -1161,7 +1161,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         if !W::REAPS_COMPLETIONS {
             return;
         }
-        let mut wait = ringsock_ring::backoff::CompletionWait::new();
+        let mut wait = ringsock_ring::sleep::backoff::CompletionWait::new();
         while W::words_pending(tx.transport_mut()) && sys::monotonic_ns() < deadline_ns {
             if tx.poll().is_err() || self.peer_gone() {
                 return;

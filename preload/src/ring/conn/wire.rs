@@ -50,7 +50,7 @@ pub trait Wire: Sized + Send + Sync + 'static {
 
     /// Looks a spinning waiter takes back to back before it yields.
     fn spin_looks(&self) -> u32 {
-        ringsock_ring::backoff::SPIN_TURNS
+        ringsock_ring::sleep::backoff::SPIN_TURNS
     }
 
     /// The reason column of a ring in status (the RDMA device, say).

@@ -19,7 +19,7 @@ use std::os::fd::RawFd;
 use std::sync::Arc;
 
 use ringsock_proto::Msg;
-use ringsock_ring::transport::verbs::{QpParams, VerbsConn};
+use ringsock_ring::transport::verbs::{PullKnobs, QpParams, VerbsConn};
 
 use super::super::conn::{Parts, RingConn};
 use super::super::setup::{
@@ -31,21 +31,23 @@ use super::super::{background, ctl};
 use super::wire::{RdmaConn, RdmaWire};
 use super::{describe, device_for, host_without_rdma, NO_DEVICE_REASON, PREFIX};
 use crate::attached::{Decision, Errno, TcpReason};
+use crate::config;
 use crate::sys;
 
-/// This end's half of a verbs ring. The shim's senders always push:
-/// in pull mode a ring's unfetched data lives in the sending process,
-/// which may exit without closing its socket (no hook sees that), and a
-/// close with unfetched data still lost a ring of it in the Soft-RoCE
-/// guest (README limits). Pull mode is the verbs ring library's.
+/// This end's half of a verbs ring. The shim's senders always push
+/// (`PullKnobs::default()`): in pull mode a ring's unfetched data lives
+/// in the sending process, which may exit without closing its socket (no
+/// hook sees that), and a close with unfetched data lost ring data in
+/// the Soft-RoCE guest (docs/limits.md). Pull mode is the verbs ring
+/// library's.
 fn new_end(
     dev: &Arc<ringsock_ring::transport::verbs::Device>,
     out_cfg: ringsock_ring::RingConfig,
     in_cfg: ringsock_ring::RingConfig,
 ) -> Result<VerbsConn, ringsock_ring::RingError> {
     static SAID: std::sync::Once = std::sync::Once::new();
-    if let Some(v) = std::env::var_os("RINGSOCK_VERBS_MODE") {
-        if v != "push" && !v.is_empty() {
+    if let Some(v) = &config::get().verbs_mode {
+        if v != "push" {
             SAID.call_once(|| {
                 log::warn!(
                     "RINGSOCK_VERBS_MODE={v:?} ignored: the shim's rdma connections always push \
@@ -54,7 +56,7 @@ fn new_end(
             });
         }
     }
-    VerbsConn::new_push_only(dev, out_cfg, in_cfg)
+    VerbsConn::new(dev, out_cfg, in_cfg, PullKnobs::default())
 }
 
 fn payload(p: &QpParams) -> Vec<u8> {

@@ -18,11 +18,11 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use ringsock_proto::Msg;
-use ringsock_ring::transport::verbs::Device;
+use ringsock_ring::transport::verbs::{Device, DeviceChoice};
 
 use super::ctl;
 use super::sockio::lock;
-use crate::{process, sys};
+use crate::{config, process, sys};
 
 pub use handshake::{accept, connect};
 
@@ -54,7 +54,7 @@ pub fn device_for(peer: IpAddr) -> Result<Arc<Device>, String> {
     if NO_DEVICE_PID.load(Ordering::Relaxed) == me {
         return Err("no RDMA device".into());
     }
-    match Device::open_for(peer) {
+    match open_device(peer) {
         Ok(dev) => {
             if LOGGED_PID.swap(me, Ordering::Relaxed) != me {
                 log::info!(
@@ -67,9 +67,20 @@ pub fn device_for(peer: IpAddr) -> Result<Arc<Device>, String> {
         Err(e) => {
             NO_DEVICE_PID.store(me, Ordering::Relaxed);
             log::info!("no RDMA device ({e}): connections to other hosts stay TCP");
-            Err(e.to_string())
+            Err(e)
         }
     }
+}
+
+/// Opens the device `RINGSOCK_DEVICE` and `RINGSOCK_GID_INDEX` choose
+/// for `peer` (`Device::open_for`).
+fn open_device(peer: IpAddr) -> Result<Arc<Device>, String> {
+    let cfg = config::get();
+    let choice = DeviceChoice {
+        name: cfg.rdma_device.clone(),
+        gid_index: cfg.rdma_gid_index.clone()?,
+    };
+    Device::open_for(peer, &choice).map_err(|e| e.to_string())
 }
 
 /// "rxe0 port 1 gid 1", for status.

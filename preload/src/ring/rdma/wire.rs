@@ -29,7 +29,7 @@ use std::sync::{Mutex, OnceLock};
 
 use ringsock_proto::Transport as StatusTransport;
 use ringsock_ring::transport::verbs::{Doorbell, QpParams, VerbsConn, VerbsTransport};
-use ringsock_ring::{EventFd, Notify, RingError, Sender};
+use ringsock_ring::{EventFd, Notify, RingError, Sender, VerbsError};
 
 use super::super::conn::{RingConn, Waiters, Wire, MODE_PENDING, MODE_TCP, PENDING_CAP};
 use super::super::sockio::lock;
@@ -99,12 +99,14 @@ fn connect_to(c: &RdmaConn, payload: &[u8]) {
     }
     let params = payload
         .strip_prefix(PREFIX)
-        .ok_or(RingError::Config("verbs: the answer is not a verbs answer"))
+        .ok_or(RingError::Verbs(VerbsError::Params(
+            "the answer is not a verbs answer",
+        )))
         .and_then(QpParams::decode);
     let vc = lock(&w.unconnected).take();
     let connected = match (vc, params) {
         (Some(vc), Ok(p)) => vc.connect(&p),
-        (None, _) => Err(RingError::Config("verbs: the queue pair is gone")),
+        (None, _) => Err(RingError::Closed),
         (_, Err(e)) => Err(e),
     };
     match connected {

@@ -2,7 +2,7 @@
 
 use crate::proc::run_pair;
 use crate::workload::{Latency, Throughput};
-use ringsock_ring::wait::{recv_blocking, send_all_blocking};
+use ringsock_ring::sleep::spin::{recv_blocking, send_all_blocking};
 use ringsock_ring::{EventFd, Receiver, RingConfig, Segment, Sender, ShmTransport, SpinBudget};
 use std::io;
 use std::time::{Duration, Instant};

@@ -38,6 +38,7 @@
 //! `accept4`, no control connection), so they also run under rsocket's
 //! preload library.
 
+mod env;
 mod rpc;
 mod tcp;
 mod vrb;

@@ -2,7 +2,7 @@
 //! workloads over a ring each way.
 
 use crate::{
-    fnv, median, median_us, Header, Opts, Rng, FNV_INIT, MODE_BW, MODE_PINGPONG, MODE_STREAM,
+    env, fnv, median, median_us, Header, Opts, Rng, FNV_INIT, MODE_BW, MODE_PINGPONG, MODE_STREAM,
 };
 use ringsock_ring::transport::verbs::{settle, Connected, Device, QpParams, VerbsConn, PARAMS_LEN};
 use ringsock_ring::{RingConfig, RingError};
@@ -24,7 +24,7 @@ fn e2s(e: RingError) -> String {
 /// daemon), checked against the in-process view. `key=value` pairs for a
 /// RESULT line.
 fn shared_counters(c: &Connected) -> Result<String, String> {
-    use ringsock_ring::transport::verbs_stats::{offsets as o, VERBS_MAGIC};
+    use ringsock_ring::transport::verbs::stats::{offsets as o, VERBS_MAGIC};
     use std::os::fd::AsRawFd;
     use std::sync::atomic::{AtomicU64, Ordering};
     let fd = c.share_fd().map_err(e2s)?;
@@ -98,7 +98,7 @@ pub(crate) fn pull_kv(c: &Connected) -> String {
 }
 
 pub fn info() -> Result<(), String> {
-    let dev = Device::open().map_err(e2s)?;
+    let dev = Device::open(&env::options()?.device).map_err(e2s)?;
     let g = dev.gid();
     println!(
         "device={} port={} gid_index={} gid={}",
@@ -121,11 +121,12 @@ pub fn info() -> Result<(), String> {
 pub fn conn_loop(o: &Opts) -> Result<(), String> {
     let fds = || std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count());
     let maps = || std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
-    let dev = Device::open().map_err(e2s)?;
+    let dev = Device::open(&env::options()?.device).map_err(e2s)?;
     let cfg = RingConfig::default();
     let mut first_err = None;
     let (mut ok, mut failed) = (0u64, 0u64);
-    let mut attempt = || match VerbsConn::new(&dev, cfg, cfg) {
+    let knobs = env::options()?.pull;
+    let mut attempt = || match VerbsConn::new(&dev, cfg, cfg, knobs) {
         Ok(c) => {
             ok += 1;
             drop(c);
@@ -180,8 +181,9 @@ pub fn pick(addrs: &[String]) -> Result<(), String> {
                 )
             }
         };
-        let d1 = Device::open_for(peer).map_err(e2s)?;
-        let d2 = Device::open_for(peer).map_err(e2s)?;
+        let choice = &env::options()?.device;
+        let d1 = Device::open_for(peer, choice).map_err(e2s)?;
+        let d2 = Device::open_for(peer, choice).map_err(e2s)?;
         println!(
             "PICK peer={peer} {route} device={} port={} gid_index={} shared={}",
             d1.name(),
@@ -224,7 +226,7 @@ pub(crate) fn setup(
     client: bool,
     cfg: RingConfig,
 ) -> Result<Connected, String> {
-    let conn = VerbsConn::new(dev, cfg, cfg).map_err(e2s)?;
+    let conn = VerbsConn::new(dev, cfg, cfg, env::options()?.pull).map_err(e2s)?;
     let mine = conn.local_params().encode();
     let mut theirs = [0u8; PARAMS_LEN];
     if client {
@@ -454,7 +456,7 @@ fn session(dev: &Arc<Device>, mut ctl: TcpStream, o: &Opts) -> Result<(), String
 /// the route to `--via` when given, else to the peer
 /// (`Device::open_for`; `RINGSOCK_DEVICE` still wins).
 pub(crate) fn device_for(o: &Opts, peer: IpAddr) -> Result<Arc<Device>, String> {
-    Device::open_for(o.via.unwrap_or(peer)).map_err(e2s)
+    Device::open_for(o.via.unwrap_or(peer), &env::options()?.device).map_err(e2s)
 }
 
 pub fn serve(o: &Opts) -> Result<(), String> {

@@ -10,9 +10,9 @@ pub use segment::{control_offset, Segment, SegmentHeader, SEGMENT_MAGIC, SEGMENT
 use super::{PeerWord, Transport, Visibility};
 use crate::error::RingError;
 use crate::memory::RingMem;
-use crate::notify::Notify;
+use crate::sleep::notify::Notify;
 use crate::sync::Ordering;
-use crate::waiting::Ring;
+use crate::transport::Ring;
 
 /// One end's view of a shared ring.
 pub struct ShmTransport {

@@ -10,7 +10,7 @@
 #![cfg(not(loom))]
 
 use crate::config::RingConfig;
-use crate::error::{Corruption, RingError};
+use crate::error::{ConfigError, Corruption, RingError};
 use crate::layout::CONTROL_BYTES;
 use crate::memory::RingMem;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -59,7 +59,9 @@ struct Mapping {
 // SAFETY: the mapping is plain shared memory; all access goes through
 // RingMem's atomics and bounds-checked copies.
 unsafe impl Send for Mapping {}
-// SAFETY: as above.
+// SAFETY: `&Mapping` only reads `ptr` and `len`, which never change; what
+// the pointer reaches is accessed through RingMem (atomics, bounds-checked
+// copies) and the header's atomic user words.
 unsafe impl Sync for Mapping {}
 
 impl Drop for Mapping {
@@ -103,7 +105,11 @@ impl Segment {
     pub fn create(cfg: &RingConfig, rings: u32) -> Result<Segment, RingError> {
         cfg.validate()?;
         if rings == 0 || rings > MAX_RINGS {
-            return Err(RingError::Config("a segment holds 1..=8 rings"));
+            return Err(ConfigError::SegmentRings {
+                rings,
+                max: MAX_RINGS,
+            }
+            .into());
         }
         let len = segment_len(rings, cfg.slots, cfg.slot_size);
         // A failed huge-page attempt costs four system calls: after one,
@@ -146,28 +152,34 @@ impl Segment {
     fn make(len: usize, huge: bool) -> Result<(OwnedFd, Mapping), RingError> {
         let flags =
             libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING | if huge { libc::MFD_HUGETLB } else { 0 };
-        // SAFETY: name is a NUL-terminated literal.
+        // SAFETY: the name is a NUL-terminated literal the kernel only
+        // reads; the result is checked by `sys`.
         let raw =
             sys(unsafe { libc::syscall(libc::SYS_memfd_create, c"ringsock".as_ptr(), flags) })?;
-        // SAFETY: fresh fd from the kernel, owned from here on.
+        // SAFETY: `raw` is the descriptor memfd_create just returned
+        // (non-negative, `sys`), owned by nothing else yet.
         let fd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
-        // SAFETY: ftruncate/fcntl on our own fd.
+        // SAFETY: ftruncate of a descriptor we own, integer arguments.
         sys(unsafe { libc::syscall(libc::SYS_ftruncate, fd.as_raw_fd(), len as libc::off_t) })?;
         let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        // SAFETY: as above.
+        // SAFETY: F_ADD_SEALS on a descriptor we own, integer arguments.
         sys(unsafe { libc::syscall(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_ADD_SEALS, seals) })?;
         let map = Self::map(&fd, len)?;
         if huge {
             // Touch the first page: a hugetlb mapping without reserved pages
             // can still fail at fault time on some kernels; fail here instead.
-            // SAFETY: in-bounds write to our fresh mapping.
+            // SAFETY: `map` is a fresh writable mapping of at least one
+            // (huge) page that nothing else references yet; its first
+            // byte is in bounds.
             unsafe { std::ptr::write_volatile(map.ptr, 0) };
         }
         Ok((fd, map))
     }
 
     fn map(fd: &OwnedFd, len: usize) -> Result<Mapping, RingError> {
-        // SAFETY: maps a file we hold; the result is checked.
+        // SAFETY: a shared mapping of `len` bytes of a descriptor we hold,
+        // with no address hint, so no existing memory is replaced;
+        // MAP_FAILED is handled below.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
@@ -192,14 +204,15 @@ impl Segment {
     /// a valid geometry that fits in the file.
     pub fn attach(fd: OwnedFd) -> Result<Segment, RingError> {
         let bad = |what| Err(RingError::Corrupt(Corruption::Segment(what)));
-        // SAFETY: fcntl on an fd we own.
+        // SAFETY: F_GET_SEALS on a descriptor we own, integer arguments.
         let seals = unsafe { libc::syscall(libc::SYS_fcntl, fd.as_raw_fd(), libc::F_GET_SEALS) };
         if seals < 0 || seals as i32 & libc::F_SEAL_SHRINK == 0 {
             return bad("not a memfd sealed against shrinking");
         }
-        // SAFETY: fstat into a zeroed local struct.
+        // SAFETY: `stat` is plain integers, for which all-zero is valid.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: valid fd and out pointer.
+        // SAFETY: fstat of a descriptor we own writes one `struct stat`
+        // into `st`, a live local of that type.
         sys(unsafe { libc::syscall(libc::SYS_fstat, fd.as_raw_fd(), &mut st as *mut libc::stat) })?;
         let file_len = st.st_size as usize;
         if file_len < PAGE {

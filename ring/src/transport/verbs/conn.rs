@@ -3,24 +3,25 @@
 //! transports and doorbell built on them.
 
 use super::device::Device;
+use super::headerless;
 use super::params::{
     QpParams, RingDesc, FEATURE_HEADERLESS, FEATURE_STANDING_WAITS, FEATURE_TAIL_CREDITS,
     FEATURE_TAIL_IN_IMM,
 };
+use super::pull::PullKnobs;
+use super::stats::{
+    VerbsCounters, VerbsHeader, VERBS_FLAG_HUGE, VERBS_HEADER_PAGE, VERBS_MAGIC, VERBS_VERSION,
+};
+use super::{call_failed, errno};
 use crate::config::RingConfig;
-use crate::error::RingError;
-use crate::headerless;
-use crate::layout::{RingControl, CONTROL_BYTES};
+use crate::error::{RingError, VerbsError};
+use crate::layout::{bump, RingControl, CONTROL_BYTES};
 use crate::memory::RingMem;
 use crate::receiver::Receiver;
 use crate::record::{self, Header};
 use crate::sender::Sender;
-use crate::transport::verbs_stats::{
-    bump, VerbsCounters, VerbsHeader, VERBS_FLAG_HUGE, VERBS_HEADER_PAGE, VERBS_MAGIC,
-    VERBS_VERSION,
-};
-use crate::transport::{ExternalSrc, PeerWord, Transport, Visibility};
-use crate::waiting::{Ring, STANDING_KICKS};
+use crate::sleep::flags::STANDING_KICKS;
+use crate::transport::{ExternalSrc, PeerWord, Ring, Transport, Visibility};
 use rdma_sys::*;
 use std::collections::VecDeque;
 use std::mem::offset_of;
@@ -30,7 +31,6 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 // Pull mode's verbs glue: a child module, so it sees the queue pair.
-#[path = "pull_io.rs"]
 mod pull_io;
 
 const PAGE: usize = 4096;
@@ -42,13 +42,13 @@ const SQ_DEPTH: u32 = 256;
 /// (`params::FEATURE_TAIL_CREDITS`).
 const RQ_DEPTH: u32 = 64;
 /// Immediate bit of the ring that ends a standing flag (the low 31 bits
-/// carry its epoch, `waiting::Ring::EndsStanding`); plain kicks carry 1
+/// carry its epoch, `Ring::EndsStanding`); plain kicks carry 1
 /// or 2.
 const IMM_ENDS_STANDING: u32 = 1 << 31;
 /// Immediate bit of a ring that carries the sender's new tail in its low
 /// `tail_hint::HINT_BITS` (never together with `IMM_ENDS_STANDING`).
 const IMM_CARRIES_TAIL: u32 = 1 << 30;
-const _: () = assert!(crate::tail_hint::HINT_BITS == 30);
+const _: () = assert!(super::tail_hint::HINT_BITS == 30);
 /// Immediate bit of a slot WRITE that carries one record's payload
 /// without its header (`FEATURE_HEADERLESS`): the low
 /// `headerless::FIELD_BITS` hold its length and tail (never together with
@@ -89,10 +89,13 @@ struct Region {
     fd: OwnedFd,
 }
 
-// SAFETY: plain memory; all access goes through RingMem (atomics and
-// bounds-checked copies), the header's atomics, or the device.
+// SAFETY: the region owns its mapping and memfd alone; unmapping from
+// another thread is fine. The memory itself is reached through RingMem
+// (atomics and bounds-checked copies), the header's atomics, the staging
+// words (one writer: the `sq` lock) or the device.
 unsafe impl Send for Region {}
-// SAFETY: as above.
+// SAFETY: `&Region` only reads `base`, `len`, `huge` and `fd`, which never
+// change; the memory behind `base` is accessed as said for `Send`.
 unsafe impl Sync for Region {}
 
 impl Region {
@@ -111,23 +114,22 @@ impl Region {
         if huge {
             flags |= libc::MFD_HUGETLB;
         }
-        // SAFETY: a constant C string name; the new fd is owned below.
+        // SAFETY: the name is a NUL-terminated literal the kernel only
+        // reads; a failure is a negative return, handled below.
         let raw = unsafe { libc::memfd_create(c"ringsock-verbs".as_ptr(), flags) };
         if raw < 0 {
             return Err(RingError::last_os());
         }
-        // SAFETY: raw is a fresh fd nobody else owns.
+        // SAFETY: `raw` is the descriptor memfd_create just returned
+        // (non-negative), owned by nothing else yet.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: plain syscalls on our fd.
-        if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0
-            || unsafe {
-                libc::fcntl(
-                    raw,
-                    libc::F_ADD_SEALS,
-                    libc::F_SEAL_SHRINK | libc::F_SEAL_GROW,
-                )
-            } != 0
-        {
+        // SAFETY: ftruncate of the descriptor `fd` owns, integer arguments.
+        if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0 {
+            return Err(RingError::last_os());
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+        // SAFETY: F_ADD_SEALS on the same descriptor, integer arguments.
+        if unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, seals) } != 0 {
             return Err(RingError::last_os());
         }
         // SAFETY: shared mapping of the whole (sealed) file, no address
@@ -322,7 +324,7 @@ struct Shared {
     sq: Mutex<SqState>,
     rq: Mutex<()>,
     /// The epoch of the last standing flag whose ending ring the doorbell
-    /// reaped (`waiting::Ring::EndsStanding`); 0: none.
+    /// reaped (`Ring::EndsStanding`); 0: none.
     standing_ended: AtomicU32,
 }
 
@@ -330,7 +332,10 @@ struct Shared {
 // serializes its own use of the send queue (`sq`) and of the receive
 // queue and channel (`rq`) with mutexes.
 unsafe impl Send for Shared {}
-// SAFETY: as above.
+// SAFETY: `&Shared` reads the verbs object pointers (set before `Shared`
+// is shared, then fixed) and calls libibverbs on them, which is
+// thread-safe; the queues' own state is behind `sq` and `rq`, the rest are
+// atomics or immutable.
 unsafe impl Sync for Shared {}
 
 impl Drop for Shared {
@@ -363,34 +368,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Static messages for completion errors: the connection is dead after any.
+/// A failed work completion: the connection is dead after any.
 fn wc_error(status: ibv_wc_status::Type) -> RingError {
     use ibv_wc_status::*;
-    RingError::Config(match status {
+    let what = match status {
         IBV_WC_REM_ACCESS_ERR => {
-            "verbs: remote access error (the peer's rkey/address do not cover the write)"
+            "remote access error (the peer's rkey/address do not cover the write)"
         }
         IBV_WC_RETRY_EXC_ERR => {
-            "verbs: transport retry count exceeded (peer unreachable or its QP is gone)"
+            "transport retry count exceeded (peer unreachable or its QP is gone)"
         }
-        IBV_WC_RNR_RETRY_EXC_ERR => "verbs: receiver-not-ready retries exceeded",
-        IBV_WC_WR_FLUSH_ERR => "verbs: work request flushed (the queue pair is in error)",
+        IBV_WC_RNR_RETRY_EXC_ERR => "receiver-not-ready retries exceeded",
+        IBV_WC_WR_FLUSH_ERR => "work request flushed (the queue pair is in error)",
         IBV_WC_LOC_PROT_ERR | IBV_WC_LOC_ACCESS_ERR => {
-            "verbs: local protection error (source not in the registered region)"
+            "local protection error (source not in the registered region)"
         }
-        IBV_WC_LOC_LEN_ERR => "verbs: local length error",
+        IBV_WC_LOC_LEN_ERR => "local length error",
         // What Soft-RoCE reports when it cannot route to the peer's GID
         // from its netdev: rxe (Linux 6.1) routes in the initial network
         // namespace only, so an rxe device on a netdev moved into another
         // namespace fails every send this way (scripts/softroce-vm.d/check.sh).
         IBV_WC_LOC_QP_OP_ERR => {
-            "verbs: local QP operation error (on Soft-RoCE: no route from the device's netdev \
+            "local QP operation error (on Soft-RoCE: no route from the device's netdev \
              to the peer's GID address in the initial network namespace)"
         }
-        IBV_WC_REM_INV_REQ_ERR => "verbs: remote invalid request",
-        IBV_WC_REM_OP_ERR => "verbs: remote operation error",
-        _ => "verbs: work request failed",
-    })
+        IBV_WC_REM_INV_REQ_ERR => "remote invalid request",
+        IBV_WC_REM_OP_ERR => "remote operation error",
+        _ => "work request failed",
+    };
+    VerbsError::Completion { status, what }.into()
 }
 
 /// Writes the header page of a fresh region: nothing else has seen the
@@ -423,50 +429,6 @@ fn init_header(region: &Region, l: &Layout, out: &RingConfig, inn: &RingConfig, 
     // SAFETY: the header page is mapped, writable, page-aligned and not
     // referenced by anyone yet.
     unsafe { std::ptr::write(region.base.cast::<VerbsHeader>(), h) };
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
-/// "Cannot allocate memory (errno 12)".
-fn os_text(e: i32) -> String {
-    let t = std::io::Error::from_raw_os_error(e).to_string();
-    // std appends " (os error N)"; say it once, as errno.
-    let t = t.split(" (os error").next().unwrap_or_default();
-    format!("{t} (errno {e})")
-}
-
-/// The error of a failed memory registration: how many bytes, the errno,
-/// and the usual cause. Registration pins the pages, which counts against
-/// RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK.
-fn reg_mr_error(len: usize, e: i32) -> RingError {
-    detailed(format!(
-        "verbs: ibv_reg_mr of {len} bytes failed: {}; the usual cause is RLIMIT_MEMLOCK \
-         (ulimit -l) below what the rings pin (raise it, or grant CAP_IPC_LOCK)",
-        os_text(e)
-    ))
-}
-
-/// `RingError::Config` carries a `&'static str`: a message with numbers in
-/// it is interned (leaked once per distinct text). Distinct texts are few
-/// (region sizes x errnos) and capped, so a process that fails in a loop
-/// does not grow; past the cap the generic text stands in.
-fn detailed(msg: String) -> RingError {
-    static SEEN: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
-    RingError::Config(intern(&mut lock(&SEEN), 64, msg))
-}
-
-fn intern(seen: &mut Vec<&'static str>, cap: usize, msg: String) -> &'static str {
-    if let Some(m) = seen.iter().find(|m| **m == msg) {
-        return m;
-    }
-    if seen.len() >= cap {
-        return "verbs: a verbs setup call failed (details suppressed: too many distinct errors)";
-    }
-    let m: &'static str = Box::leak(msg.into_boxed_str());
-    seen.push(m);
-    m
 }
 
 /// The receive queue for an end whose incoming ring has `in_slots` slots
@@ -508,9 +470,8 @@ pub struct VerbsConn {
     shared: Shared,
     out_cfg: RingConfig,
     in_cfg: RingConfig,
-    /// The pull-mode knobs this end's sender follows: the process's
-    /// (`RINGSOCK_VERBS_MODE`, ...) or, from `new_push_only`, always push.
-    knobs: super::pull::PullKnobs,
+    /// The pull-mode knobs this end's sender follows.
+    knobs: PullKnobs,
 }
 
 /// A connected end: the sending end of the outgoing ring, the receiving end
@@ -524,34 +485,16 @@ pub struct Connected {
 impl VerbsConn {
     /// Allocates and registers this end's two ring copies (`out_cfg`: the
     /// ring we send on, `in_cfg`: the ring we receive on) and creates the
-    /// queue pair.
+    /// queue pair. This end's sender follows `knobs` (pull mode); its
+    /// receiver follows whatever mode the peer's sender is in. A user that
+    /// cannot keep a ring's unfetched data alive until the peer has READ
+    /// it (the shim: a process may exit without closing) passes
+    /// `PullKnobs::default()`, which always pushes.
     pub fn new(
         dev: &Arc<Device>,
         out_cfg: RingConfig,
         in_cfg: RingConfig,
-    ) -> Result<VerbsConn, RingError> {
-        // A bad pull-mode knob fails here, before anything is allocated.
-        let knobs = *super::pull::PullKnobs::get().map_err(|e| detailed(format!("verbs: {e}")))?;
-        VerbsConn::create(dev, out_cfg, in_cfg, knobs)
-    }
-
-    /// As `new`, but this end's sender always pushes, whatever the pull
-    /// knobs say (the receiver still follows a pulling peer). For users
-    /// that cannot keep a ring's unfetched data alive until the peer has
-    /// READ it: the shim (a process may exit without closing).
-    pub fn new_push_only(
-        dev: &Arc<Device>,
-        out_cfg: RingConfig,
-        in_cfg: RingConfig,
-    ) -> Result<VerbsConn, RingError> {
-        VerbsConn::create(dev, out_cfg, in_cfg, super::pull::PullKnobs::default())
-    }
-
-    fn create(
-        dev: &Arc<Device>,
-        out_cfg: RingConfig,
-        in_cfg: RingConfig,
-        knobs: super::pull::PullKnobs,
+        knobs: PullKnobs,
     ) -> Result<VerbsConn, RingError> {
         out_cfg.validate()?;
         in_cfg.validate()?;
@@ -602,20 +545,26 @@ impl VerbsConn {
         if s.mr.is_null() {
             // `s` (and with it the region: mapping and memfd) is released
             // on return; nothing else was created yet.
-            return Err(reg_mr_error(mr_len, errno()));
+            return Err(VerbsError::Register {
+                bytes: mr_len,
+                errno: errno(),
+            }
+            .into());
         }
-        // SAFETY: context open.
+        // SAFETY: `dev.ctx` is an open context (Device keeps it open
+        // while `s.dev` holds it); a null result is handled below.
         s.channel = unsafe { ibv_create_comp_channel(dev.ctx) };
         if s.channel.is_null() {
-            return Err(RingError::Config("verbs: ibv_create_comp_channel failed"));
+            return Err(call_failed("ibv_create_comp_channel", errno()));
         }
-        // SAFETY: the channel fd belongs to the channel; making it
-        // non-blocking lets `Doorbell::drain` never block.
+        // SAFETY: `s.channel` is the live channel just created (non-null);
+        // reading its `fd` field is a plain read.
         let fd = unsafe { (*s.channel).fd };
-        // SAFETY: fcntl on that fd with integer arguments.
+        // Non-blocking, so that `Doorbell::drain` never blocks.
+        // SAFETY: F_GETFL on the channel's descriptor, integer arguments.
         let fl = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };
-        // SAFETY: as above.
         if fl < 0
+            // SAFETY: F_SETFL on the same descriptor, integer arguments.
             || unsafe {
                 libc::syscall(
                     libc::SYS_fcntl,
@@ -627,7 +576,9 @@ impl VerbsConn {
         {
             return Err(RingError::last_os());
         }
-        // SAFETY: context open; no channel for the send CQ (it is polled).
+        // SAFETY: `dev.ctx` is open (as above); null channel and context
+        // pointers are allowed (the send CQ is polled, not waited on); a
+        // null result is handled below.
         s.send_cq = unsafe {
             ibv_create_cq(
                 dev.ctx,
@@ -637,14 +588,15 @@ impl VerbsConn {
                 0,
             )
         };
-        // SAFETY: context and channel open.
+        if s.send_cq.is_null() {
+            return Err(call_failed("ibv_create_cq", errno()));
+        }
+        // SAFETY: `dev.ctx` is open and `s.channel` is the live channel
+        // created on it above; a null result is handled below.
         s.recv_cq =
             unsafe { ibv_create_cq(dev.ctx, rq_depth as i32, std::ptr::null_mut(), s.channel, 0) };
-        if s.send_cq.is_null() || s.recv_cq.is_null() {
-            return Err(detailed(format!(
-                "verbs: ibv_create_cq failed: {}",
-                os_text(errno())
-            )));
+        if s.recv_cq.is_null() {
+            return Err(call_failed("ibv_create_cq", errno()));
         }
         // A device may refuse the receive queue that covers every slot
         // while its limits allowed it: then the doorbell's alone, and the
@@ -684,10 +636,7 @@ impl VerbsConn {
             }
         }
         if s.qp.is_null() {
-            return Err(detailed(format!(
-                "verbs: ibv_create_qp failed: {}",
-                os_text(errno())
-            )));
+            return Err(call_failed("ibv_create_qp", errno()));
         }
         Ok(VerbsConn {
             shared: s,
@@ -705,7 +654,9 @@ impl VerbsConn {
         QpParams {
             gid: s.dev.gid,
             lid: s.dev.lid,
-            // SAFETY: qp is valid for the life of self.
+            // SAFETY: `s.qp` is the live queue pair `create` made (it
+            // returns no VerbsConn without one); Shared destroys it only
+            // on drop. A plain field read.
             qpn: unsafe { (*s.qp).qp_num },
             psn: s.psn,
             mtu: s.dev.mtu,
@@ -721,7 +672,8 @@ impl VerbsConn {
                 } else {
                     0
                 },
-            // SAFETY: mr is valid for the life of self.
+            // SAFETY: `s.mr` is the live registration `create` made, as
+            // for `qp`. A plain field read.
             rkey: unsafe { (*s.mr).rkey },
             out_ring: RingDesc {
                 ctrl_addr: r.addr(l.out_ctrl),
@@ -747,13 +699,14 @@ impl VerbsConn {
     /// channel): known before the connection is, so a caller can hand a
     /// fixed set of fds to pollers from the start.
     pub fn doorbell_fd(&self) -> std::os::fd::RawFd {
-        // SAFETY: the channel lives as long as self.
+        // SAFETY: `channel` is the live completion channel `create` made;
+        // Shared destroys it only on drop. A plain field read.
         unsafe { (*self.shared.channel).fd }
     }
 
     /// A close-on-exec duplicate of the region's memfd, for the ctl daemon:
     /// it maps the header read-only and reads the counters
-    /// (`transport::verbs_stats`). The memfd is sealed against shrinking
+    /// (`transport::verbs::stats`). The memfd is sealed against shrinking
     /// and growing, so a mapping of it can never fault.
     pub fn share_fd(&self) -> Result<OwnedFd, RingError> {
         self.shared.share_fd()
@@ -769,9 +722,7 @@ impl VerbsConn {
     /// rings we share: its incoming ring is our outgoing one and vice versa.
     pub fn connect(self, peer: &QpParams) -> Result<Connected, RingError> {
         if !peer.in_ring.matches(&self.out_cfg) || !peer.out_ring.matches(&self.in_cfg) {
-            return Err(RingError::Config(
-                "verbs: the peer's ring geometry does not match ours",
-            ));
+            return Err(VerbsError::Params("the peer's ring geometry does not match ours").into());
         }
         let VerbsConn {
             mut shared,
@@ -800,9 +751,11 @@ impl VerbsConn {
         {
             let _g = lock(&shared.rq);
             shared.post_recvs(shared.rq_depth)?;
-            // SAFETY: recv_cq valid; arm for solicited events.
-            if unsafe { ibv_req_notify_cq(shared.recv_cq, 1) } != 0 {
-                return Err(RingError::Config("verbs: ibv_req_notify_cq failed"));
+            // SAFETY: `recv_cq` is the live CQ `create` made; 1 arms it for
+            // solicited events only.
+            let rc = unsafe { ibv_req_notify_cq(shared.recv_cq, 1) };
+            if rc != 0 {
+                return Err(call_failed("ibv_req_notify_cq", rc));
             }
         }
         shared.to_rtr(peer)?;
@@ -977,9 +930,10 @@ impl Shared {
     /// sender reused its slot (module docs, "Headerless records").
     fn place_headerless(&self, field: u32) -> Result<(), RingError> {
         if !self.takes_headerless() {
-            return Err(RingError::Config(
-                "verbs: the peer sent a record without its header, which this end did not offer",
-            ));
+            return Err(VerbsError::Protocol(
+                "the peer sent a record without its header, which this end did not offer",
+            )
+            .into());
         }
         let l = &self.layout;
         let tail = self.ctrl_word(l.in_ctrl, offset_of!(RingControl, local_tail));
@@ -1018,11 +972,11 @@ impl Shared {
             .map_err(|e| RingError::Os(e.raw_os_error().unwrap_or(libc::EIO)))
     }
 
-    fn counters(&self) -> &crate::transport::verbs_stats::SqCounters {
+    fn counters(&self) -> &super::stats::SqCounters {
         &self.region.header().sq
     }
 
-    fn rq_counters(&self) -> &crate::transport::verbs_stats::RqCounters {
+    fn rq_counters(&self) -> &super::stats::RqCounters {
         &self.region.header().rq
     }
 
@@ -1033,8 +987,9 @@ impl Shared {
         what: &'static str,
     ) -> Result<(), RingError> {
         // SAFETY: qp valid, attr initialized for the fields in mask.
-        if unsafe { ibv_modify_qp(self.qp, attr, mask.0 as i32) } != 0 {
-            return Err(RingError::Config(what));
+        let rc = unsafe { ibv_modify_qp(self.qp, attr, mask.0 as i32) };
+        if rc != 0 {
+            return Err(call_failed(what, rc));
         }
         Ok(())
     }
@@ -1053,7 +1008,7 @@ impl Shared {
         self.modify(
             &mut a,
             M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS,
-            "verbs: ibv_modify_qp to INIT failed",
+            "ibv_modify_qp to INIT",
         )
     }
 
@@ -1083,7 +1038,7 @@ impl Shared {
                 | M::IBV_QP_RQ_PSN
                 | M::IBV_QP_MAX_DEST_RD_ATOMIC
                 | M::IBV_QP_MIN_RNR_TIMER,
-            "verbs: ibv_modify_qp to RTR failed (check the peer's GID, QPN and our GID index)",
+            "ibv_modify_qp to RTR",
         )
     }
 
@@ -1105,7 +1060,7 @@ impl Shared {
                 | M::IBV_QP_RNR_RETRY
                 | M::IBV_QP_SQ_PSN
                 | M::IBV_QP_MAX_QP_RD_ATOMIC,
-            "verbs: ibv_modify_qp to RTS failed",
+            "ibv_modify_qp to RTS",
         )
     }
 
@@ -1122,8 +1077,9 @@ impl Shared {
             let mut bad = std::ptr::null_mut();
             // SAFETY: qp valid; a receive without buffers is allowed (the
             // only sends we expect are zero-length WRITE_WITH_IMM).
-            if unsafe { ibv_post_recv(self.qp, &mut wr, &mut bad) } != 0 {
-                return Err(RingError::Config("verbs: ibv_post_recv failed"));
+            let rc = unsafe { ibv_post_recv(self.qp, &mut wr, &mut bad) };
+            if rc != 0 {
+                return Err(call_failed("ibv_post_recv", rc));
             }
         }
         Ok(())
@@ -1134,13 +1090,16 @@ impl Shared {
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
-        // SAFETY: ibv_wc is plain data; zeroed is valid.
+        // SAFETY: ibv_wc is integers and a union of integers, for which
+        // zero is valid.
         let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
         loop {
-            // SAFETY: send_cq valid, wc has room for 16 entries.
+            // SAFETY: `send_cq` is live while `self` is; `wc` has room for
+            // the 16 completions the call may write.
             let n = unsafe { ibv_poll_cq(self.send_cq, wc.len() as i32, wc.as_mut_ptr()) };
             if n < 0 {
-                let e = RingError::Config("verbs: ibv_poll_cq failed");
+                // A provider's own code, not an errno.
+                let e = call_failed("ibv_poll_cq", 0);
                 st.failed = Some(e.clone());
                 return Err(e);
             }
@@ -1172,7 +1131,7 @@ impl Shared {
         if let Some(e) = &st.failed {
             return Err(e.clone());
         }
-        let mut wait = crate::backoff::CompletionWait::new();
+        let mut wait = crate::sleep::backoff::CompletionWait::new();
         while st.posted + n - st.done > self.sq_depth as u64 {
             self.reap(st)?;
             wait.relax();
@@ -1201,7 +1160,7 @@ impl Shared {
         // SAFETY: ibv_send_wr and ibv_sge are plain data (pointers may be
         // null); `fill_wr` sets every field the opcode uses.
         let mut wrs: [ibv_send_wr; 2] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
+        // SAFETY: ibv_sge is plain integers, for which zero is valid.
         let mut sges: [ibv_sge; 2] = unsafe { std::mem::zeroed() };
         // Inline sources: the library copies them during the post call.
         let mut words = [0u64; 2];
@@ -1247,9 +1206,9 @@ impl Shared {
         // source stays valid until the request completes (the protocol
         // does not rewrite transmitted slots before the receiver consumed
         // them).
-        if unsafe { ibv_post_send(self.qp, &mut wrs[0], &mut bad) } != 0 {
-            let e =
-                RingError::Config("verbs: ibv_post_send failed (send queue full or QP in error)");
+        let rc = unsafe { ibv_post_send(self.qp, &mut wrs[0], &mut bad) };
+        if rc != 0 {
+            let e = call_failed("ibv_post_send", rc);
             st.failed = Some(e.clone());
             return Err(e);
         }
@@ -1289,7 +1248,8 @@ impl Shared {
         let force = *unsignaled + 1 >= (self.sq_depth / 2).max(1);
         let signaled = signaled || force;
         *unsignaled = if signaled { 0 } else { *unsignaled + 1 };
-        // SAFETY: mr valid while self lives.
+        // SAFETY: `mr` is the live registration made before `Shared` was
+        // shared; it is deregistered only on drop. A plain field read.
         sge.lkey = unsafe { (*self.mr).lkey };
         let mut flags = if signaled {
             ibv_send_flags::IBV_SEND_SIGNALED.0
@@ -1384,14 +1344,17 @@ impl Shared {
     /// immediates say (a standing flag's end, a tail) and reposts as many
     /// receives. Caller holds `rq`.
     fn poll_recv(&self) -> Result<u32, RingError> {
-        // SAFETY: plain data.
+        // SAFETY: ibv_wc is integers and a union of integers, for which
+        // zero is valid.
         let mut wc: [ibv_wc; 16] = unsafe { std::mem::zeroed() };
         let mut total = 0;
         loop {
-            // SAFETY: recv_cq valid, room for 16.
+            // SAFETY: `recv_cq` is live while `self` is; `wc` has room for
+            // the 16 completions the call may write.
             let n = unsafe { ibv_poll_cq(self.recv_cq, wc.len() as i32, wc.as_mut_ptr()) };
             if n < 0 {
-                return Err(RingError::Config("verbs: ibv_poll_cq (receive) failed"));
+                // A provider's own code, not an errno.
+                return Err(call_failed("ibv_poll_cq", 0));
             }
             for w in &wc[..n as usize] {
                 if w.status != ibv_wc_status::IBV_WC_SUCCESS {
@@ -1416,7 +1379,7 @@ impl Shared {
                     // completion: raise our copy's tail over them.
                     let tail =
                         self.ctrl_word(self.layout.in_ctrl, offset_of!(RingControl, local_tail));
-                    crate::tail_hint::apply(tail, imm & !IMM_CARRIES_TAIL);
+                    super::tail_hint::apply(tail, imm & !IMM_CARRIES_TAIL);
                 } else if imm & IMM_HEADERLESS != 0 {
                     // The payload is placed; the header is ours to write.
                     self.place_headerless(imm & !IMM_HEADERLESS)?;
@@ -1518,7 +1481,7 @@ impl VerbsTransport {
 
     /// The tail write of a sender whose slots are held (`write_slots`):
     /// those slots go out as one WRITE_WITH_IMM that carries `tail`
-    /// (`crate::tail_hint`) and, if `ring`, rings the receiver; reported
+    /// (`verbs::tail_hint`) and, if `ring`, rings the receiver; reported
     /// as this end's word write. `None`: nothing held, write the tail
     /// word.
     fn post_tail_in_imm(&self, tail: u64, ring: bool) -> Result<Option<Visibility>, RingError> {
@@ -1528,7 +1491,7 @@ impl VerbsTransport {
             return Ok(None);
         };
         // One record alone (the usual small message): its payload only,
-        // the header in the immediate (`crate::headerless`), while the
+        // the header in the immediate (`headerless`), while the
         // list of such records has room.
         let field = s
             .headerless_field(&h, tail)
@@ -1547,7 +1510,7 @@ impl VerbsTransport {
                 (h.off + hb, h.len - hb as u32, h.remote + hb as u64, imm)
             }
             None => {
-                let imm = IMM_CARRIES_TAIL | crate::tail_hint::encode(tail);
+                let imm = IMM_CARRIES_TAIL | super::tail_hint::encode(tail);
                 (h.off, h.len, h.remote, imm)
             }
         };
@@ -1583,7 +1546,7 @@ impl Transport for VerbsTransport {
         // 72 B WRITE (inline where the device allows) instead of 256 B.
         let len = (count as u64 * ss).saturating_sub(ss - u64::from(last_bytes).clamp(1, ss));
         if self.role != Role::Sender || off + len > l.out_bytes as u64 || len > u32::MAX as u64 {
-            return Err(RingError::Config("verbs: slot range outside the ring"));
+            return Err(VerbsError::OutOfRing("slot range outside the ring").into());
         }
         if self.pull.note_slots(first, count) {
             return Ok(());
@@ -1680,9 +1643,7 @@ impl Transport for VerbsTransport {
             || off + room > s.layout.out_bytes as u64
             || src.len as u64 + 8 > room
         {
-            return Err(RingError::Config(
-                "verbs: zero-copy record outside the ring",
-            ));
+            return Err(VerbsError::OutOfRing("zero-copy record outside the ring").into());
         }
         if let Some(token) = self.pull.external(s, first, count, src)? {
             return Ok(token);
@@ -1708,7 +1669,7 @@ impl Transport for VerbsTransport {
 
     fn wait_external(&mut self, token: u64) -> Result<(), RingError> {
         let s = &*self.shared;
-        let mut wait = crate::backoff::CompletionWait::new();
+        let mut wait = crate::sleep::backoff::CompletionWait::new();
         loop {
             {
                 let mut st = lock(&s.sq);
@@ -1854,7 +1815,8 @@ pub struct Doorbell {
 
 impl Doorbell {
     pub fn fd(&self) -> std::os::fd::RawFd {
-        // SAFETY: the channel lives as long as shared.
+        // SAFETY: `channel` is live while `shared` is (destroyed only on
+        // its drop). A plain field read.
         unsafe { (*self.shared.channel).fd }
     }
 
@@ -1880,9 +1842,11 @@ impl Doorbell {
             unsafe { ibv_ack_cq_events(s.recv_cq, events) };
         }
         let mut got = self.shared.poll_recv()?;
-        // SAFETY: recv_cq valid; solicited events only.
-        if unsafe { ibv_req_notify_cq(s.recv_cq, 1) } != 0 {
-            return Err(RingError::Config("verbs: ibv_req_notify_cq failed"));
+        // SAFETY: `recv_cq` is live while `shared` is; 1 = solicited
+        // events only.
+        let rc = unsafe { ibv_req_notify_cq(s.recv_cq, 1) };
+        if rc != 0 {
+            return Err(call_failed("ibv_req_notify_cq", rc));
         }
         // A ring that completed between the poll and the arm raised no
         // event: look once more.
@@ -1945,36 +1909,5 @@ mod tests {
         // A tiny device still gets a queue.
         assert_eq!(receive_queue_depth(4096, 16), (16, false));
         assert_eq!(receive_queue_depth(4096, 0), (1, false));
-    }
-
-    #[test]
-    fn reg_mr_errors_name_size_errno_and_memlock() {
-        let e = reg_mr_error(2_105_344, libc::ENOMEM);
-        let RingError::Config(m) = e else {
-            panic!("{e:?}")
-        };
-        assert!(m.contains("2105344 bytes"), "{m}");
-        assert!(m.contains("errno 12"), "{m}");
-        assert!(
-            m.contains("RLIMIT_MEMLOCK") && m.contains("ulimit -l"),
-            "{m}"
-        );
-        // The same failure again reuses the interned text.
-        let RingError::Config(m2) = reg_mr_error(2_105_344, libc::ENOMEM) else {
-            unreachable!()
-        };
-        assert!(std::ptr::eq(m, m2));
-    }
-
-    #[test]
-    fn interned_texts_are_capped() {
-        let mut seen = Vec::new();
-        for round in 0..3 {
-            for i in 0..10 {
-                let m = intern(&mut seen, 4, format!("verbs: text {i}"));
-                assert_eq!(m.contains("suppressed"), i >= 4, "{round} {i}: {m}");
-            }
-        }
-        assert_eq!(seen.len(), 4);
     }
 }

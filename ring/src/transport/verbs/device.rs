@@ -1,6 +1,7 @@
 //! Opening an RDMA device: context, protection domain, port and GID.
 
-use crate::error::RingError;
+use super::{call_failed, errno};
+use crate::error::{RingError, VerbsError};
 use rdma_sys::*;
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr};
@@ -28,52 +29,39 @@ pub struct Device {
 // SAFETY: libibverbs contexts and PDs are thread-safe (the library locks
 // internally); the pointers are only freed in Drop, once.
 unsafe impl Send for Device {}
-// SAFETY: as above; `Device` exposes no interior mutation of its own.
+// SAFETY: `&Device` reads fields fixed at open and passes `ctx`/`pd` to
+// libibverbs, which locks internally; the one mutable part, `zc`, is a
+// OnceLock over a mutex-guarded cache.
 unsafe impl Sync for Device {}
 
-/// How to choose the device; `from_env` reads `RINGSOCK_DEVICE` (device
+/// Which device, and which GID of its port, a caller wants; `None`
+/// leaves the choice to the library (`Device::open`, `Device::open_for`).
+/// The shim and `verbscheck` fill it from `RINGSOCK_DEVICE` (a device
 /// name, e.g. `rxe0`, `mlx5_0`) and `RINGSOCK_GID_INDEX`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceChoice {
     pub name: Option<String>,
     pub gid_index: Option<u8>,
 }
 
-impl DeviceChoice {
-    pub fn from_env() -> Result<Self, RingError> {
-        let name = std::env::var("RINGSOCK_DEVICE")
-            .ok()
-            .filter(|s| !s.is_empty());
-        let gid_index = match std::env::var("RINGSOCK_GID_INDEX") {
-            Ok(s) if !s.is_empty() => Some(
-                s.trim()
-                    .parse::<u8>()
-                    .map_err(|_| RingError::Config("RINGSOCK_GID_INDEX must be in 0..=255"))?,
-            ),
-            _ => None,
-        };
-        Ok(DeviceChoice { name, gid_index })
-    }
-}
-
 impl Device {
-    /// Opens the device named by the environment, or the first one with an
-    /// active port (see `DeviceChoice::from_env`).
-    pub fn open() -> Result<Arc<Device>, RingError> {
-        Device::open_with(&DeviceChoice::from_env()?)
+    /// Opens the device `choice` names, else the first one with an active
+    /// port; the GID `choice` names, else the port's default (the first
+    /// IPv4-mapped RoCE v2 GID).
+    pub fn open(choice: &DeviceChoice) -> Result<Arc<Device>, RingError> {
+        Device::open_matching(choice.name.as_deref(), None, choice.gid_index)
     }
 
-    /// Opens the device that carries RoCE v2 traffic towards `peer`:
-    /// `RINGSOCK_DEVICE` / `RINGSOCK_GID_INDEX` win when set (as for
-    /// `open`); otherwise the device and port whose GID table holds a RoCE
-    /// v2 entry for the local address the kernel would send to `peer` from,
-    /// on the netdev that owns that address (`route`); otherwise, when no
-    /// RDMA device owns the route, `open`'s default (the first device with
-    /// an active port). Devices are cached per process by (name, port, GID
+    /// Opens the device that carries RoCE v2 traffic towards `peer`: what
+    /// `choice` names wins when it names anything (as for `open`);
+    /// otherwise the device and port whose GID table holds a RoCE v2 entry
+    /// for the local address the kernel would send to `peer` from, on the
+    /// netdev that owns that address (`route`); otherwise, when no RDMA
+    /// device owns the route, `open`'s default (the first device with an
+    /// active port). Devices are cached per process by (name, port, GID
     /// index): connections share one context and protection domain, which
     /// close when the last connection using them is gone.
-    pub fn open_for(peer: IpAddr) -> Result<Arc<Device>, RingError> {
-        let choice = DeviceChoice::from_env()?;
+    pub fn open_for(peer: IpAddr, choice: &DeviceChoice) -> Result<Arc<Device>, RingError> {
         if choice.name.is_none() && choice.gid_index.is_none() {
             if let Some(r) = Device::route(peer) {
                 let key = Key {
@@ -86,7 +74,7 @@ impl Device {
                 });
             }
         }
-        cached(None, Some(&choice), || Device::open_with(&choice))
+        cached(None, Some(choice), || Device::open(choice))
     }
 
     /// Where RoCE v2 traffic to `peer` would go from, as the kernel routes
@@ -117,29 +105,21 @@ impl Device {
         Device::open_matching(Some(name), port, gid_index)
     }
 
-    pub fn open_with(choice: &DeviceChoice) -> Result<Arc<Device>, RingError> {
-        Device::open_matching(choice.name.as_deref(), None, choice.gid_index)
-    }
-
     fn open_matching(
         want: Option<&str>,
         port: Option<u8>,
         gid_index: Option<u8>,
     ) -> Result<Arc<Device>, RingError> {
         let mut n = 0;
-        // SAFETY: plain library call; the list is freed below.
+        // SAFETY: `n` is a live out-parameter; the list is freed below
+        // (ibv_free_device_list), once.
         let list = unsafe { ibv_get_device_list(&mut n) };
         if list.is_null() {
-            return Err(RingError::Config(
-                "verbs: ibv_get_device_list failed (no RDMA support in this kernel, or \
-                 no provider library for the device)",
-            ));
+            return Err(call_failed("ibv_get_device_list", errno()));
         }
         let mut found = Err(match want {
-            Some(_) => {
-                RingError::Config("verbs: the device named by RINGSOCK_DEVICE does not exist")
-            }
-            None => RingError::Config("verbs: no RDMA device found"),
+            Some(name) => VerbsError::NoSuchDevice(name.to_owned()).into(),
+            None => VerbsError::NoDevice.into(),
         });
         for i in 0..n.max(0) as usize {
             // SAFETY: the list holds n valid device pointers.
@@ -171,7 +151,7 @@ impl Device {
         // SAFETY: dev comes from the device list, still alive.
         let ctx = unsafe { ibv_open_device(dev) };
         if ctx.is_null() {
-            return Err(RingError::Config("verbs: ibv_open_device failed"));
+            return Err(call_failed("ibv_open_device", errno()));
         }
         // From here on, `Device`'s Drop closes what was opened.
         let mut d = Device {
@@ -190,8 +170,9 @@ impl Device {
         // SAFETY: zeroed is a valid ibv_device_attr; ctx is open.
         let mut attr: ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: ctx open, attr is a valid out-pointer.
-        if unsafe { ibv_query_device(ctx, &mut attr) } != 0 {
-            return Err(RingError::Config("verbs: ibv_query_device failed"));
+        let rc = unsafe { ibv_query_device(ctx, &mut attr) };
+        if rc != 0 {
+            return Err(call_failed("ibv_query_device", rc));
         }
         d.max_qp_wr = attr.max_qp_wr.max(0) as u32;
         d.max_cqe = attr.max_cqe.max(0) as u32;
@@ -212,10 +193,11 @@ impl Device {
             }
         }
         let Some((port, pa)) = chosen else {
-            return Err(RingError::Config(match want_port {
-                Some(_) => "verbs: the port that owns the route is not active",
-                None => "verbs: the device has no active port",
-            }));
+            return Err(VerbsError::NoActivePort {
+                device: d.name.clone(),
+                port: want_port,
+            }
+            .into());
         };
         d.port = port;
         d.lid = pa.lid;
@@ -224,20 +206,28 @@ impl Device {
             Some(i) => match query_gid(ctx, port, i) {
                 Some(g) if g != [0; 16] => (i, g),
                 _ => {
-                    return Err(RingError::Config(
-                        "verbs: RINGSOCK_GID_INDEX names an empty or invalid GID",
-                    ))
+                    return Err(VerbsError::BadGid {
+                        device: d.name.clone(),
+                        port,
+                        index: i,
+                    }
+                    .into())
                 }
             },
-            None => pick_gid(ctx, &d.name, port, pa.gid_tbl_len.clamp(0, 256) as u32)
-                .ok_or(RingError::Config("verbs: the port has no usable GID"))?,
+            None => pick_gid(ctx, &d.name, port, pa.gid_tbl_len.clamp(0, 256) as u32).ok_or_else(
+                || VerbsError::NoGid {
+                    device: d.name.clone(),
+                    port,
+                },
+            )?,
         };
         d.gid_index = idx;
         d.gid = gid;
-        // SAFETY: ctx open.
+        // SAFETY: `ctx` is the context opened above (Drop closes it); a
+        // null result is handled below.
         d.pd = unsafe { ibv_alloc_pd(ctx) };
         if d.pd.is_null() {
-            return Err(RingError::Config("verbs: ibv_alloc_pd failed"));
+            return Err(call_failed("ibv_alloc_pd", errno()));
         }
         Ok(d)
     }

@@ -1,11 +1,13 @@
-//! The RDMA verbs transport (cargo feature `verbs`, `rdma-sys`).
+//! The RDMA verbs transport (cargo feature `verbs`, `rdma-sys`). Without
+//! the feature only `stats` is here, the header layout the ctl daemon
+//! reads without linking rdma-core.
 //!
 //! Each end of a connection registers one region holding its two ring
 //! copies: the *sender copy* of the ring it sends on and the *receiver
 //! copy* of the ring it receives on (`[header | out ctrl | out slots | in
 //! ctrl | in slots | staging]`, a sealed memfd on huge pages when the
 //! system has free ones, else 4 KiB pages). The header page
-//! (`transport::verbs_stats::VerbsHeader`: layout and counters) is not
+//! (`stats::VerbsHeader`: layout and counters) is not
 //! registered; `share_fd` hands the memfd to the ctl daemon, which reads
 //! the counters for `status`. One RC queue pair per connection end carries
 //! both rings:
@@ -33,9 +35,10 @@
 //!   `Doorbell` (`fd()`, `drain()` = get/ack events, reap, repost, rearm,
 //!   look again; `wait()`).
 //!
-//! Connection setup: `Device::open()` (env `RINGSOCK_DEVICE`,
-//! `RINGSOCK_GID_INDEX`; default the first device with an active port and
-//! its IPv4-mapped RoCE v2 GID), `VerbsConn::new` (region, MR, CQs, QP),
+//! Connection setup: `Device::open` or `Device::open_for` (a
+//! `DeviceChoice`; by default the first device with an active port, or
+//! the one the route to the peer leaves through, and its IPv4-mapped
+//! RoCE v2 GID), `VerbsConn::new` (region, MR, CQs, QP; the `PullKnobs`),
 //! `local_params()` -> `QpParams` (versioned bytes via `encode`/`decode`,
 //! carried out of band), `connect(peer)` (INIT -> RTR -> RTS) -> the
 //! `Sender`, `Receiver` and `Doorbell` of this end.
@@ -72,7 +75,7 @@
 //! WRITE it: the receiver writes a flag only in `prepare_wait`, and one
 //! that lands after the clear is a flag for a *later* sleep, which the
 //! argument above covers for the next tail. The flag carries the tail the
-//! receiver had seen, plus one (`crate::waiting`): a check kicks only a
+//! receiver had seen, plus one (`crate::sleep::flags`): a check kicks only a
 //! receiver that has not seen the tail in question, so a flag written for
 //! the *next* sleep (after the receiver consumed this tail) costs no
 //! spurious wakeup.
@@ -91,7 +94,7 @@
 //! Standing flags: R1 and R2 cost a WRITE and a network round trip
 //! before every sleep, and the clear on waking another WRITE. A receiver
 //! whose peer advertises `FEATURE_STANDING_WAITS` (in `QpParams`)
-//! announces a *standing* flag instead (`crate::waiting`): the sender
+//! announces a *standing* flag instead (`crate::sleep::flags`): the sender
 //! rings the doorbell with every tail it publishes (the early kick above,
 //! or at the completion for a tail posted before the flag landed) and
 //! leaves the flag set; the receiver does R1/R2 once and then sleeps
@@ -115,7 +118,7 @@
 //! (`Ring::Plain`) then turns it into one WRITE_WITH_IMM whose immediate
 //! carries `IMM_CARRIES_TAIL` and the tail's low 30 bits, and writes no
 //! tail word. The receiver's end raises its copy's `local_tail` to that
-//! tail when it reaps the ring (`crate::tail_hint`): in the doorbell's
+//! tail when it reaps the ring (`tail_hint`): in the doorbell's
 //! drain, and in `fetch_tail` before every look at the tail, since a
 //! receiver that is spinning sees such a tail only through its ring. The
 //! wakeup argument is the early kick's: the ring, and with it the tail,
@@ -151,7 +154,7 @@
 //! and a ring of at most `headerless::MAX_RING_SLOTS` slots), a held
 //! batch that is exactly one record, ending at the tail it carries, goes
 //! out as its payload alone; the immediate (`IMM_HEADERLESS`) carries the
-//! payload length and the tail's low bits (`crate::headerless`). Whoever
+//! payload length and the tail's low bits (`headerless`). Whoever
 //! reaps it (`poll_recv`, under the `rq` lock) writes the header into the
 //! receiver copy, then raises `local_tail` over the record (release), so
 //! a receiver that loads that tail finds header and payload. Two rules
@@ -186,7 +189,7 @@
 //! 4 KiB round trips in the guest: BENCHMARKS, seventeenth run.
 //!
 //! Completion waits (R2, settle) spin a few microseconds, then yield the
-//! CPU each turn (`crate::backoff`): with Soft-RoCE the acknowledgement
+//! CPU each turn (`crate::sleep::backoff`): with Soft-RoCE the acknowledgement
 //! they wait for is produced by softirq work on this machine's CPUs,
 //! which a pure spin can hold off.
 //!
@@ -216,9 +219,10 @@
 //! # Pull mode (remote fetching)
 //!
 //! Per ring direction the sender may switch from *push* (the above) to
-//! *pull*, RFP's remote-fetching paradigm (`pull.rs`: knobs
-//! `RINGSOCK_VERBS_MODE` = push (default) | pull | adaptive,
-//! `RINGSOCK_PULL_HIGH`/`_LOW`/`_WINDOW_US`/`_DWELL_MS`): the sender posts
+//! *pull*, RFP's remote-fetching paradigm (`pull`: `PullKnobs`, given to
+//! `VerbsConn::new`, say push (default), pull or adaptive, and the
+//! adaptive thresholds; `verbscheck` reads them from `RINGSOCK_VERBS_MODE`
+//! and `RINGSOCK_PULL_*`): the sender posts
 //! nothing for its data; it publishes by storing the tail into `pub_tail`
 //! in its *own* copy (`pull::PUB_TAIL`, a word of the control page past
 //! `RingControl`), and the receiver, in `Transport::fetch_tail` (called
@@ -233,13 +237,13 @@
 //! verbs counters stays outside the registration.
 //!
 //! Adaptive mode measures the responder's load as this process's rate of
-//! publishes (all verbs rings, per `RINGSOCK_PULL_WINDOW_US`), not its
+//! publishes (all verbs rings, per `PullKnobs::window`), not its
 //! rate of posted work requests: a sender in pull posts almost none, so
 //! that rate would drop at the switch and flip it straight back. Above
 //! HIGH a sender switches to pull, at or below LOW back to push, never
 //! twice within DWELL. Only the sender decides; the receiver follows.
 //!
-//! Switching (the sender's `write_word(LocalTail)`, `pull_io.rs`):
+//! Switching (the sender's `write_word(LocalTail)`, `conn::pull_io`):
 //!
 //! - PUSH -> PULL at a publish of tail T: every slot before T is already
 //!   WRITTEN (`Sender::transmit` sends slots before the tail). Store T in
@@ -303,7 +307,7 @@
 //! pull_stats`): switches each way at both ends, tail and slot READs,
 //! bytes READ, catch-up WRITEs. `ringsock-ctl status` shows them after the
 //! verbs counters (`tx_to_pull` ... `catchup_writes`, offsets in
-//! `verbs_stats::offsets::PULL_*`); a ring in pull also shows there as
+//! `stats::offsets::PULL_*`); a ring in pull also shows there as
 //! slot_writes/slot_bytes that stop growing while bytes flow.
 //!
 //! One thread waits on a `Doorbell` at a time (as with an eventfd that is
@@ -311,35 +315,48 @@
 //! allows, i.e. our two ring copies: the receiver validates everything it
 //! reads there exactly as on shm.
 
+#[cfg(all(feature = "verbs", not(loom)))]
 mod conn;
+#[cfg(all(feature = "verbs", not(loom)))]
 mod device;
+model_visible! {
+    #[cfg(any(feature = "verbs", test, loom, fuzzing))]
+    mod headerless;
+}
+#[cfg(all(feature = "verbs", not(loom)))]
 mod params;
-pub mod pull;
+#[cfg(all(feature = "verbs", not(loom)))]
+mod pull;
+#[cfg(all(feature = "verbs", not(loom)))]
 pub mod regcache;
+pub mod stats;
+model_visible! {
+    #[cfg(any(feature = "verbs", test, loom, fuzzing))]
+    mod tail_hint;
+}
 
-pub use crate::transport::verbs_stats::VerbsCounters;
+#[cfg(all(feature = "verbs", not(loom)))]
 pub use conn::{Connected, Doorbell, VerbsConn, VerbsTransport};
-pub use device::{
-    find_roce_gid, gid_of, is_ipv4_mapped, netdev_of, parse_gid, route_source, Device,
-    DeviceChoice, DeviceRoute,
-};
+#[cfg(all(feature = "verbs", not(loom)))]
+pub use device::{netdev_of, route_source, Device, DeviceChoice, DeviceRoute};
+#[cfg(all(feature = "verbs", not(loom)))]
 pub use params::{
     QpParams, RingDesc, FEATURE_HEADERLESS, FEATURE_STANDING_WAITS, FEATURE_TAIL_CREDITS,
     FEATURE_TAIL_IN_IMM, PARAMS_LEN, PARAMS_MAGIC, PARAMS_VERSION,
 };
-
-use crate::error::RingError;
-use crate::receiver::Receiver;
-use crate::sender::Sender;
+#[cfg(all(feature = "verbs", not(loom)))]
+pub use pull::{ModeKnob, PullKnobs, PullStats};
+pub use stats::VerbsCounters;
 
 /// Polls both ends until neither has an unreported control-word write:
 /// every tail and head this process published has reached the peer and
 /// the matching sleeping-flag check ran. Call before blocking.
+#[cfg(all(feature = "verbs", not(loom)))]
 pub fn settle(
-    tx: &mut Sender<VerbsTransport>,
-    rx: &mut Receiver<VerbsTransport>,
-) -> Result<(), RingError> {
-    let mut wait = crate::backoff::CompletionWait::new();
+    tx: &mut crate::Sender<VerbsTransport>,
+    rx: &mut crate::Receiver<VerbsTransport>,
+) -> Result<(), crate::RingError> {
+    let mut wait = crate::sleep::backoff::CompletionWait::new();
     loop {
         tx.poll()?;
         rx.poll()?;
@@ -348,4 +365,21 @@ pub fn settle(
         }
         wait.relax();
     }
+}
+
+/// The errno the last failed library call left.
+#[cfg(all(feature = "verbs", not(loom)))]
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// A failed verbs call: its name and errno. Calls that return an error
+/// code return errno itself (some providers its negation).
+#[cfg(all(feature = "verbs", not(loom)))]
+fn call_failed(op: &'static str, errno: i32) -> crate::RingError {
+    crate::VerbsError::Call {
+        op,
+        errno: errno.saturating_abs(),
+    }
+    .into()
 }

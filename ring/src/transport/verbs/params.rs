@@ -7,7 +7,7 @@
 //! machine.
 
 use crate::config::{RingConfig, MAX_SLOTS, MAX_SLOT_SIZE, MIN_SLOTS};
-use crate::error::RingError;
+use crate::error::{RingError, VerbsError};
 
 /// One ring copy of an end, as the peer needs it to WRITE into it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,13 +76,13 @@ pub const PARAMS_VERSION: u16 = 1;
 pub const PARAMS_LEN: usize = 4 + 2 + 2 + 16 + 2 + 4 + 4 + 1 + 3 + 4 + 2 * 24;
 
 /// `features` bit: this end's sender honours *standing* sleep flags
-/// (`crate::waiting`): it rings with every tail and ends the flag after
+/// (`crate::sleep::flags`): it rings with every tail and ends the flag after
 /// its budget with a tagged ring. A receiver announces them only to a
 /// sender that says so; an older one would never ring them.
 pub const FEATURE_STANDING_WAITS: u8 = 1;
 
 /// `features` bit: this end's receiver takes a tail from a ring's
-/// immediate (`crate::tail_hint`), so the peer's sender may send a small
+/// immediate (`tail_hint`), so the peer's sender may send a small
 /// batch as one WRITE_WITH_IMM of its slots that rings the doorbell and
 /// carries the tail, without the tail WRITE. An older receiver would
 /// never see such a tail.
@@ -100,7 +100,7 @@ pub const FEATURE_TAIL_CREDITS: u8 = 4;
 
 /// `features` bit: this end's receiver (with `FEATURE_TAIL_CREDITS`, on a
 /// ring of at most `headerless::MAX_RING_SLOTS` slots) writes the header
-/// of a record the peer sent without it (`crate::headerless`): a held
+/// of a record the peer sent without it (`headerless`): a held
 /// batch that is exactly one record may go out as its payload alone, with
 /// the length and tail in the immediate. An older receiver would take
 /// that immediate for a plain ring and never see the record.
@@ -138,19 +138,19 @@ impl QpParams {
     /// Parses and validates an encoding. Input comes from the network:
     /// every field is checked, and the error says which check failed.
     pub fn decode(buf: &[u8]) -> Result<QpParams, RingError> {
-        let bad = |what: &'static str| Err(RingError::Config(what));
+        let bad = |what| Err(VerbsError::Params(what).into());
         if buf.len() < 8 {
-            return bad("verbs parameters: too short");
+            return bad("too short");
         }
         if buf[0..4] != PARAMS_MAGIC {
-            return bad("verbs parameters: bad magic");
+            return bad("bad magic");
         }
         let mut r = Reader { buf, at: 4 };
         if r.u16() != PARAMS_VERSION {
-            return bad("verbs parameters: unsupported version");
+            return bad("unsupported version");
         }
         if r.u16() as usize != PARAMS_LEN || buf.len() != PARAMS_LEN {
-            return bad("verbs parameters: wrong length");
+            return bad("wrong length");
         }
         let mut gid = [0u8; 16];
         gid.copy_from_slice(r.take(16));
@@ -171,16 +171,16 @@ impl QpParams {
         let out_ring = ring();
         let in_ring = ring();
         if qpn == 0 || qpn >= 1 << 24 {
-            return bad("verbs parameters: QPN out of range");
+            return bad("QPN out of range");
         }
         if psn >= 1 << 24 {
-            return bad("verbs parameters: PSN out of range");
+            return bad("PSN out of range");
         }
         if !(1..=5).contains(&mtu) {
-            return bad("verbs parameters: MTU out of range");
+            return bad("MTU out of range");
         }
         if !out_ring.valid() || !in_ring.valid() {
-            return bad("verbs parameters: bad ring geometry or address");
+            return bad("bad ring geometry or address");
         }
         Ok(QpParams {
             gid,

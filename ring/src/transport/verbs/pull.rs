@@ -7,7 +7,7 @@
 //! This file holds the parts that need no device: the knobs, the
 //! process-wide load meter, the sender's mode decision, the mode word and
 //! where the pull words sit in a control page. The verbs glue (READ posts,
-//! the switch sequences) is `conn.rs`'s child `pull_io.rs`. The protocol
+//! the switch sequences) is `conn`'s child `pull_io`. The protocol
 //! and why it loses no byte and no wakeup: the module documentation of
 //! `transport::verbs` ("Pull mode").
 
@@ -35,9 +35,7 @@ const _: () = {
 /// Offset of `PullCounters` in a region's header page (outside the memory
 /// registration, like the other counters), past the `VerbsHeader`.
 pub const COUNTERS_IN_HEADER: usize = 2048;
-const _: () = assert!(
-    std::mem::size_of::<crate::transport::verbs_stats::VerbsHeader>() <= COUNTERS_IN_HEADER
-);
+const _: () = assert!(std::mem::size_of::<super::stats::VerbsHeader>() <= COUNTERS_IN_HEADER);
 
 /// The mode word the sender WRITEs into the receiver's copy: 0 = never
 /// switched (push), else `switch sequence << 1 | pull`. The sequence makes
@@ -52,7 +50,7 @@ pub fn word_is_pull(w: u64) -> bool {
     w & 1 == 1
 }
 
-/// `RINGSOCK_VERBS_MODE`.
+/// When a sender pulls (`PullKnobs::mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ModeKnob {
     /// Always push (the sender WRITEs slots and tail): the default.
@@ -65,19 +63,20 @@ pub enum ModeKnob {
     Adaptive,
 }
 
-/// The pull-mode knobs, parsed once per process.
+/// The pull-mode knobs a connection end's sender follows, given to
+/// `VerbsConn::new`. The default always pushes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PullKnobs {
     pub mode: ModeKnob,
-    /// RINGSOCK_PULL_HIGH: publishes per second (all verbs rings of the
-    /// process) at or above which a sender switches to pull.
+    /// Publishes per second (all verbs rings of the process) at or above
+    /// which an adaptive sender switches to pull.
     pub high: u64,
-    /// RINGSOCK_PULL_LOW: at or below which it switches back to push.
+    /// At or below which it switches back to push.
     pub low: u64,
-    /// RINGSOCK_PULL_WINDOW_US: the rate's measuring window.
+    /// The rate's measuring window.
     pub window: Duration,
-    /// RINGSOCK_PULL_DWELL_MS: least time between two switches of a ring
-    /// (also from the ring's creation to its first switch).
+    /// Least time between two switches of a ring (also from the ring's
+    /// creation to its first switch).
     pub dwell: Duration,
 }
 
@@ -90,75 +89,6 @@ impl Default for PullKnobs {
             window: Duration::from_millis(1),
             dwell: Duration::from_millis(10),
         }
-    }
-}
-
-impl PullKnobs {
-    /// Parses the knobs from `get` (the environment); an unset or empty
-    /// variable keeps its default, anything unparsable is an error naming
-    /// the variable and what it accepts.
-    pub fn parse(get: impl Fn(&str) -> Option<String>) -> Result<PullKnobs, String> {
-        let d = PullKnobs::default();
-        let val = |k: &str| {
-            get(k)
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty())
-        };
-        let num = |k: &str, def: u64, max: u64| -> Result<u64, String> {
-            match val(k) {
-                None => Ok(def),
-                Some(v) => match v.parse::<u64>() {
-                    Ok(n) if n <= max => Ok(n),
-                    _ => Err(format!("{k}={v:?}: expected a whole number 0..={max}")),
-                },
-            }
-        };
-        let mode = match val("RINGSOCK_VERBS_MODE").as_deref() {
-            None => d.mode,
-            Some("push") => ModeKnob::Push,
-            Some("pull") => ModeKnob::Pull,
-            Some("adaptive") => ModeKnob::Adaptive,
-            Some(v) => {
-                return Err(format!(
-                    "RINGSOCK_VERBS_MODE={v:?}: expected push, pull or adaptive"
-                ))
-            }
-        };
-        let high = num("RINGSOCK_PULL_HIGH", d.high, 1 << 40)?;
-        let low = num("RINGSOCK_PULL_LOW", d.low.min(high), 1 << 40)?;
-        if low > high {
-            return Err(format!(
-                "RINGSOCK_PULL_LOW={low} is above RINGSOCK_PULL_HIGH={high}"
-            ));
-        }
-        let window = num(
-            "RINGSOCK_PULL_WINDOW_US",
-            d.window.as_micros() as u64,
-            10_000_000,
-        )?;
-        if window == 0 {
-            return Err("RINGSOCK_PULL_WINDOW_US=0: expected 1..=10000000".into());
-        }
-        let dwell = num(
-            "RINGSOCK_PULL_DWELL_MS",
-            d.dwell.as_millis() as u64,
-            600_000,
-        )?;
-        Ok(PullKnobs {
-            mode,
-            high,
-            low,
-            window: Duration::from_micros(window),
-            dwell: Duration::from_millis(dwell),
-        })
-    }
-
-    /// The process's knobs (environment read once).
-    pub fn get() -> Result<&'static PullKnobs, String> {
-        static K: OnceLock<Result<PullKnobs, String>> = OnceLock::new();
-        K.get_or_init(|| PullKnobs::parse(|k| std::env::var(k).ok()))
-            .as_ref()
-            .map_err(Clone::clone)
     }
 }
 
@@ -223,10 +153,6 @@ impl LoadMeter {
         }
         self.rate.load(Ordering::Relaxed)
     }
-
-    pub fn rate(&self) -> u64 {
-        self.rate.load(Ordering::Relaxed)
-    }
 }
 
 /// One sender's mode and when it last switched.
@@ -251,7 +177,7 @@ impl TxMode {
     /// Whether to switch now (`Some(true)`: to pull, `Some(false)`: to
     /// push), given the knobs, the process's publish rate and whether a
     /// switch to pull may happen now (`pull_ok`: the previous switch back
-    /// to push has fully landed, see `pull_io.rs`).
+    /// to push has fully landed, see `conn::pull_io`).
     pub fn decide(&self, k: &PullKnobs, rate: u64, now: u64, pull_ok: bool) -> Option<bool> {
         let want = match k.mode {
             ModeKnob::Push => false,
@@ -281,7 +207,7 @@ impl TxMode {
 
 /// Pull-mode counters of one connection end, in its region's header page
 /// at `COUNTERS_IN_HEADER`. `ringsock-ctl status` reads them at
-/// `verbs_stats::offsets::PULL_*` (checked against this struct below).
+/// `stats::offsets::PULL_*` (checked against this struct below).
 #[repr(C)]
 #[derive(Default)]
 pub struct PullCounters {
@@ -300,10 +226,10 @@ pub struct PullCounters {
     pub catchup_writes: AtomicU64,
 }
 
-// The reader's offsets (`verbs_stats`, built without this module) are
+// The reader's offsets (`stats`, built without this module) are
 // those of this struct at `COUNTERS_IN_HEADER`.
 const _: () = {
-    use crate::transport::verbs_stats::{offsets as o, PULL_COUNTERS_AT};
+    use super::stats::{offsets as o, PULL_COUNTERS_AT};
     use std::mem::offset_of;
     const AT: usize = COUNTERS_IN_HEADER;
     assert!(AT == PULL_COUNTERS_AT);
@@ -374,68 +300,6 @@ pub fn catchup_start(head: u64, esc: u64, slots: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        }
-    }
-
-    #[test]
-    fn knobs_default_to_push_and_parse() {
-        assert_eq!(PullKnobs::parse(env(&[])).unwrap(), PullKnobs::default());
-        assert_eq!(PullKnobs::default().mode, ModeKnob::Push);
-        let k = PullKnobs::parse(env(&[
-            ("RINGSOCK_VERBS_MODE", "adaptive"),
-            ("RINGSOCK_PULL_HIGH", "10"),
-            ("RINGSOCK_PULL_LOW", " 5 "),
-            ("RINGSOCK_PULL_WINDOW_US", "200"),
-            ("RINGSOCK_PULL_DWELL_MS", "0"),
-        ]))
-        .unwrap();
-        assert_eq!(k.mode, ModeKnob::Adaptive);
-        assert_eq!((k.high, k.low), (10, 5));
-        assert_eq!(k.window, Duration::from_micros(200));
-        assert_eq!(k.dwell, Duration::ZERO);
-        // A low high threshold pulls the default low down with it.
-        let k = PullKnobs::parse(env(&[("RINGSOCK_PULL_HIGH", "7")])).unwrap();
-        assert_eq!((k.high, k.low), (7, 7));
-        for (m, want) in [
-            ("push", ModeKnob::Push),
-            ("pull", ModeKnob::Pull),
-            ("", ModeKnob::Push),
-        ] {
-            let k = PullKnobs::parse(env(&[("RINGSOCK_VERBS_MODE", m)])).unwrap();
-            assert_eq!(k.mode, want, "{m}");
-        }
-    }
-
-    #[test]
-    fn knob_errors_name_the_variable() {
-        for (pairs, needle) in [
-            (
-                &[("RINGSOCK_VERBS_MODE", "fast")][..],
-                "RINGSOCK_VERBS_MODE",
-            ),
-            (&[("RINGSOCK_PULL_HIGH", "-1")][..], "RINGSOCK_PULL_HIGH"),
-            (&[("RINGSOCK_PULL_HIGH", "1e5")][..], "whole number"),
-            (
-                &[("RINGSOCK_PULL_HIGH", "5"), ("RINGSOCK_PULL_LOW", "6")][..],
-                "above RINGSOCK_PULL_HIGH",
-            ),
-            (&[("RINGSOCK_PULL_WINDOW_US", "0")][..], "WINDOW"),
-            (
-                &[("RINGSOCK_PULL_DWELL_MS", "x")][..],
-                "RINGSOCK_PULL_DWELL_MS",
-            ),
-        ] {
-            let e = PullKnobs::parse(env(pairs)).unwrap_err();
-            assert!(e.contains(needle), "{e}");
-        }
-    }
 
     #[test]
     fn mode_words_are_distinct_per_switch() {

@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 const PAGE: usize = 4096;
 
 /// Registers and deregisters memory (verbs: `ibv_reg_mr` on a PD).
-pub trait Registrar {
+pub(crate) trait Registrar {
     type Mr;
     /// Registers `[addr, addr + len)` (page-aligned) for local reads by
     /// the device. `Ok((mr, lkey))`, or `Err(errno)`.
@@ -51,7 +51,7 @@ pub trait Registrar {
 
 /// Bounds of one cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     pub max_entries: usize,
     pub max_bytes: usize,
 }
@@ -91,7 +91,7 @@ struct Failure {
 
 /// A lease on an entry: `lkey` covers the requested bytes until `release`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Lease {
+pub(crate) struct Lease {
     pub id: u64,
     pub lkey: u32,
 }
@@ -107,7 +107,7 @@ pub enum Miss {
     Failed(i32),
 }
 
-pub struct RegCache<R: Registrar> {
+pub(crate) struct RegCache<R: Registrar> {
     reg: R,
     limits: Limits,
     entries: Vec<Entry<R::Mr>>,
@@ -148,15 +148,6 @@ impl<R: Registrar> RegCache<R> {
     /// Entries registered (live or waiting for their last release).
     pub fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Bytes pinned by this cache.
-    pub fn pinned(&self) -> usize {
-        self.pinned
     }
 
     /// A lease covering `[addr, addr + len)`: an entry that covers it, or
@@ -221,7 +212,7 @@ impl<R: Registrar> RegCache<R> {
                 Ok(Lease { id, lkey })
             }
             Err(e) => {
-                if matches!(e, libc::ENOMEM | libc::EPERM | libc::EAGAIN) {
+                if crate::error::is_memlock_errno(e) {
                     self.failure.pinned_limit = Some(self.pinned + size);
                 } else {
                     if self.bad.len() >= 8 {
@@ -316,7 +307,7 @@ impl<R: Registrar> Drop for RegCache<R> {
 /// `ibv_reg_mr` on one protection domain, local read access only (the
 /// device reads the program's buffer; nothing writes into it, so
 /// read-only memory registers too).
-pub struct PdRegistrar {
+pub(crate) struct PdRegistrar {
     pd: *mut ibv_pd,
 }
 
@@ -349,14 +340,14 @@ impl Registrar for PdRegistrar {
     }
 }
 
-pub struct MrPtr(*mut ibv_mr);
+pub(crate) struct MrPtr(*mut ibv_mr);
 
 // SAFETY: an MR handle is a plain pointer that libibverbs lets any thread
 // deregister.
 unsafe impl Send for MrPtr {}
 
 /// The cache of one device (one protection domain).
-pub struct ZcCache {
+pub(crate) struct ZcCache {
     inner: Mutex<RegCache<PdRegistrar>>,
 }
 
@@ -518,7 +509,8 @@ pub fn invalidate_all() {
 /// copy-on-write under the device, and zero-copy stays off.
 pub fn fork_safe() -> bool {
     static SAFE: OnceLock<bool> = OnceLock::new();
-    // SAFETY: a query without arguments.
+    // SAFETY: ibv_is_fork_initialized takes no arguments and only reads
+    // libibverbs' own state.
     *SAFE.get_or_init(|| unsafe { ibv_is_fork_initialized() } == IBV_FORK_UNNEEDED)
 }
 
@@ -529,7 +521,7 @@ pub fn entries() -> usize {
 
 impl Device {
     /// This device's registration cache (made on first use).
-    pub fn zc_cache(&self) -> &Arc<ZcCache> {
+    pub(crate) fn zc_cache(&self) -> &Arc<ZcCache> {
         self.zc.get_or_init(|| ZcCache::new(self.pd))
     }
 }
@@ -606,11 +598,11 @@ mod tests {
         c.release(b);
         assert_eq!(c.reg.calls, 1);
         assert_eq!(
-            c.pinned(),
+            c.pinned,
             (0x10_0100 + 100_000usize).div_ceil(PAGE) * PAGE - 0x10_0000
         );
         // Sticking out of it by one byte: a new registration.
-        let end = 0x10_0000 + c.pinned();
+        let end = 0x10_0000 + c.pinned;
         let d = c.acquire(end - 10, 11).unwrap();
         assert_ne!(d.lkey, a.lkey);
         assert_eq!(c.reg.calls, 2);
@@ -656,7 +648,7 @@ mod tests {
         assert!(c.reg.live.contains(&n.lkey));
         c.release(n);
         assert!(c.reg.live.is_empty());
-        assert_eq!(c.pinned(), 0);
+        assert_eq!(c.pinned, 0);
     }
 
     #[test]
@@ -689,7 +681,7 @@ mod tests {
         let a = c.acquire(0x100000, 3 * PAGE).unwrap();
         c.release(a);
         let _b = c.acquire(0x200000, 2 * PAGE).unwrap();
-        assert_eq!(c.pinned(), 2 * PAGE);
+        assert_eq!(c.pinned, 2 * PAGE);
         assert!(!c.reg.live.contains(&a.lkey));
     }
 
@@ -798,7 +790,7 @@ mod tests {
                     }
                 }
                 prop_assert!(c.len() <= 6);
-                prop_assert!(c.pinned() <= 12 * PAGE);
+                prop_assert!(c.pinned <= 12 * PAGE);
                 for (l, _, _) in &held {
                     prop_assert!(c.reg.live.contains(&l.lkey));
                 }

@@ -4,14 +4,15 @@
 //! fetch (`Transport::fetch_tail`). The protocol and its arguments are in
 //! the `transport::verbs` module documentation ("Pull mode").
 
+use super::super::call_failed;
 use super::super::pull::{
     catchup_start, now_ns, ranges, word_is_pull, LoadMeter, ModeKnob, PullCounters, PullKnobs,
     PullStats, TxMode, COUNTERS_IN_HEADER, MODE_WORD, PUB_TAIL, SCRATCH,
 };
 use super::{lock, Role, Shared, SqState, Src, VerbsTransport};
-use crate::error::RingError;
+use crate::error::{RingError, VerbsError};
+use crate::layout::bump;
 use crate::layout::RingControl;
-use crate::transport::verbs_stats::bump;
 use crate::transport::{ExternalSrc, PeerWord, Visibility};
 use rdma_sys::*;
 use std::mem::offset_of;
@@ -108,9 +109,7 @@ impl PullState {
         if off + count as u64 * self.slot_size > s.layout.out_bytes as u64
             || src.len as u64 + 8 > count as u64 * self.slot_size
         {
-            return Err(RingError::Config(
-                "verbs: zero-copy record outside the ring",
-            ));
+            return Err(VerbsError::OutOfRing("zero-copy record outside the ring").into());
         }
         // SAFETY: `src` is the caller's live buffer of `src.len` bytes
         // (`Sender::write_zero_copy` holds it across the call); the
@@ -168,7 +167,8 @@ impl Shared {
         // asked for.
         self.post_held_slots(st)?;
         let seq = self.next_seq(st)?;
-        // SAFETY: mr valid while self lives.
+        // SAFETY: `mr` is the live registration made before `Shared` was
+        // shared; it is deregistered only on drop. A plain field read.
         let lkey = unsafe { (*self.mr).lkey };
         let mut sge = ibv_sge {
             addr: self.region.addr(off),
@@ -188,10 +188,9 @@ impl Shared {
         // SAFETY: qp valid; wr and sge live across the call; the
         // destination is our registered region, which outlives the request
         // (the caller waits for its completion).
-        if unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) } != 0 {
-            let e = RingError::Config(
-                "verbs: ibv_post_send (READ) failed (send queue full or QP in error)",
-            );
+        let rc = unsafe { ibv_post_send(self.qp, &mut wr, &mut bad) };
+        if rc != 0 {
+            let e = call_failed("ibv_post_send (READ)", rc);
             st.failed = Some(e.clone());
             return Err(e);
         }
@@ -208,7 +207,7 @@ impl Shared {
     fn wait_seq_for(&self, seq: u64, limit: std::time::Duration) -> Result<bool, RingError> {
         let start = std::time::Instant::now();
         let mut spins = 0u32;
-        let mut wait = crate::backoff::CompletionWait::new();
+        let mut wait = crate::sleep::backoff::CompletionWait::new();
         loop {
             {
                 let mut st = lock(&self.sq);
@@ -237,7 +236,9 @@ impl Shared {
         if st.done >= seq {
             return Ok(());
         }
-        let e = RingError::Config("verbs: an RDMA READ was not answered within 10 s (peer gone?)");
+        let e = RingError::from(VerbsError::ReadTimeout {
+            secs: READ_LIMIT.as_secs(),
+        });
         st.failed = Some(e.clone());
         Err(e)
     }
@@ -380,9 +381,9 @@ impl VerbsTransport {
         let s = &*self.shared;
         std::sync::atomic::fence(Ordering::SeqCst);
         let flag = s.ctrl_word(s.layout.out_ctrl, offset_of!(RingControl, rx_waiting));
-        if crate::waiting::take_or_ring_standing(flag, self.pull.published) {
+        if crate::sleep::flags::take_or_ring_standing(flag, self.pull.published) {
             use crate::transport::Transport;
-            self.kick_peer(crate::waiting::Ring::Plain)?;
+            self.kick_peer(crate::sleep::flags::Ring::Plain)?;
         }
         Ok(())
     }

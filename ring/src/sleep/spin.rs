@@ -2,12 +2,10 @@
 //! for an adaptive budget, then announces it sleeps and blocks on its
 //! doorbell.
 
-#![cfg(not(loom))]
-
 use crate::error::RingError;
-use crate::notify::EventFd;
 use crate::receiver::Receiver;
 use crate::sender::Sender;
+use crate::sleep::notify::EventFd;
 use crate::transport::Transport;
 use std::time::{Duration, Instant};
 

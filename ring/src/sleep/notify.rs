@@ -27,7 +27,8 @@ mod eventfd {
     impl EventFd {
         /// A new non-blocking, close-on-exec eventfd.
         pub fn new() -> Result<Self, RingError> {
-            // SAFETY: plain syscall with integer arguments.
+            // SAFETY: eventfd2 takes two integers and touches no memory of
+            // ours; a failure is a negative return, handled below.
             let fd = unsafe {
                 libc::syscall(
                     libc::SYS_eventfd2,
@@ -38,10 +39,10 @@ mod eventfd {
             if fd < 0 {
                 return Err(RingError::last_os());
             }
-            // SAFETY: the kernel just gave us this fd; we own it.
-            Ok(EventFd {
-                fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
-            })
+            // SAFETY: `fd` is a descriptor the kernel just opened for us
+            // (checked non-negative above), owned by nothing else yet.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+            Ok(EventFd { fd })
         }
 
         /// Wraps an eventfd received from elsewhere (e.g. over SCM_RIGHTS).
@@ -59,21 +60,23 @@ mod eventfd {
 
         /// A second handle to the same eventfd (dup with close-on-exec).
         pub fn try_clone(&self) -> Result<Self, RingError> {
-            // SAFETY: fcntl on an fd we own.
+            // SAFETY: F_DUPFD_CLOEXEC on a descriptor `self` keeps open
+            // takes integers only and touches no memory of ours.
             let fd = unsafe { libc::syscall(libc::SYS_fcntl, self.fd(), libc::F_DUPFD_CLOEXEC, 0) };
             if fd < 0 {
                 return Err(RingError::last_os());
             }
-            // SAFETY: fresh fd from the kernel.
-            Ok(EventFd {
-                fd: unsafe { OwnedFd::from_raw_fd(fd as RawFd) },
-            })
+            // SAFETY: `fd` is the duplicate the kernel just made (checked
+            // non-negative above), owned by nothing else yet.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+            Ok(EventFd { fd })
         }
 
         /// Clears pending rings; returns whether there were any.
         pub fn drain(&self) -> bool {
             let mut v = 0u64;
-            // SAFETY: reads 8 bytes into a local u64 from a non-blocking fd.
+            // SAFETY: the kernel writes at most 8 bytes into `v`, a live
+            // local u64; the fd is non-blocking, so the call returns.
             let n = unsafe { libc::syscall(libc::SYS_read, self.fd(), &mut v as *mut u64, 8) };
             n == 8
         }
@@ -90,7 +93,9 @@ mod eventfd {
                 events: libc::POLLIN,
                 revents: 0,
             };
-            // SAFETY: one valid pollfd.
+            // SAFETY: `pfd` is one live pollfd (nfds 1) and the timespec,
+            // when given, is a temporary that lives across the call; the
+            // sigmask is null.
             let r = unsafe {
                 libc::syscall(
                     libc::SYS_ppoll,
@@ -123,7 +128,8 @@ mod eventfd {
     impl Notify for EventFd {
         fn notify(&self) -> Result<(), RingError> {
             let one = 1u64;
-            // SAFETY: writes 8 bytes from a local u64.
+            // SAFETY: the kernel reads exactly 8 bytes from `one`, a live
+            // local u64.
             let n = unsafe { libc::syscall(libc::SYS_write, self.fd(), &one as *const u64, 8) };
             // EAGAIN means the counter is saturated: the peer is rung anyway.
             if n == 8 || RingError::last_os() == RingError::Os(libc::EAGAIN) {

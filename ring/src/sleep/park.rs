@@ -89,7 +89,6 @@ impl WorkerPark {
     }
 }
 
-#[cfg(not(loom))]
 impl Default for WorkerPark {
     fn default() -> Self {
         Self::new()

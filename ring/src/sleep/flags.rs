@@ -73,7 +73,8 @@ pub struct StandingKicks {
 
 impl StandingKicks {
     /// A count that already gave `rings` rings to the flag of `epoch`
-    /// (for the models and tests: the budget is spent without the rings).
+    /// (for the models: the budget is spent without the rings).
+    #[cfg(loom)]
     pub fn after(epoch: u32, rings: u32) -> Self {
         StandingKicks {
             epoch: epoch & EPOCH_MASK,
@@ -114,6 +115,7 @@ pub fn take_for_tail(flag: &AtomicU64, published: u64, count: &mut StandingKicks
 /// switch back from pull): rings a standing flag without clearing or
 /// counting it, else as `take_if_unseen`. One ring beyond the budget is
 /// within the receive queue's margin.
+#[cfg(any(feature = "verbs", test))]
 pub fn take_or_ring_standing(flag: &AtomicU64, published: u64) -> bool {
     if flag.load(Ordering::Relaxed) & STANDING != 0 {
         return true;

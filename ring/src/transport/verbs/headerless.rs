@@ -13,7 +13,7 @@
 //! The immediate's field (29 bits, beside the transport's kind bits): the
 //! payload length in the high `LEN_BITS`, the tail's low `TAIL_BITS`
 //! below. The tail decodes against the receiver copy's current tail as in
-//! `crate::tail_hint`, with a window of `2^(TAIL_BITS-1)` slots either
+//! `tail_hint`, with a window of `2^(TAIL_BITS-1)` slots either
 //! way: an unreaped immediate's tail lies within a ring of the copy's
 //! tail, so rings of at most `MAX_RING_SLOTS` slots (half the window)
 //! take headerless records.
@@ -26,6 +26,10 @@
 //! finds every header. Why a late reap cannot write a header over a slot
 //! the sender already reused: the verbs module documentation
 //! ("Headerless records"); loom: `tests/loom_headerless.rs`.
+
+// Without the verbs transport only the models, the fuzz targets and this
+// module's tests use it, and not all of it.
+#![cfg_attr(not(any(feature = "verbs", loom, fuzzing)), allow(dead_code))]
 
 use crate::record::{self, Header};
 

@@ -179,15 +179,6 @@ impl VerbsHeader {
     }
 }
 
-/// Adds `n` to a counter that only one thread writes at a time (the caller
-/// holds the lock that serializes its writers): a plain load and store,
-/// no locked read-modify-write on the hot path. Readers in other processes
-/// see each value whole (8-byte aligned atomic store).
-#[inline]
-pub fn bump(c: &AtomicU64, n: u64) {
-    c.store(c.load(Ordering::Relaxed).wrapping_add(n), Ordering::Relaxed);
-}
-
 /// Where the pull-mode counters (`verbs::pull::PullCounters`) start in the
 /// header page: `verbs::pull::COUNTERS_IN_HEADER`, restated here because a
 /// reader (the daemon) builds without the `verbs` feature. `pull.rs`
@@ -290,12 +281,5 @@ mod tests {
     #[test]
     fn magic_spells_its_name() {
         assert_eq!(&VERBS_MAGIC.to_le_bytes(), b"RSVERBS1");
-    }
-
-    #[test]
-    fn bump_adds() {
-        let c = AtomicU64::new(5);
-        bump(&c, 3);
-        assert_eq!(c.load(Ordering::Relaxed), 8);
     }
 }

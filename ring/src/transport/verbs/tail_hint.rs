@@ -3,7 +3,7 @@
 //! slots, instead of a second WRITE of the tail word.
 //!
 //! Why: a receiver that sleeps is rung with every tail (a standing flag,
-//! `crate::waiting`), and the ring used to ride on the tail WRITE, after a
+//! `crate::sleep::flags`), and the ring used to ride on the tail WRITE, after a
 //! separate slot WRITE. Each WRITE is a packet and an acknowledgement; for
 //! a small message the slots' own WRITE_WITH_IMM can carry both the data
 //! and the ring, so the message is one packet, as in rsocket.
