@@ -228,6 +228,14 @@ pub trait AttachedConn: Send + Sync {
     /// signal handler that interrupted a thread holding one.
     fn drain_at_exit(&self, _deadline_ns: u64) {}
 
+    /// Just before a fork, in the forking thread: no other thread may be
+    /// inside the connection while the child's copy is taken. Paired with
+    /// `fork_finish` in parent and child.
+    fn fork_prepare(&self) {}
+
+    /// After the fork, in parent and child.
+    fn fork_finish(&self) {}
+
     /// SO_RCVLOWAT: readable (poll) and a blocking read's minimum only
     /// from this many bytes on.
     fn set_rcvlowat(&self, _bytes: usize) {}

@@ -44,6 +44,7 @@ extern "C" fn ringsock_init() {
     let cfg = config::get();
     process::pid();
     process::register_atfork();
+    lifecycle::register_fork_handlers();
     hooks::resolve_all();
     // Unit tests install their own test double instead.
     #[cfg(not(test))]

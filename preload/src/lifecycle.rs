@@ -216,3 +216,57 @@ pub fn leave_before_exec() {
         .collect();
     leave_rings(&survivors);
 }
+
+thread_local! {
+    /// The connections the forking thread holds across a fork.
+    static FORK_HELD: std::cell::RefCell<Vec<std::sync::Arc<dyn attached::AttachedConn>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Just before a fork (the atfork prepare handler, or the `_Fork` hook):
+/// every ring connection is held, published and marked shared
+/// (`AttachedConn::fork_prepare`), so the child's copy is consistent.
+pub fn fork_prepare() {
+    if fdtable::rings_alive() == 0 || !process::owns_memory() {
+        return;
+    }
+    let _g = guard::enter();
+    let mut held: Vec<std::sync::Arc<dyn attached::AttachedConn>> = Vec::new();
+    for fd in 0..fdtable::capacity() as i32 {
+        if let Some(c) = fdtable::attached(fd).and_then(|r| r.conn_arc()) {
+            if !held.iter().any(|h| std::sync::Arc::ptr_eq(h, &c)) {
+                c.fork_prepare();
+                held.push(c);
+            }
+        }
+    }
+    FORK_HELD.with(|h| *h.borrow_mut() = held);
+}
+
+/// Right after the fork, in parent and child alike.
+pub fn fork_finish() {
+    let held = FORK_HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    for c in held {
+        c.fork_finish();
+    }
+}
+
+extern "C" fn atfork_prepare() {
+    fork_prepare();
+}
+
+extern "C" fn atfork_done() {
+    fork_finish();
+}
+
+/// Registers the fork handlers that hold the connections across a fork
+/// (every fork through glibc runs them, our `fork` hook's included).
+pub fn register_fork_handlers() {
+    // SAFETY: the handlers are plain extern "C" functions; they take the
+    // connections' own locks and allocate before glibc takes malloc's.
+    let rc =
+        unsafe { libc::pthread_atfork(Some(atfork_prepare), Some(atfork_done), Some(atfork_done)) };
+    if rc != 0 {
+        log::warn!("pthread_atfork failed ({rc}); a fork may copy a ring mid-operation");
+    }
+}

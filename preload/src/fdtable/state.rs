@@ -331,6 +331,13 @@ impl FdState {
         (!p.is_null()).then(|| unsafe { &**p })
     }
 
+    /// A reference of its own to the attached connection, if any.
+    pub fn conn_arc(&self) -> Option<Arc<dyn AttachedConn>> {
+        let p = self.conn.load(Ordering::Acquire);
+        // SAFETY: as `conn`: valid while the caller holds a reference.
+        (!p.is_null()).then(|| unsafe { (*p).clone() })
+    }
+
     /// True if a connection is attached. Cheap and safe on stale pointers:
     /// the hooks' filter before taking a reference.
     #[inline]

@@ -43,11 +43,14 @@ hooks! {
         fallback(libc::syscall(libc::SYS_fork) as pid_t)
     {
         process::before_fork();
+        // _Fork runs no atfork handler: hold the rings here.
+        lifecycle::fork_prepare();
         // SAFETY: forwarding.
         let pid = unsafe { _Fork::next() };
         if pid == 0 {
             process::after_fork_child();
         }
+        lifecycle::fork_finish();
         pid
     }
 

@@ -109,10 +109,20 @@ impl<W: Wire> RingConn<W> {
             return;
         }
         let fd = self.tcp_fd();
-        let mut tx = lock(&self.tx);
-        let mut rx = lock(&self.rx);
+        let mut tx = self.tx.lock();
+        let mut rx = self.rx.lock();
         if self.mode() != MODE_RING {
             return;
+        }
+        // Every process holding a shared side follows (`share`).
+        let shared = match self.enter_shared() {
+            super::fork::Entered::Alone => None,
+            super::fork::Entered::Shared(s) => Some(s),
+            super::fork::Entered::Left => return,
+        };
+        if let Some(s) = &shared {
+            s.left.store(1, Ordering::Release);
+            s.unlock();
         }
         self.flush_locked(&mut tx);
         if !self.settle_locked(&mut tx, &mut rx, limit_ns()) {
@@ -175,7 +185,7 @@ impl<W: Wire> RingConn<W> {
         if !self.leaving.load(Ordering::Acquire) {
             return true;
         }
-        let settled = lock(&self.tx).as_ref().is_none_or(|tx| tx.peer_closed()) || {
+        let settled = self.tx.lock().as_ref().is_none_or(|tx| tx.peer_closed()) || {
             let fd = self.tcp_fd();
             let mut b = [0u8; HEADER_BYTES];
             match sys_recv(fd, &mut b, libc::MSG_PEEK) {
@@ -201,11 +211,11 @@ impl<W: Wire> RingConn<W> {
     /// After our header went out: waits for the peer to close its end of
     /// our ring (it drained it and will send only plain bytes), or for its
     /// own header (it left at the same moment), or for its end.
-    fn await_ack(&self) {
+    pub(super) fn await_ack(&self) {
         let fd = self.tcp_fd();
         let deadline = sys::monotonic_ns() + limit_ns();
         loop {
-            if lock(&self.tx).as_ref().is_none_or(|tx| tx.peer_closed()) {
+            if self.tx.lock().as_ref().is_none_or(|tx| tx.peer_closed()) {
                 return;
             }
             let mut b = [0u8; HEADER_BYTES];
@@ -240,7 +250,7 @@ impl<W: Wire> RingConn<W> {
     /// Both sides left at once: each resends from the other's position,
     /// and neither reads the ring again.
     fn crossed(&self, l: Leave) {
-        let mut tx = lock(&self.tx);
+        let mut tx = self.tx.lock();
         let taken = match tx.as_mut().map(|t| t.take_after(l.consumed)) {
             Some(Ok(t)) => t,
             Some(Err(e)) => {
@@ -303,10 +313,15 @@ impl<W: Wire> RingConn<W> {
     /// closing our end of it, and send again on the socket what it did not
     /// take from ours. From here every call goes to the kernel socket.
     fn stay(&self, l: Leave) {
-        let mut tx = lock(&self.tx);
-        let mut rx = lock(&self.rx);
+        let mut tx = self.tx.lock();
+        let mut rx = self.rx.lock();
         if self.mode() != MODE_RING {
             return;
+        }
+        if let super::fork::Entered::Shared(s) = self.enter_shared() {
+            // Every process holding a shared side follows (`share`).
+            s.left.store(1, Ordering::Release);
+            s.unlock();
         }
         let mut drained = Vec::new();
         if let Some(r) = rx.as_mut() {

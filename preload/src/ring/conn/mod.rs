@@ -32,7 +32,10 @@
 //! holding arms) never drain, and a drain that leaves them armed on a
 //! ready connection rings our own bell again.
 
+mod fork;
 mod leave;
+mod lock;
+mod share;
 mod tcp;
 mod wire;
 
@@ -41,13 +44,16 @@ use std::io::{IoSlice, IoSliceMut};
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use libc::c_int;
 use ringsock_proto::Transport as StatusTransport;
 use ringsock_ring::{Receiver, RingError, Sender};
 
+pub use share::Share;
 pub use wire::{Waiters, Wire};
+
+use lock::{OpGuard, OpLock};
 
 use super::background;
 use super::msgstart::MessageStart;
@@ -93,8 +99,8 @@ pub struct RingConn<W: Wire> {
     pub wire: W,
     /// Lock order: the wire's own locks, then `tx`, then `rx`, then the
     /// spills, then `waiters` (taken before either end when arming).
-    tx: Mutex<TxSlot<W>>,
-    rx: Mutex<RxSlot<W>>,
+    tx: OpLock<TxSlot<W>>,
+    rx: OpLock<RxSlot<W>>,
     /// Bytes the peer put into the ring before it left, read before the
     /// kernel socket's.
     rx_spill: Mutex<VecDeque<u8>>,
@@ -127,6 +133,12 @@ pub struct RingConn<W: Wire> {
     header_since: AtomicU64,
     /// SO_RCVLOWAT.
     rcvlowat: AtomicUsize,
+    /// A fork made this side shared with another process (`share`), and
+    /// the shared op count at the last fork this process took part in.
+    forked: AtomicBool,
+    forked_ops: AtomicU64,
+    /// This process no longer counts among the side's holders.
+    counted_out: AtomicBool,
     /// Queued on the background thread's flush list.
     dirty: AtomicBool,
     /// Whether the next send starts a message.
@@ -147,8 +159,8 @@ impl<W: Wire> RingConn<W> {
             local: p.local,
             peer: p.peer,
             wire: p.wire,
-            tx: Mutex::new(p.tx),
-            rx: Mutex::new(p.rx),
+            tx: OpLock::new(p.tx),
+            rx: OpLock::new(p.rx),
             rx_spill: Mutex::new(VecDeque::new()),
             tx_spill: Mutex::new(VecDeque::new()),
             shut_wr_owed: AtomicBool::new(false),
@@ -164,6 +176,9 @@ impl<W: Wire> RingConn<W> {
             leaving: AtomicBool::new(false),
             header_since: AtomicU64::new(0),
             rcvlowat: AtomicUsize::new(rcvlowat),
+            forked: AtomicBool::new(false),
+            forked_ops: AtomicU64::new(0),
+            counted_out: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
             message: MessageStart::new(),
             waiters: Mutex::new(Waiters::default()),
@@ -212,19 +227,23 @@ impl<W: Wire> RingConn<W> {
     }
 
     /// The locked sender slot (the wire's pending paths and handshake).
-    pub fn tx_slot(&self) -> MutexGuard<'_, TxSlot<W>> {
-        lock(&self.tx)
+    pub fn tx_slot(&self) -> OpGuard<'_, TxSlot<W>> {
+        self.tx.lock()
     }
 
     /// The locked receiver slot.
-    pub fn rx_slot(&self) -> MutexGuard<'_, RxSlot<W>> {
-        lock(&self.rx)
+    pub fn rx_slot(&self) -> OpGuard<'_, RxSlot<W>> {
+        self.rx.lock()
     }
 
     /// Resolves `Pending` where the wire carries the decision itself.
     /// Cheap when already decided.
     pub fn settle(&self) -> u8 {
         let m = self.mode();
+        if m == MODE_RING && self.forked.load(Ordering::Relaxed) {
+            self.notice_shared_leave();
+            return self.mode();
+        }
         if m != MODE_PENDING {
             return m;
         }
@@ -235,7 +254,7 @@ impl<W: Wire> RingConn<W> {
     /// Pending -> Tcp: takes back what was sent while pending; it goes
     /// over the kernel socket before anything else.
     pub fn fall_back(&self, why: &str) {
-        let mut tx = lock(&self.tx);
+        let mut tx = self.tx.lock();
         if self.mode() != MODE_PENDING {
             return;
         }
@@ -280,6 +299,12 @@ impl<W: Wire> RingConn<W> {
             // in `leave` itself.)
             return;
         }
+        if self.forked.load(Ordering::Relaxed) {
+            self.notice_shared_leave();
+            if self.mode() == MODE_TCP {
+                return;
+            }
+        }
         if poll_one(fd, libc::POLLIN | libc::POLLRDHUP) == 0 {
             return;
         }
@@ -311,7 +336,7 @@ impl<W: Wire> RingConn<W> {
             self.peer
         );
         let unread = {
-            let tx = lock(&self.tx);
+            let tx = self.tx.lock();
             tx.as_ref()
                 .is_some_and(|tx| W::peer_left_unread(self, tx.bytes_written()))
         };
@@ -426,10 +451,14 @@ impl<W: Wire> RingConn<W> {
         let mut spins = 0u32;
         let mut wait = ringsock_ring::sleep::backoff::CompletionWait::new();
         loop {
-            let tx_owes = lock(&self.tx)
+            let tx_owes = self
+                .tx
+                .lock()
                 .as_mut()
                 .is_some_and(|tx| W::words_pending(tx.transport_mut()) && tx.poll().is_ok());
-            let rx_owes = lock(&self.rx)
+            let rx_owes = self
+                .rx
+                .lock()
                 .as_mut()
                 .is_some_and(|rx| W::words_pending(rx.transport_mut()) && rx.poll().is_ok());
             if !tx_owes && !rx_owes {
@@ -450,7 +479,7 @@ impl<W: Wire> RingConn<W> {
     /// Pushes batched bytes out (and a deferred end-of-stream mark, and
     /// bytes the ring owes the kernel socket).
     fn flush_now(&self) {
-        let mut tx = lock(&self.tx);
+        let mut tx = self.tx.lock();
         self.flush_locked(&mut tx);
         drop(tx);
         self.push_tx_spill();
@@ -459,7 +488,7 @@ impl<W: Wire> RingConn<W> {
     /// Background variant: skips a connection another thread is using (it
     /// flushes by itself before it blocks). Returns false if skipped.
     fn try_flush(&self) -> bool {
-        let Ok(mut tx) = self.tx.try_lock() else {
+        let Some(mut tx) = self.tx.try_lock() else {
             return false;
         };
         self.flush_locked(&mut tx);
@@ -468,7 +497,7 @@ impl<W: Wire> RingConn<W> {
         if W::REAPS_COMPLETIONS {
             // A head push the receiver made (a word write) owes the peer a
             // kick if it waits for space: poll it here too.
-            if let Ok(mut rx) = self.rx.try_lock() {
+            if let Some(mut rx) = self.rx.try_lock() {
                 if let Some(rx) = rx.as_mut() {
                     let _ = rx.poll();
                     if W::words_pending(rx.transport_mut()) {
@@ -556,15 +585,28 @@ impl<W: Wire> RingConn<W> {
         budget: usize,
         seen: u8,
     ) -> Result<usize, Errno> {
-        let mut guard = lock(&self.tx);
+        let mut guard = self.tx.lock();
         if self.mode() != seen {
             drop(guard);
             return self.try_send(bufs);
         }
+        let shared = match self.enter_shared() {
+            fork::Entered::Alone => None,
+            fork::Entered::Shared(s) => Some(s),
+            fork::Entered::Left => {
+                drop(guard);
+                return self.try_send(bufs);
+            }
+        };
         let Some(tx) = guard.as_mut() else {
+            if let Some(s) = shared {
+                self.exit_shared(s, None, None);
+            }
             return Err(Errno(libc::EAGAIN));
         };
-        let first = self.message.starts_message();
+        // On a shared side every byte is published within the operation,
+        // so the positions it leaves are the ring's.
+        let first = self.message.starts_message() || shared.is_some();
         if first {
             tx.end_stream();
         }
@@ -592,6 +634,10 @@ impl<W: Wire> RingConn<W> {
             // A message goes out now (`msgstart`); flush_locked queues what
             // it cannot finish.
             self.flush_locked(&mut guard);
+            if let Some(s) = shared {
+                let written = guard.as_ref().map(|t| t.bytes_written());
+                self.exit_shared(s, None, written);
+            }
             drop(guard);
         } else {
             let unflushed = tx.has_unflushed();
@@ -638,7 +684,7 @@ impl<W: Wire> RingConn<W> {
         let gone = self.peer_gone();
         let reset = self.reset.load(Ordering::Acquire);
         let (data, fin) = {
-            let mut rx = lock(&self.rx);
+            let mut rx = self.rx.lock();
             match rx.as_mut() {
                 Some(rx) => {
                     let lowat = self.rcvlowat.load(Ordering::Relaxed);
@@ -664,7 +710,7 @@ impl<W: Wire> RingConn<W> {
         let writable = if self.mode() == MODE_PENDING {
             W::pending_room(self) > 0 && self.tcp_connected()
         } else {
-            match lock(&self.tx).as_mut() {
+            match self.tx.lock().as_mut() {
                 Some(tx) => {
                     // Reaping on every look, whatever the interest: a tail
                     // WRITE that completed may owe the peer its doorbell
@@ -717,13 +763,13 @@ impl<W: Wire> RingConn<W> {
         // say.
         if interest.intersects(Ready::INPUT) {
             w.rx += 1;
-            if let Some(rx) = lock(&self.rx).as_mut() {
+            if let Some(rx) = self.rx.lock().as_mut() {
                 let _ = rx.prepare_wait();
             }
         }
         if interest.intersects(Ready::OUTPUT) {
             w.tx += 1;
-            if let Some(tx) = lock(&self.tx).as_mut() {
+            if let Some(tx) = self.tx.lock().as_mut() {
                 let _ = tx.prepare_wait();
             }
         }
@@ -741,7 +787,7 @@ impl<W: Wire> RingConn<W> {
             if interest.intersects(Ready::INPUT) && w.rx > 0 {
                 w.rx -= 1;
                 if w.rx == 0 {
-                    if let Some(rx) = lock(&self.rx).as_mut() {
+                    if let Some(rx) = self.rx.lock().as_mut() {
                         let _ = rx.finish_wait(true);
                     }
                 }
@@ -749,7 +795,7 @@ impl<W: Wire> RingConn<W> {
             if interest.intersects(Ready::OUTPUT) && w.tx > 0 {
                 w.tx -= 1;
                 if w.tx == 0 {
-                    if let Some(tx) = lock(&self.tx).as_mut() {
+                    if let Some(tx) = self.tx.lock().as_mut() {
                         let _ = tx.finish_wait(true);
                     }
                 }
@@ -782,7 +828,9 @@ impl<W: Wire> RingConn<W> {
             return true;
         }
         self.mode() == MODE_RING
-            && lock(&self.rx)
+            && self
+                .rx
+                .lock()
                 .as_mut()
                 .is_some_and(|rx| rx.available().unwrap_or(0) > 0)
     }
@@ -916,13 +964,24 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             }
             _ => {}
         }
-        let mut guard = lock(&self.rx);
+        let mut guard = self.rx.lock();
         if self.mode() == MODE_TCP {
             // The peer left while we waited for the lock.
             drop(guard);
             return self.tcp_recv(bufs, peek);
         }
+        let shared = match self.enter_shared() {
+            fork::Entered::Alone => None,
+            fork::Entered::Shared(s) => Some(s),
+            fork::Entered::Left => {
+                drop(guard);
+                return self.tcp_recv(bufs, peek);
+            }
+        };
         let Some(rx) = guard.as_mut() else {
+            if let Some(s) = shared {
+                self.exit_shared(s, None, None);
+            }
             return Err(Errno(libc::EAGAIN));
         };
         let mut total = 0;
@@ -957,6 +1016,9 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             // next call.
             let _ = rx.poll();
             owe = W::words_pending(rx.transport_mut());
+        }
+        if let Some(s) = shared {
+            self.exit_shared(s, Some(rx.bytes_consumed()), None);
         }
         drop(guard);
         if total > 0 && !peek {
@@ -1072,7 +1134,9 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     fn available(&self) -> usize {
         match self.settle() {
             MODE_TCP => self.tcp_available(),
-            _ => lock(&self.rx)
+            _ => self
+                .rx
+                .lock()
                 .as_mut()
                 .map_or(0, |rx| rx.available().unwrap_or(0)),
         }
@@ -1095,7 +1159,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             // The kernel socket stays untouched: its FIN would read as the
             // peer process dying. The end-of-stream mark says it instead;
             // a wire without a sender yet carries it on when it gets one.
-            let mut tx = lock(&self.tx);
+            let mut tx = self.tx.lock();
             if tx.is_some() && self.mode() != MODE_TCP {
                 self.eos_owed.store(true, Ordering::Release);
                 self.flush_locked(&mut tx);
@@ -1114,7 +1178,13 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     }
 
     fn claim(&self) -> Result<(), Errno> {
-        W::claim(self)?;
+        // A side a fork made shared is taken over, or left, by the shared
+        // rule (`share`); the wire's own rule is for the rest.
+        match self.enter_shared() {
+            fork::Entered::Shared(s) => s.unlock(),
+            fork::Entered::Left => return Ok(()),
+            fork::Entered::Alone => W::claim(self)?,
+        }
         if self.mode() != MODE_TCP {
             if let Some(me) = self.this() {
                 let tracked: Arc<dyn Tracked> = me;
@@ -1132,6 +1202,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         // process using the connection flushes (a forked copy of the batch
         // state would send bytes twice). Never a blocking lock: `_exit` may
         // run in a signal handler that interrupted a thread holding it.
+        self.count_out();
         if !W::is_user(self) {
             return;
         }
@@ -1144,9 +1215,8 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         }
         let mut guard = loop {
             match self.tx.try_lock() {
-                Ok(g) => break g,
-                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => {
+                Some(g) => break g,
+                None => {
                     if sys::monotonic_ns() >= deadline_ns {
                         return;
                     }
@@ -1174,7 +1244,29 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         if self.released.swap(true, Ordering::AcqRel) {
             return;
         }
-        let ends = kind == ReleaseKind::Owner && W::is_user(self);
+        let mut ends = kind == ReleaseKind::Owner && W::is_user(self);
+        let mut shared = None;
+        if self.forked.load(Ordering::Acquire) && kind != ReleaseKind::Stale {
+            // A side other processes still hold stays open for them, as a
+            // socket does until its last descriptor closes; the last holder
+            // ends it, whoever used it.
+            self.count_out();
+            ends = false;
+            if self
+                .wire
+                .share()
+                .is_some_and(|s| s.holders.load(Ordering::Acquire) == 0)
+            {
+                match self.enter_shared() {
+                    fork::Entered::Shared(s) => {
+                        shared = Some(s);
+                        ends = true;
+                    }
+                    fork::Entered::Alone => ends = true,
+                    fork::Entered::Left => ends = true,
+                }
+            }
+        }
         if ends && self.mode() == MODE_PENDING {
             W::await_decision(self, true);
         }
@@ -1191,7 +1283,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             if reset {
                 self.close_with_reset();
             }
-            if let Some(tx) = lock(&self.tx).as_mut() {
+            if let Some(tx) = self.tx.lock().as_mut() {
                 if !reset
                     && (!self.wr_shut.swap(true, Ordering::AcqRel)
                         || self.eos_owed.load(Ordering::Acquire))
@@ -1203,7 +1295,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
                 }
                 let _ = tx.flush();
             }
-            if let Some(rx) = lock(&self.rx).as_mut() {
+            if let Some(rx) = self.rx.lock().as_mut() {
                 let _ = rx.close();
             }
             // The mark and the closed flag must land before the wire goes
@@ -1211,6 +1303,9 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             // its early bytes (and the mark, where they wait in the ring)
             // for a server that is merely slow to take the ring.
             self.settle_words();
+        }
+        if let Some(s) = shared {
+            self.exit_shared(s, None, None);
         }
         super::watch::unwatch(self, self.tcp_fd());
         let fd = self.tcp.swap(-1, Ordering::AcqRel);
@@ -1232,6 +1327,14 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         let limit = u64::from(crate::config::get().connect_timeout_ms) * 1_000_000;
         self.push_tx_spill_until(sys::monotonic_ns() + limit);
         lock(&self.tx_spill).is_empty()
+    }
+
+    fn fork_prepare(&self) {
+        RingConn::fork_prepare(self);
+    }
+
+    fn fork_finish(&self) {
+        RingConn::fork_finish(self);
     }
 
     fn set_rcvlowat(&self, bytes: usize) {
@@ -1257,8 +1360,8 @@ impl<W: Wire> Drop for RingConn<W> {
             sys::close(fd);
         }
         if !self.wire.owns_ends() {
-            std::mem::forget(self.tx.get_mut().unwrap_or_else(|p| p.into_inner()).take());
-            std::mem::forget(self.rx.get_mut().unwrap_or_else(|p| p.into_inner()).take());
+            std::mem::forget(self.tx.get_mut().take());
+            std::mem::forget(self.rx.get_mut().take());
         }
     }
 }

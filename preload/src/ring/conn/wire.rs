@@ -9,7 +9,7 @@ use std::os::fd::RawFd;
 use ringsock_proto::Transport as StatusTransport;
 use ringsock_ring::{RingError, Sender, Transport};
 
-use super::RingConn;
+use super::{RingConn, Share};
 use crate::attached::Errno;
 
 /// Waiters a connection counts (see `RingConn::arm_waiter`).
@@ -137,6 +137,13 @@ pub trait Wire: Sized + Send + Sync + 'static {
     /// Writes one buffer into the ring (verbs may send it zero-copy).
     fn write(tx: &mut Sender<Self::Transport>, buf: &[u8]) -> Result<usize, RingError> {
         tx.write(buf)
+    }
+
+    /// The words through which the processes holding this side after a
+    /// fork coordinate (`share`), in memory they all map; None where the
+    /// wire has none (a forked copy then cannot use the connection).
+    fn share(&self) -> Option<Share<'_>> {
+        None
     }
 
     /// The process is dropping the connection: whether the ring ends

@@ -20,7 +20,7 @@ use ringsock_proto::Transport as StatusTransport;
 use ringsock_ring::{EventFd, Notify, RingError, RingMem, Segment, Sender, ShmTransport};
 
 use super::background;
-use super::conn::{RingConn, Wire, MODE_PENDING, PENDING_CAP};
+use super::conn::{RingConn, Share, Wire, MODE_PENDING, PENDING_CAP};
 use crate::attached::Errno;
 use crate::{process, sys};
 
@@ -31,6 +31,10 @@ pub type ShmConn = RingConn<ShmWire>;
 pub const WORD_STATE: usize = 0;
 pub const WORD_CLIENT_PID: usize = 1;
 pub const WORD_SERVER_PID: usize = 2;
+
+/// First of each side's `Share` words (user words 8.. and 16..).
+const SHARE_CLIENT: usize = 8;
+const SHARE_SERVER: usize = 16;
 
 /// Values of `WORD_STATE`, written by the server.
 pub const STATE_PENDING: u64 = 0;
@@ -245,6 +249,23 @@ impl Wire for ShmWire {
                 return Ok(());
             }
         }
+    }
+
+    fn share(&self) -> Option<Share<'_>> {
+        let u = &self.seg.header().user;
+        let at = match self.side {
+            Side::Client => SHARE_CLIENT,
+            Side::Server => SHARE_SERVER,
+        };
+        Some(Share {
+            user: self.user(),
+            lock: &u[at],
+            ops: &u[at + 1],
+            consumed: &u[at + 2],
+            written: &u[at + 3],
+            left: &u[at + 4],
+            holders: &u[at + 5],
+        })
     }
 
     fn is_user(c: &ShmConn) -> bool {

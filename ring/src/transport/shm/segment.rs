@@ -27,7 +27,8 @@ static HUGE_FAILED: AtomicBool = AtomicBool::new(false);
 static CREATED: AtomicU64 = AtomicU64::new(0);
 
 /// The first bytes of a segment. `user` words belong to the layer above
-/// (the shim keeps its handshake state there).
+/// (the shim keeps its handshake state there, and what the processes
+/// that share one side of the connection coordinate through).
 #[repr(C)]
 pub struct SegmentHeader {
     pub magic: u64,
@@ -37,7 +38,7 @@ pub struct SegmentHeader {
     pub slot_size: u32,
     pub huge: u32,
     _pad: u32,
-    pub user: [AtomicU64; 8],
+    pub user: [AtomicU64; 32],
 }
 const _: () = assert!(std::mem::size_of::<SegmentHeader>() <= PAGE);
 
