@@ -58,10 +58,12 @@ impl<T> OpLock<T> {
     }
 
     pub fn try_lock(&self) -> Option<OpGuard<'_, T>> {
+        // `then`, not `then_some`: a guard built for a failed attempt
+        // would release the holder's lock when dropped.
         self.state
             .compare_exchange(FREE, LOCKED, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
-            .then_some(OpGuard { lock: self })
+            .then(|| OpGuard { lock: self })
     }
 
     /// Takes the lock without a guard; `unlock_raw` gives it back.
@@ -153,6 +155,49 @@ mod tests {
                 std::thread::spawn(move || {
                     for _ in 0..20_000 {
                         *l.lock() += 1;
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(*l.lock(), 80_000);
+    }
+
+    #[test]
+    fn a_failed_try_lock_leaves_the_holder_alone() {
+        let l = OpLock::new(0u32);
+        let g = l.lock();
+        assert!(l.try_lock().is_none());
+        assert!(
+            l.try_lock().is_none(),
+            "the failed attempt released the lock"
+        );
+        drop(g);
+        assert!(l.try_lock().is_some());
+    }
+
+    #[test]
+    fn try_lock_and_lock_together_serialise() {
+        let l = Arc::new(OpLock::new(0u64));
+        let hs: Vec<_> = (0..4)
+            .map(|i| {
+                let l = l.clone();
+                std::thread::spawn(move || {
+                    let mut done = 0;
+                    while done < 20_000 {
+                        let g = if i % 2 == 0 {
+                            l.try_lock()
+                        } else {
+                            Some(l.lock())
+                        };
+                        if let Some(mut g) = g {
+                            let v = *g;
+                            std::hint::spin_loop();
+                            *g = v + 1;
+                            done += 1;
+                        }
                     }
                 })
             })
