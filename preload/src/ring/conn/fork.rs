@@ -85,7 +85,9 @@ impl<W: Wire> RingConn<W> {
         }
         let me = process::pid() as u64;
         if share.user.load(Ordering::Acquire) != me {
-            if share.ops.load(Ordering::Acquire) == self.forked_ops.load(Ordering::Acquire) {
+            if share.ops.load(Ordering::Acquire) == self.forked_ops.load(Ordering::Acquire)
+                && W::can_take_over(self)
+            {
                 // Nobody moved the ring since the fork we know of: our
                 // state is the user's, copied by that fork.
                 share.user.store(me, Ordering::Release);

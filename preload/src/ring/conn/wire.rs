@@ -146,6 +146,13 @@ pub trait Wire: Sized + Send + Sync + 'static {
         None
     }
 
+    /// Whether this process may take over a side it finds another process
+    /// using (`share`): false where the ring ends belong to one process
+    /// (a verbs queue pair), which a forked copy then leaves instead.
+    fn can_take_over(_c: &RingConn<Self>) -> bool {
+        true
+    }
+
     /// The process is dropping the connection: whether the ring ends
     /// belong to it, or must be forgotten (a forked child must not
     /// destroy its parent's verbs objects).

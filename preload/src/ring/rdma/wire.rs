@@ -31,7 +31,7 @@ use ringsock_proto::Transport as StatusTransport;
 use ringsock_ring::transport::verbs::{Doorbell, QpParams, VerbsConn, VerbsTransport};
 use ringsock_ring::{EventFd, Notify, RingError, Sender, VerbsError};
 
-use super::super::conn::{RingConn, Waiters, Wire, MODE_PENDING, MODE_TCP, PENDING_CAP};
+use super::super::conn::{RingConn, Share, Waiters, Wire, MODE_PENDING, MODE_TCP, PENDING_CAP};
 use super::super::sockio::lock;
 use super::{collect, note_host_without_rdma, Collected, NO_DEVICE_REASON, PREFIX};
 use crate::attached::Errno;
@@ -71,6 +71,7 @@ impl RdmaWire {
 
     /// A server's wire, its queue pair connected.
     pub fn connected(device: String, bell: Doorbell, bell_fd: RawFd, wake: EventFd) -> RdmaWire {
+        record_user(&bell);
         RdmaWire {
             device,
             owner_pid: process::pid(),
@@ -85,6 +86,15 @@ impl RdmaWire {
     fn owned_here(&self) -> bool {
         process::pid() == self.owner_pid
     }
+}
+
+/// `user` word of the region header: the side's user (`share`) is the
+/// process whose queue pair it is.
+const SHARE_USER: usize = 0;
+
+fn record_user(bell: &Doorbell) {
+    bell.user_words()[SHARE_USER]
+        .store(process::pid() as u64, std::sync::atomic::Ordering::Release);
 }
 
 /// Pending -> Ring with the server's parameters, or a dead connection if
@@ -117,6 +127,7 @@ fn connect_to(c: &RdmaConn, payload: &[u8]) {
                 c.peer,
                 early.len()
             );
+            record_user(&conn.bell);
             let _ = w.bell.set(conn.bell);
             let mut tx = conn.tx;
             let mut rest: &[u8] = &early;
@@ -319,6 +330,23 @@ impl Wire for RdmaWire {
     }
 
     fn is_user(c: &RdmaConn) -> bool {
+        c.wire.owned_here()
+    }
+
+    fn share(&self) -> Option<Share<'_>> {
+        let w = self.bell.get()?.user_words();
+        Some(Share {
+            user: &w[SHARE_USER],
+            lock: &w[1],
+            ops: &w[2],
+            consumed: &w[3],
+            written: &w[4],
+            left: &w[5],
+            holders: &w[6],
+        })
+    }
+
+    fn can_take_over(c: &RdmaConn) -> bool {
         c.wire.owned_here()
     }
 

@@ -425,6 +425,7 @@ fn init_header(region: &Region, l: &Layout, out: &RingConfig, inn: &RingConfig, 
         flags: if region.huge { VERBS_FLAG_HUGE } else { 0 },
         sq: Default::default(),
         rq: Default::default(),
+        user: Default::default(),
     };
     // SAFETY: the header page is mapped, writable, page-aligned and not
     // referenced by anyone yet.
@@ -1814,6 +1815,11 @@ pub struct Doorbell {
 }
 
 impl Doorbell {
+    /// The region header's `user` words (`VerbsHeader::user`).
+    pub fn user_words(&self) -> &[AtomicU64; 8] {
+        &self.shared.region.header().user
+    }
+
     pub fn fd(&self) -> std::os::fd::RawFd {
         // SAFETY: `channel` is live while `shared` is (destroyed only on
         // its drop). A plain field read.

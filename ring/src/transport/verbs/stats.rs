@@ -58,6 +58,9 @@ pub struct VerbsHeader {
     /// Receive-side counters: written under the receive-queue lock (except
     /// `cq_errors`, which both sides bump).
     pub rq: RqCounters,
+    /// Words of the layer above: the processes that hold this end after a
+    /// fork coordinate through them (the region is mapped shared).
+    pub user: [AtomicU64; 8],
 }
 
 /// `VerbsHeader::flags` bit: the region is on huge pages.
