@@ -27,12 +27,6 @@ use super::SessionId;
 
 pub type OfferId = u64;
 
-/// The least time a claimed offer waits for its answer. The claimer is a
-/// live process that owns the accepted socket (its death declines the
-/// offer at once, with its session); one that is merely descheduled, on a
-/// loaded machine, must still find its answer taken.
-const CLAIM_GRACE: Duration = Duration::from_secs(10);
-
 /// Where an offer stands. `F` is the descriptor type (OwnedFd in the
 /// daemon): dropping a state drops, hence closes, the descriptors it holds.
 #[derive(Debug)]
@@ -326,7 +320,7 @@ impl<F> OfferTable<F> {
             self.events.push(TableEvent::Claimed(id));
         }
         let old = self.transition(id, OfferState::Claimed { by })?;
-        self.set_deadline(id, now + self.timeout.max(CLAIM_GRACE));
+        self.set_deadline(id, now + self.timeout);
         match old {
             OfferState::Open { payload, fds } => Some(Claimed {
                 offer_id: id,

@@ -554,9 +554,20 @@ fn follow_pending(now: u64) {
             && c.report_state().offer_pid == process::pid()
         {
             // Nobody took the ring in time (an unshimmed process accepted,
-            // or one that cannot reach the daemon): withdraw the offer. The
-            // daemon refuses while the offer is claimed or answered, so a
-            // server that took the ring is never contradicted.
+            // or one that is slow or stopped). Where the wire decides by
+            // itself, it withdraws, and the daemon only forgets the offer.
+            if c.revoke() {
+                let _ = ctl::call(
+                    &Msg::Cancel {
+                        offer_id: c.offer_id(),
+                    },
+                    &[],
+                );
+                continue;
+            }
+            // Otherwise withdraw the offer: the daemon refuses while the
+            // offer is claimed or answered, so a server that took the ring
+            // is never contradicted.
             match ctl::call(
                 &Msg::Cancel {
                     offer_id: c.offer_id(),

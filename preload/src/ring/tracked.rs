@@ -80,6 +80,11 @@ pub trait Tracked: Send + Sync {
     fn is_released(&self) -> bool;
     /// Looks at the server's decision; true while there is none.
     fn still_pending(&self) -> bool;
+    /// The claim wait passed: stop waiting where the wire can settle it
+    /// alone (`Wire::revoke`); false leaves it to the daemon.
+    fn revoke(&self) -> bool {
+        false
+    }
     /// The daemon says the server declined (with its reason) or never
     /// claimed the offer.
     fn decline_from_ctl(&self, reason: Option<&str>);

@@ -935,6 +935,10 @@ impl<W: Wire> Tracked for RingConn<W> {
         self.settle() == MODE_PENDING
     }
 
+    fn revoke(&self) -> bool {
+        W::revoke(self)
+    }
+
     fn decline_from_ctl(&self, reason: Option<&str>) {
         W::decline_from_ctl(self, reason);
     }

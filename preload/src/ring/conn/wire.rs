@@ -104,6 +104,14 @@ pub trait Wire: Sized + Send + Sync + 'static {
     /// program closed its socket meanwhile).
     fn await_decision(c: &RingConn<Self>, closing: bool);
 
+    /// The client stops waiting for the server (the claim wait passed):
+    /// true when the wire settled it itself (the connection fell back, or
+    /// entered the ring the server took first); false leaves it to the
+    /// daemon's verdict.
+    fn revoke(_c: &RingConn<Self>) -> bool {
+        false
+    }
+
     /// The daemon says the server declined (with its reason) or never
     /// took the ring.
     fn decline_from_ctl(c: &RingConn<Self>, reason: Option<&str>);

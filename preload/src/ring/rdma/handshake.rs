@@ -200,16 +200,22 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
             };
         }
     };
-    // As on shm, the answer goes out without waiting for its reply (read
-    // before our next request): see ring/handshake.rs.
-    if ctl::send_only(&Msg::Answer {
-        offer_id,
-        payload: payload(&ours),
-    })
-    .is_err()
-    {
-        sys::close(tcp_dup);
-        return Decision::Tcp(TcpReason::Declined);
+    // Between hosts only the daemons know both sides: the ring is ours
+    // once the daemon took the answer. An offer that expired meanwhile (or
+    // that the client withdrew) refuses it, and both ends stay TCP.
+    match ctl::call(
+        &Msg::Answer {
+            offer_id,
+            payload: payload(&ours),
+        },
+        &[],
+    ) {
+        Ok((Msg::Ok, _)) => {}
+        other => {
+            log::debug!("fd {fd}: the answer was not taken ({other:?}); plain TCP");
+            sys::close(tcp_dup);
+            return Decision::Tcp(TcpReason::Declined);
+        }
     }
     let stats_fd = connected.share_fd().ok();
     let conn: Arc<RdmaConn> = RingConn::new(Parts {

@@ -7,13 +7,12 @@
 //! attached at once, in `Pending` mode (ring/conn).
 //!
 //! Server, in accept(): claim the offer with the accepted socket as proof,
-//! map the segment, send the answer through the daemon, store
-//! `STATE_ACCEPTED` in the segment and ring the client's bell. The daemon
-//! makes Answer, Decline and expiry mutually exclusive, and the segment's
-//! state word takes precedence over what the daemon says (`poll_decision`),
-//! so the two sides can never disagree: a client falls back only while the
-//! word is still pending *and* the daemon declared the offer declined or
-//! expired, which rules out an answer.
+//! map the segment, move the segment's state word from pending to
+//! `STATE_ACCEPTED` and ring the client's bell, then tell the daemon. The
+//! state word alone decides: a client that gives up waiting (the claim
+//! wait, a decline or an expiry the daemon reports, a close) moves it from
+//! pending to `STATE_REVOKED` itself, so exactly one of the two moves
+//! wins and the two sides never disagree, whatever the daemon knows.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -30,7 +29,9 @@ use super::super::setup::{
 };
 use super::super::tracked::Tracked;
 use super::super::{background, ctl, fdspace};
-use super::{PeerBell, ShmConn, ShmWire, Side, STATE_ACCEPTED, STATE_DECLINED, WORD_STATE};
+use super::{
+    PeerBell, ShmConn, ShmWire, Side, STATE_ACCEPTED, STATE_DECLINED, STATE_PENDING, WORD_STATE,
+};
 use crate::attached::{Decision, Errno, TcpReason};
 use crate::sys;
 
@@ -177,7 +178,12 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
     };
     let refuse = |seg: &Segment, why: &str| {
         decline(offer_id, why);
-        seg.header().user[WORD_STATE].store(STATE_DECLINED, Ordering::Release);
+        let _ = seg.header().user[WORD_STATE].compare_exchange(
+            STATE_PENDING,
+            STATE_DECLINED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
         let _ = cbell.notify();
         Decision::Tcp(TcpReason::Declined)
     };
@@ -202,23 +208,30 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         log_no_resources(fd, "cannot duplicate the socket: Too many open files");
         return Decision::Tcp(TcpReason::NoResources);
     };
-    // The answer goes out without waiting for its reply: the daemon reads
-    // this session's requests in order, so it handles the Answer right
-    // after the Claim, long before the claim's deadline (the offer timeout,
-    // counted from the claim) could pass; only a lost session can make it
-    // fail, and the claim and the client's offer die with the session. The
-    // reply is read (and checked) before our next request.
-    if ctl::send_only(&Msg::Answer {
-        offer_id,
-        payload: Vec::new(),
-    })
-    .is_err()
+    // The segment's state word decides: the client withdraws by moving it
+    // from pending itself (it gave up waiting), so whoever moves it first
+    // wins, and neither side ever uses a ring the other left.
+    if seg.header().user[WORD_STATE]
+        .compare_exchange(
+            STATE_PENDING,
+            STATE_ACCEPTED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        )
+        .is_err()
     {
+        log::debug!("fd {fd}: the client withdrew its ring before we took it; plain TCP");
         sys::close(tcp_dup);
+        decline(offer_id, "the client withdrew");
         return Decision::Tcp(TcpReason::Declined);
     }
-    seg.header().user[WORD_STATE].store(STATE_ACCEPTED, Ordering::Release);
     let _ = cbell.notify();
+    // The daemon hears of it without a round trip (its reply is read
+    // before our next request); the client learned it from the segment.
+    let _ = ctl::send_only(&Msg::Answer {
+        offer_id,
+        payload: Vec::new(),
+    });
     drop(cbell);
     let report_memfd = seg.share_fd().ok();
     seg.close_fd();

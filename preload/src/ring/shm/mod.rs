@@ -40,6 +40,8 @@ const SHARE_SERVER: usize = 16;
 pub const STATE_PENDING: u64 = 0;
 pub const STATE_ACCEPTED: u64 = 1;
 pub const STATE_DECLINED: u64 = 2;
+/// Written by the client: it stopped waiting for the server.
+pub const STATE_REVOKED: u64 = 3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Side {
@@ -143,8 +145,10 @@ impl Wire for ShmWire {
         match c.wire.seg.header().user[WORD_STATE].load(Ordering::Acquire) {
             STATE_ACCEPTED if c.enter_ring() => background::note_accepted(c.offer_id),
             STATE_DECLINED => c.fall_back("the server declined the ring"),
+            STATE_REVOKED => c.fall_back("the server did not take the ring in time"),
             STATE_PENDING if c.wire.ctl_declined.load(Ordering::Acquire) => {
-                c.fall_back("the server did not take the ring")
+                // The daemon says nobody will take it; the word decides.
+                Self::revoke(c);
             }
             _ => {}
         }
@@ -174,8 +178,8 @@ impl Wire for ShmWire {
 
     /// The bytes in ring 0 are only safe once the server took the ring
     /// (or, if it turns it down, once they were resent over TCP, which
-    /// `settle` does). A server that is merely slow to accept still finds
-    /// them in the ring after this gives up.
+    /// `settle` does). A server that has not decided by the connect
+    /// timeout loses the race to our revoke: the bytes go over TCP.
     fn await_decision(c: &ShmConn, _closing: bool) {
         let limit = u64::from(crate::config::get().connect_timeout_ms) * 1_000_000;
         let start = sys::monotonic_ns();
@@ -209,12 +213,29 @@ impl Wire for ShmWire {
             };
             c.wire.bell.drain();
         }
+        if c.settle() == MODE_PENDING {
+            Self::revoke(c);
+        }
     }
 
     /// The receiver counts the bytes it consumed in the shared control
     /// block of the ring we write.
     fn peer_left_unread(c: &ShmConn, written: u64) -> bool {
         c.wire.tx_mem.ctrl().rx_stats.bytes.load(Ordering::Acquire) < written
+    }
+
+    /// Moves the state word from pending to revoked (a server that took
+    /// the ring first wins, and the connection enters it), then acts on it.
+    fn revoke(c: &ShmConn) -> bool {
+        let word = &c.wire.seg.header().user[WORD_STATE];
+        let _ = word.compare_exchange(
+            STATE_PENDING,
+            STATE_REVOKED,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        Self::poll_decision(c);
+        true
     }
 
     fn decline_from_ctl(c: &ShmConn, _reason: Option<&str>) {
