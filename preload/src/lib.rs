@@ -3,7 +3,7 @@
 //! accelerate as plain kernel TCP, behaving exactly as without the shim.
 //!
 //! Layout (see README.md):
-//! * `hook` — the `hooks!` macro, next-symbol resolution, re-entrancy guard;
+//! * `interpose` — the `hooks!` macro, next-symbol resolution, re-entrancy guard;
 //! * `hooks` — the exported libc functions, grouped by concern;
 //! * `real` — libc's definitions, for the shim's own calls;
 //! * `fdtable` — which fds are tracked and their shared state;
@@ -20,8 +20,8 @@ pub mod attached;
 pub mod config;
 pub mod dispatch;
 pub mod fdtable;
-mod hook;
 pub mod hooks;
+mod interpose;
 pub mod lifecycle;
 pub mod log;
 pub mod process;

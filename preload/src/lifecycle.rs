@@ -13,7 +13,7 @@ use libc::c_int;
 use crate::attached::{self, Decision, Errno, TcpReason};
 use crate::config::{self, Excluded};
 use crate::fdtable::{self, FdRef, Kind};
-use crate::hook::guard;
+use crate::interpose::guard;
 use crate::{process, sockaddr};
 
 /// True for the sockets a ring could carry.

@@ -62,7 +62,7 @@ use libc::{c_int, epoll_event};
 use super::wait::{fewest_looks, remaining, spin};
 use crate::attached::{AttachedConn, Ready};
 use crate::fdtable::FdRef;
-use crate::hook::guard;
+use crate::interpose::guard;
 use crate::{process, real, sys};
 
 /// Sets with at most this many ring registrations spin over all of them

@@ -19,7 +19,7 @@ use std::time::Duration;
 use ringsock_ring::SpinBudget;
 
 use crate::attached::{AttachedConn, Ready};
-use crate::hook::guard;
+use crate::interpose::guard;
 use crate::{config, real, sys};
 
 thread_local! {

@@ -44,7 +44,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 pub use state::{rings_alive, FdState, Kind, PreEpoll, Socket};
 
 use crate::attached::ReleaseKind;
-use crate::hook::guard;
+use crate::interpose::guard;
 
 /// Upper bound on tracked fd numbers (8 MiB of address space for slots).
 pub const MAX_FDS: usize = 1 << 20;

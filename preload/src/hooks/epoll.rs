@@ -10,7 +10,7 @@ use libc::{c_int, epoll_event, sigset_t, timespec};
 use crate::dispatch::epoll::{ctl_ring, wait_mixed};
 use crate::dispatch::wait::deadline_after;
 use crate::fdtable::{self, FdRef, Kind};
-use crate::hook::{guard, hooks};
+use crate::interpose::{guard, hooks};
 use crate::{process, sys};
 
 /// The tracked state of epoll fd `epfd` if it holds ring registrations.

@@ -25,7 +25,7 @@
 use libc::{c_int, c_uint, c_ulong};
 
 use crate::fdtable;
-use crate::hook::{guard, hooks};
+use crate::interpose::{guard, hooks};
 use crate::{log as shim_log, process, sys};
 
 #[cfg(not(all(

@@ -15,7 +15,7 @@ use libc::{
 
 use crate::dispatch::io as ring_io;
 use crate::fdtable::{self, FdRef};
-use crate::hook::{guard, hooks};
+use crate::interpose::{guard, hooks};
 use crate::sys;
 
 #[inline]

@@ -36,7 +36,7 @@ use std::ffi::c_void;
 use libc::{c_int, intptr_t, off_t, size_t};
 use ringsock_ring::transport::verbs::regcache;
 
-use crate::hook::{hooks, Symbol};
+use crate::interpose::{hooks, Symbol};
 
 #[inline]
 fn drop_range(addr: *const c_void, len: usize) {

@@ -10,7 +10,7 @@ use libc::{c_int, c_long, fd_set, nfds_t, pollfd, sigset_t, size_t, timespec, ti
 use crate::dispatch::poll::{any_ring, poll_mixed, select_has_ring, select_mixed};
 use crate::dispatch::wait::deadline_after;
 use crate::fdtable;
-use crate::hook::{guard, hooks};
+use crate::interpose::{guard, hooks};
 use crate::sys;
 
 /// Converts a poll timeout in ms to a deadline (None = forever; 0 = now).

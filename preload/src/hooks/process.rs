@@ -20,7 +20,7 @@
 
 use libc::{c_int, pid_t};
 
-use crate::hook::hooks;
+use crate::interpose::hooks;
 use crate::{lifecycle, process};
 
 hooks! {

@@ -6,7 +6,7 @@ use libc::{c_int, c_void, sockaddr, socklen_t};
 
 use crate::attached::Errno;
 use crate::fdtable::{self, Kind};
-use crate::hook::{guard, hooks};
+use crate::interpose::{guard, hooks};
 use crate::{lifecycle, sockaddr as addr, sys};
 
 /// A ring-attached fd that the calling code is not the shim itself.

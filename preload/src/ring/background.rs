@@ -29,7 +29,7 @@ use super::ctl;
 use super::plock::PLock;
 use super::tracked::Tracked;
 use crate::attached::TcpReason;
-use crate::hook::guard;
+use crate::interpose::guard;
 use crate::{process, sockaddr, sys};
 
 /// Longest time a batched byte waits when the program does not block.

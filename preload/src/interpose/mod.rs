@@ -54,8 +54,8 @@ macro_rules! hooks {
                 #[allow(unused_imports)]
                 use super::*;
 
-                pub(crate) static SYM: $crate::hook::Symbol =
-                    $crate::hook::Symbol::new(concat!(stringify!($name), "\0"));
+                pub(crate) static SYM: $crate::interpose::Symbol =
+                    $crate::interpose::Symbol::new(concat!(stringify!($name), "\0"));
 
                 #[doc = concat!("Calls libc's `", stringify!($name), "` (the next \
                     definition after ours), or its raw-syscall fallback.")]
@@ -91,7 +91,7 @@ macro_rules! hooks {
             #[no_mangle]
             #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
-                let bomb = $crate::hook::AbortOnUnwind(stringify!($name));
+                let bomb = $crate::interpose::AbortOnUnwind(stringify!($name));
                 // A closure so that `return` in a body cannot skip the
                 // `forget` below.
                 #[allow(clippy::redundant_closure_call, unused_unsafe)]
