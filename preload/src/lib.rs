@@ -19,6 +19,7 @@
 pub mod attached;
 pub mod config;
 pub mod dispatch;
+pub mod fdspace;
 pub mod fdtable;
 pub mod hooks;
 mod interpose;

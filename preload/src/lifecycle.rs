@@ -120,24 +120,6 @@ pub fn on_listen(fd: c_int) {
     crate::sys::set_errno(saved);
 }
 
-/// The last fd of tracked socket `st` (number `fd`) in this process is
-/// about to be closed.
-pub fn on_last_close(fd: c_int, st: &crate::fdtable::FdState) {
-    let Some(a) = attached::attacher() else {
-        return;
-    };
-    let _g = guard::enter();
-    match st.kind() {
-        Some(Kind::Listener) => {
-            if let Some(addr) = sockaddr::query(fd, false) {
-                a.listener_closed(addr);
-            }
-        }
-        Some(Kind::Tcp) if !st.is_preconnect() && st.conn().is_none() => a.tcp_closed(fd),
-        _ => {}
-    }
-}
-
 /// Records a plain-TCP decision made before the ring layer was asked, and
 /// tells it (for status).
 fn stay_tcp(fd: c_int, st: &FdRef, r: TcpReason) {

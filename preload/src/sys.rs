@@ -115,6 +115,28 @@ pub fn close(fd: c_int) {
     }
 }
 
+/// The socket's SO_RCVLOWAT (a program may set it before a ring exists).
+pub fn rcvlowat(fd: c_int) -> usize {
+    let mut v: c_int = 1;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: v and len describe an int of our own.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            &mut v as *mut c_int,
+            &mut len as *mut libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        v.max(1) as usize
+    } else {
+        1
+    }
+}
+
 /// CLOCK_MONOTONIC in nanoseconds.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -34,6 +34,7 @@
 //! object (memory is copied), with the same entries as the parent: exactly
 //! the kernel's picture of inherited fds.
 
+mod close;
 mod pool;
 mod state;
 
@@ -41,10 +42,7 @@ use std::ops::Deref;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-pub use state::{rings_alive, FdState, Kind, PreEpoll, Socket};
-
-use crate::attached::ReleaseKind;
-use crate::interpose::guard;
+pub use state::{rings_alive, EpollSlot, FdState, Kind, PreEpoll, Socket};
 
 /// Upper bound on tracked fd numbers (8 MiB of address space for slots).
 pub const MAX_FDS: usize = 1 << 20;
@@ -279,20 +277,7 @@ fn drop_slot_ref(old: *mut FdState, fd: i32, stale: bool) {
     // SAFETY: the slot owned a reference, which the swap handed to us.
     let st: &'static FdState = unsafe { &*old };
     if st.remove_fd() {
-        if !stale {
-            crate::lifecycle::on_last_close(fd, st);
-        }
-        if let Some(conn) = st.conn() {
-            let kind = if stale {
-                ReleaseKind::Stale
-            } else if st.claimed_here() {
-                ReleaseKind::Owner
-            } else {
-                ReleaseKind::Inherited
-            };
-            let _g = guard::enter();
-            conn.release(fd, kind);
-        }
+        close::last_fd_gone(fd, st, stale);
     }
     st.release();
 }

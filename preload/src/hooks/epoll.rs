@@ -7,31 +7,19 @@
 
 use libc::{c_int, epoll_event, sigset_t, timespec};
 
-use crate::dispatch::epoll::{ctl_ring, wait_mixed};
+use crate::dispatch::epoll::{ctl_ring, instance, set_of, set_or_init, wait_mixed};
 use crate::dispatch::wait::deadline_after;
 use crate::fdtable::{self, FdRef, Kind};
 use crate::interpose::{guard, hooks};
-use crate::{process, sys};
+use crate::sys;
 
 /// The tracked state of epoll fd `epfd` if it holds ring registrations.
 fn ring_epoll(epfd: c_int) -> Option<FdRef> {
     if fdtable::rings_alive() == 0 || !fdtable::is_tracked(epfd) || guard::active() {
         return None;
     }
-    fdtable::get(epfd).filter(|st| {
-        st.kind() == Some(Kind::Epoll) && st.epoll_set().is_some_and(|s| s.has_rings())
-    })
-}
-
-/// The epoll state for `epfd`, tracking it now if needed.
-fn epoll_state(epfd: c_int) -> Option<FdRef> {
-    if let Some(st) = fdtable::get(epfd) {
-        return (st.kind() == Some(Kind::Epoll)).then_some(st);
-    }
-    if !process::owns_memory() {
-        return None;
-    }
-    fdtable::track_new(epfd, Kind::Epoll, 0, false)
+    fdtable::get(epfd)
+        .filter(|st| st.kind() == Some(Kind::Epoll) && set_of(st).is_some_and(|s| s.has_rings()))
 }
 
 /// Records an epoll registration of a pre-connect socket, so that a ring
@@ -49,11 +37,6 @@ fn note_pre_connect(epfd: c_int, op: c_int, fd: c_int, event: *const epoll_event
         (e.events, e.u64)
     };
     st.note_pre_epoll(op, epfd, events, data);
-}
-
-/// The epoll state for `epfd` (for dispatch/epoll.rs's migration).
-pub fn epoll_state_for(epfd: c_int) -> Option<FdRef> {
-    epoll_state(epfd)
 }
 
 fn ms_to_deadline(ms: c_int) -> Option<u64> {
@@ -92,9 +75,9 @@ hooks! {
                     sys::set_errno(libc::EINVAL);
                     return -1;
                 }
-                match epoll_state(epfd) {
+                match instance(epfd) {
                     Some(ep) => {
-                        let set = ep.epoll_set_or_init();
+                        let set = set_or_init(&ep);
                         // SAFETY: caller's event contract.
                         return unsafe { ctl_ring(epfd, set, op, fd, st, event) };
                     }
@@ -118,7 +101,7 @@ hooks! {
         fallback(libc::syscall(libc::SYS_epoll_wait, epfd, events, maxevents, timeout) as c_int)
     {
         if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = st.epoll_set() {
+            if let Some(set) = set_of(&st) {
                 // SAFETY: caller's events contract.
                 return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), None) };
             }
@@ -132,7 +115,7 @@ hooks! {
         fallback(libc::syscall(libc::SYS_epoll_pwait, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
     {
         if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = st.epoll_set() {
+            if let Some(set) = set_of(&st) {
                 let m = (!mask.is_null()).then_some(mask);
                 // SAFETY: caller's events contract.
                 return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), m) };
@@ -147,7 +130,7 @@ hooks! {
         fallback(libc::syscall(libc::SYS_epoll_pwait2, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
     {
         if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = st.epoll_set() {
+            if let Some(set) = set_of(&st) {
                 let deadline = if timeout.is_null() {
                     None
                 } else {

@@ -177,7 +177,7 @@ hooks! {
         let r = unsafe { setsockopt::next(fd, level, name, val, len) };
         if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT {
             if let Some(c) = ring(fd).as_ref().and_then(|st| st.conn()) {
-                c.set_rcvlowat(crate::ring::sockio_rcvlowat(fd));
+                c.set_rcvlowat(sys::rcvlowat(fd));
             }
         }
         if r == 0

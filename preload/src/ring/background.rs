@@ -201,7 +201,7 @@ fn ensure_thread() {
         )
     };
     if efd >= 0 {
-        let old = WAKE_FD.swap(super::fdspace::high(efd as RawFd), Ordering::AcqRel);
+        let old = WAKE_FD.swap(crate::fdspace::high(efd as RawFd), Ordering::AcqRel);
         if old >= 0 {
             // The parent's, inherited through fork.
             sys::close(old);

@@ -12,13 +12,11 @@
 //!   reports, on one lazily started thread;
 //! * `msgstart` — which sends start a message and go out unbatched;
 //! * `plock` — a lock that survives fork;
-//! * `fdspace` — the shim's descriptors live at high numbers;
 //! * `local` — which destinations are on this host (only those get rings).
 
 mod background;
 mod conn;
 mod ctl;
-pub mod fdspace;
 mod local;
 mod msgstart;
 mod plock;
@@ -38,7 +36,6 @@ use crate::attached::{Attacher, Decision, Errno, TcpReason};
 pub use setup::ring_config;
 pub use shm::handshake::PAYLOAD;
 pub use shm::ShmConn;
-pub use sockio::rcvlowat as sockio_rcvlowat;
 
 /// Another host: a verbs ring when the transport is built in.
 #[cfg(feature = "verbs")]

@@ -141,7 +141,7 @@ pub struct RingConn<W: Wire> {
 impl<W: Wire> RingConn<W> {
     pub fn new(p: Parts<W>) -> Arc<RingConn<W>> {
         let mode = if p.pending { MODE_PENDING } else { MODE_RING };
-        let rcvlowat = sockio::rcvlowat(p.tcp);
+        let rcvlowat = crate::sys::rcvlowat(p.tcp);
         Arc::new_cyclic(|this| RingConn {
             offer_id: p.offer_id,
             local: p.local,

@@ -29,10 +29,10 @@ use super::super::setup::{
     new_bell, offer, ring_config, Medium,
 };
 use super::super::tracked::Tracked;
-use super::super::{background, ctl, fdspace};
+use super::super::{background, ctl};
 use super::{PeerBell, ShmConn, ShmWire, Side, STATE_ACCEPTED, STATE_DECLINED, WORD_STATE};
 use crate::attached::{Decision, Errno, TcpReason};
-use crate::sys;
+use crate::{fdspace, sys};
 
 /// Offer payload: what the segment is and which ring goes which way.
 pub const PAYLOAD: &[u8] = b"ringsock-shm/1 c2s=0 s2c=1";
