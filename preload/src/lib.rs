@@ -31,6 +31,8 @@ pub mod ring;
 pub mod signals;
 pub mod sockaddr;
 pub mod sys;
+#[cfg(test)]
+mod tests;
 
 pub use attached::{
     attacher, register_attacher, AttachedConn, Attacher, Decision, Errno, Ready, ReleaseKind,
