@@ -47,6 +47,7 @@ extern "C" fn ringsock_init() {
     let cfg = config::get();
     process::pid();
     process::register_atfork();
+    real::resolve_all();
     hooks::resolve_all();
     // Unit tests install their own test double instead.
     #[cfg(not(test))]

@@ -7,10 +7,11 @@
 
 use libc::{c_int, epoll_event, sigset_t, timespec};
 
+use super::define::hooks;
 use crate::dispatch::epoll::{ctl_ring, instance, set_of, set_or_init, wait_mixed};
 use crate::dispatch::wait::deadline_after;
 use crate::fdtable::{self, FdRef, Kind};
-use crate::interpose::{guard, hooks};
+use crate::interpose::guard;
 use crate::sys;
 
 /// The tracked state of epoll fd `epfd` if it holds ring registrations.
@@ -51,24 +52,20 @@ hooks! {
     /// Pass-through.
     fn epoll_create(size: c_int) -> c_int;
         fallback(libc::syscall(libc::SYS_epoll_create1, if size > 0 { 0 } else { -1 }) as c_int)
-    {
-        // SAFETY: forwarding.
-        unsafe { epoll_create::next(size) }
+    |next| {
+        next()
     }
 
     /// Pass-through.
     fn epoll_create1(flags: c_int) -> c_int;
-        fallback(libc::syscall(libc::SYS_epoll_create1, flags) as c_int)
-    {
-        // SAFETY: forwarding.
-        unsafe { epoll_create1::next(flags) }
+    |next| {
+        next()
     }
 
     /// Ring fds are registered with the instance's `EpollSet`; everything
     /// else goes to the kernel.
     fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, event: *mut epoll_event) -> c_int;
-        fallback(libc::syscall(libc::SYS_epoll_ctl, epfd, op, fd, event) as c_int)
-    {
+    |next| {
         if fdtable::rings_alive() > 0 && !guard::active() {
             if let Some(st) = fdtable::attached(fd) {
                 if epfd == fd {
@@ -88,8 +85,7 @@ hooks! {
                 }
             }
         }
-        // SAFETY: forwarding.
-        let r = unsafe { epoll_ctl::next(epfd, op, fd, event) };
+        let r = next();
         if r == 0 && crate::attached::attacher().is_some() && fdtable::is_tracked(fd) {
             note_pre_connect(epfd, op, fd, event);
         }
@@ -98,22 +94,19 @@ hooks! {
 
     /// epoll_wait(2).
     fn epoll_wait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int) -> c_int;
-        fallback(libc::syscall(libc::SYS_epoll_wait, epfd, events, maxevents, timeout) as c_int)
-    {
+    |next| {
         if let Some(st) = ring_epoll(epfd) {
             if let Some(set) = set_of(&st) {
                 // SAFETY: caller's events contract.
                 return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), None) };
             }
         }
-        // SAFETY: forwarding.
-        unsafe { epoll_wait::next(epfd, events, maxevents, timeout) }
+        next()
     }
 
     /// epoll_pwait(2).
     fn epoll_pwait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
-        fallback(libc::syscall(libc::SYS_epoll_pwait, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
-    {
+    |next| {
         if let Some(st) = ring_epoll(epfd) {
             if let Some(set) = set_of(&st) {
                 let m = (!mask.is_null()).then_some(mask);
@@ -121,14 +114,13 @@ hooks! {
                 return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), m) };
             }
         }
-        // SAFETY: forwarding.
-        unsafe { epoll_pwait::next(epfd, events, maxevents, timeout, mask) }
+        next()
     }
 
     /// epoll_pwait2(2): a timespec timeout.
     fn epoll_pwait2(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: *const timespec, mask: *const sigset_t) -> c_int;
         fallback(libc::syscall(libc::SYS_epoll_pwait2, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
-    {
+    |next| {
         if let Some(st) = ring_epoll(epfd) {
             if let Some(set) = set_of(&st) {
                 let deadline = if timeout.is_null() {
@@ -148,7 +140,6 @@ hooks! {
                 return unsafe { wait_mixed(epfd, set, events, maxevents, deadline, m) };
             }
         }
-        // SAFETY: forwarding.
-        unsafe { epoll_pwait2::next(epfd, events, maxevents, timeout, mask) }
+        next()
     }
 }

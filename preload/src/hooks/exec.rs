@@ -20,7 +20,7 @@ use std::ffi::c_char;
 
 use libc::{c_int, pid_t};
 
-use crate::interpose::hooks;
+use super::define::hooks;
 use crate::lifecycle;
 
 type Argv = *const *const c_char;

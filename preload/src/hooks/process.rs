@@ -20,17 +20,16 @@
 
 use libc::{c_int, pid_t};
 
-use crate::interpose::hooks;
+use super::define::hooks;
 use crate::{lifecycle, process};
 
 hooks! {
     /// fork(2) through glibc (atfork handlers run as usual).
     fn fork() -> pid_t;
         fallback(libc::syscall(libc::SYS_fork) as pid_t)
-    {
+    |next| {
         process::before_fork();
-        // SAFETY: forwarding.
-        let pid = unsafe { fork::next() };
+        let pid = next();
         if pid == 0 {
             process::after_fork_child();
         }
@@ -41,10 +40,9 @@ hooks! {
     /// safe; our additions are atomics and one raw syscall.
     fn _Fork() -> pid_t;
         fallback(libc::syscall(libc::SYS_fork) as pid_t)
-    {
+    |next| {
         process::before_fork();
-        // SAFETY: forwarding.
-        let pid = unsafe { _Fork::next() };
+        let pid = next();
         if pid == 0 {
             process::after_fork_child();
         }
@@ -61,10 +59,9 @@ hooks! {
         fallback({
             libc::syscall(libc::SYS_exit_group, status);
         })
-    {
+    |next| {
         lifecycle::drain_at_exit();
-        // SAFETY: forwarding; never returns.
-        unsafe { _exit::next(status) }
+        next()
     }
 
     /// _Exit(3): the same as _exit.
@@ -72,9 +69,8 @@ hooks! {
         fallback({
             libc::syscall(libc::SYS_exit_group, status);
         })
-    {
+    |next| {
         lifecycle::drain_at_exit();
-        // SAFETY: forwarding; never returns.
-        unsafe { _Exit::next(status) }
+        next()
     }
 }
