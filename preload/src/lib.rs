@@ -14,8 +14,6 @@
 //! * `ring` — the shared-memory ring layer (the `Attacher`);
 //! * `config`, `log`, `process`, `signals`, `sockaddr`, `sys` — support.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-
 pub mod attached;
 pub mod config;
 pub mod dispatch;

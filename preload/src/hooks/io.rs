@@ -264,10 +264,10 @@ unsafe fn ring_sendfile(
 ) -> ssize_t {
     let mut buf = vec![0u8; count.min(64 * 1024)];
     let mut done = 0usize;
-    // SAFETY: offset null or valid per the caller.
     let mut pos = if offset.is_null() {
         None
     } else {
+        // SAFETY: offset is valid per the caller, and not null.
         Some(unsafe { *offset })
     };
     while done < count {

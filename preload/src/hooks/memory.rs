@@ -179,7 +179,8 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     if let Some(f) = FREE.get_reentrant() {
         // SAFETY: dlsym's address for "free", whose prototype this is.
         let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(f) };
-        // SAFETY: forwarding the caller's pointer.
+        // SAFETY: our C caller's pointer, unchanged, under free's contract
+        // (drop_chunk only read its usable size).
         unsafe { f(p) }
     }
 }
@@ -196,7 +197,8 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, n: size_t) -> *mut c_void {
             // SAFETY: dlsym's address for "realloc", whose prototype this is.
             let f: unsafe extern "C" fn(*mut c_void, size_t) -> *mut c_void =
                 unsafe { std::mem::transmute(f) };
-            // SAFETY: forwarding.
+            // SAFETY: our C caller's arguments, unchanged, under realloc's
+            // contract.
             unsafe { f(p, n) }
         }
         None => {
@@ -219,7 +221,8 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, m: size_t, n: size_t) -> *
             // this is.
             let f: unsafe extern "C" fn(*mut c_void, size_t, size_t) -> *mut c_void =
                 unsafe { std::mem::transmute(f) };
-            // SAFETY: forwarding.
+            // SAFETY: our C caller's arguments, unchanged, under
+            // reallocarray's contract.
             unsafe { f(p, m, n) }
         }
         None => {

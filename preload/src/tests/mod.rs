@@ -49,10 +49,8 @@ fn recv_send_peek_waitall_nonblock() {
     assert_eq!(write(fa, b"hello"), 5);
     let mut n: i32 = -1;
     // SAFETY: FIONREAD writes one int.
-    assert_eq!(
-        unsafe { fdh::ioctl(fb, libc::FIONREAD, &mut n as *mut i32 as usize) },
-        0
-    );
+    let r = unsafe { fdh::ioctl(fb, libc::FIONREAD, &mut n as *mut i32 as usize) };
+    assert_eq!(r, 0);
     assert_eq!(n, 5);
     assert_eq!(read(fb, 3, libc::MSG_PEEK), (3, b"hel".to_vec()));
     assert_eq!(read(fb, 16, 0), (5, b"hello".to_vec()));
@@ -92,10 +90,8 @@ fn recv_send_peek_waitall_nonblock() {
     // O_NONBLOCK via fcntl applies to the ring: a full ring gives a short
     // write, then EAGAIN.
     // SAFETY: F_SETFL with an int argument.
-    assert_eq!(
-        unsafe { fdh::fcntl(fa, libc::F_SETFL, libc::O_NONBLOCK as usize) },
-        0
-    );
+    let r = unsafe { fdh::fcntl(fa, libc::F_SETFL, libc::O_NONBLOCK as usize) };
+    assert_eq!(r, 0);
     assert_eq!(write(fa, &[7u8; 100]), 64);
     assert_eq!(write(fa, b"x"), -1);
     assert_eq!(crate::sys::errno(), libc::EAGAIN);
@@ -428,10 +424,8 @@ fn epoll_add(epfd: i32, fd: i32, events: i32, data: u64) {
         u64: data,
     };
     // SAFETY: valid event for the call.
-    assert_eq!(
-        unsafe { ep::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) },
-        0
-    );
+    let r = unsafe { ep::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    assert_eq!(r, 0);
 }
 
 fn epoll_wait(epfd: i32, max: usize, timeout: i32) -> Vec<(u32, u64)> {
