@@ -22,7 +22,7 @@ pub fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
-/// getpid(2) straight from the kernel (glibc no longer caches it, and the
+/// getpid(2) straight from the kernel (glibc does not cache it, and the
 /// shim must see the truth in a vfork child).
 pub fn getpid() -> pid_t {
     // SAFETY: getpid takes no arguments and cannot fail.

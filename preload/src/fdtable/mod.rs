@@ -29,7 +29,7 @@
 //! dup/dup2/dup3/F_DUPFD make another slot point to the same object
 //! (`fds` counts them); `close` clears one slot; when the last slot of an
 //! attached connection goes, the connection's `release` runs (owner or
-//! inherited, by fork generation: see state.rs and DESIGN "fork, exec,
+//! inherited, by fork generation: see state.rs and docs/design.md, "fork, exec,
 //! dup"). After fork the child has its own copy of the table and of every
 //! object (memory is copied), with the same entries as the parent: exactly
 //! the kernel's picture of inherited fds.

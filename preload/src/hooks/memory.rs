@@ -14,7 +14,7 @@
 //! where no hook can see it, so a chunk's whole usable range is dropped
 //! before the allocator gets it back. What stays unseen (raw syscalls,
 //! another allocator's internal calls) is why zero-copy is opt-in
-//! (README, RINGSOCK_ZEROCOPY_MIN).
+//! (docs/limits.md, "Zero-copy sends").
 //!
 //! Cost while no registration is cached (always, unless zero-copy is on
 //! and was used): one relaxed atomic load per call.

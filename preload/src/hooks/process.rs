@@ -6,7 +6,7 @@
 //! the parent's, like its kernel fd table: listeners keep working in every
 //! process (nginx workers accept on the master's socket), connections are
 //! released without end-of-stream by a process that closes them without
-//! having used them (DESIGN "fork, exec, dup").
+//! having used them (docs/design.md, "fork, exec, dup").
 //!
 //! `vfork` is deliberately NOT interposed. A vfork child borrows the
 //! parent's stack and memory until it calls exec or _exit; a Rust wrapper

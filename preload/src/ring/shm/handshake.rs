@@ -1,4 +1,4 @@
-//! Setting a shared-memory ring up for one connection (DESIGN "Control
+//! Setting a shared-memory ring up for one connection (docs/design.md, "Control
 //! plane").
 //!
 //! Client, in connect(): bind (to learn the local port), create the segment
