@@ -2,17 +2,25 @@
 //! unmodified programs onto ring buffers, and leaves everything it cannot
 //! accelerate as plain kernel TCP, behaving exactly as without the shim.
 //!
-//! Layout (see README.md):
-//! * `interpose` — the `hooks!` macro, next-symbol resolution, re-entrancy guard;
-//! * `hooks` — the exported libc functions, grouped by concern;
-//! * `real` — libc's definitions, for the shim's own calls;
+//! The modules are layers, from the top down; each names only the ones
+//! below it, so a call is followed downwards (tests/layers.rs checks it;
+//! README.md maps the files):
+//! * `hooks` — the exported libc functions, grouped by concern, made with
+//!   the `hooks!` macro (hooks/define.rs);
+//! * `lifecycle` — which sockets are tracked, the connect/accept decision,
+//!   the exit drain;
+//! * `dispatch` — blocking and readiness semantics for ring fds (recv and
+//!   send, poll/select, epoll);
 //! * `fdtable` — which fds are tracked and their shared state;
-//! * `attached` — the interface to the ring data path (`AttachedConn`,
+//! * `ring` — the ring layer, which this root installs; the layers above
+//!   reach it only through
+//! * `attached` — the interface to the ring connections (`AttachedConn`,
 //!   `Attacher`);
-//! * `lifecycle` — which sockets are tracked, connect/accept decisions;
-//! * `dispatch` — blocking and readiness semantics for ring fds;
-//! * `ring` — the shared-memory ring layer (the `Attacher`);
-//! * `config`, `log`, `process`, `signals`, `sockaddr`, `sys` — support.
+//! * support: `sockaddr` (addresses), `real` (libc's definitions of the
+//!   interposed functions the shim calls itself), `interpose` (finding the
+//!   next definition, the re-entrancy guard), `config` (the knobs), `log`,
+//!   `fdspace` (the shim's descriptors at high numbers), `signals` (EINTR
+//!   restarts), `process` (pid, fork generation), `sys` (raw syscalls).
 
 pub mod attached;
 pub mod config;
