@@ -309,6 +309,21 @@ fn listener() -> (i32, u16) {
     }
 }
 
+/// connect(2) through the hook, to 127.0.0.1:`port`.
+fn connect_loopback(fd: i32, port: u16) -> i32 {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as u16,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
+    // SAFETY: sin is a sockaddr_in of len bytes that outlives the call.
+    unsafe { sock::connect(fd, (&sin as *const libc::sockaddr_in).cast(), len) }
+}
+
 #[test]
 fn connect_attaches_and_takes_over_earlier_epoll_registration() {
     attached::register_attacher(&ATTACHER);
@@ -325,15 +340,7 @@ fn connect_attaches_and_takes_over_earlier_epoll_registration() {
         };
         // Registered before connect, as nginx does for upstreams.
         assert_eq!(ep::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, c, &mut ev), 0);
-        let mut sin: libc::sockaddr_in = std::mem::zeroed();
-        sin.sin_family = libc::AF_INET as u16;
-        sin.sin_port = port.to_be();
-        sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-        let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
-        assert_eq!(
-            sock::connect(c, (&sin as *const libc::sockaddr_in).cast(), len),
-            0
-        );
+        assert_eq!(connect_loopback(c, port), 0);
         assert!(
             fdtable::attached(c).is_some(),
             "the attacher's ring is attached"
@@ -370,15 +377,7 @@ fn declined_connect_stays_tcp_and_works() {
     // SAFETY: hook calls with valid arguments throughout.
     unsafe {
         let c = sock::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
-        let mut sin: libc::sockaddr_in = std::mem::zeroed();
-        sin.sin_family = libc::AF_INET as u16;
-        sin.sin_port = port.to_be();
-        sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-        let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
-        assert_eq!(
-            sock::connect(c, (&sin as *const libc::sockaddr_in).cast(), len),
-            0
-        );
+        assert_eq!(connect_loopback(c, port), 0);
         let st = fdtable::get(c).unwrap();
         assert!(st.conn().is_none());
         assert_eq!(st.tcp_reason(), TcpReason::Declined);
