@@ -20,10 +20,10 @@
 //! then wrote again without waiting is streaming: from then on its
 //! records coalesce, and go out with their tail, in batches of up to
 //! `max_record_slots` slots. A request/response program waits between
-//! its messages, so they keep the small thresholds; a stream pays one
-//! WRITE and one tail per batch instead of per write. What a stream leaves in a batch is published
-//! by the next `flush`: the program's next wait, or the shim's background
-//! thread within a millisecond (FLUSH_NS).
+//! its messages, so they keep the small thresholds; a stream pays one WRITE
+//! and one tail per batch instead of per write. What a stream leaves in a
+//! batch is published by the next `flush`: the program's next wait, or the
+//! shim's background thread within a millisecond (FLUSH_NS).
 
 use crate::config::RingConfig;
 use crate::error::{Corruption, RingError};

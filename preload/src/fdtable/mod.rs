@@ -26,13 +26,13 @@
 //! closed and reopened in between, and the hook sees the new socket, as the
 //! kernel would.
 //!
-//! dup/dup2/dup3/F_DUPFD make another slot point to the same object
-//! (`fds` counts them); `close` clears one slot; when the last slot of an
-//! attached connection goes, the connection's `release` runs (owner or
-//! inherited, by fork generation: see state.rs and docs/design.md, "fork, exec,
-//! dup"). After fork the child has its own copy of the table and of every
-//! object (memory is copied), with the same entries as the parent: exactly
-//! the kernel's picture of inherited fds.
+//! dup/dup2/dup3/F_DUPFD make another slot point to the same object (`fds`
+//! counts them); `close` clears one slot; when the last slot of an object
+//! goes, the ring layer hears of it (close.rs): an attached connection's
+//! `release` runs (owner or inherited, by fork generation: see state.rs and
+//! docs/design.md, "fork, exec, dup"). After fork the child has its own copy
+//! of the table and of every object (memory is copied), with the same entries
+//! as the parent: exactly the kernel's picture of inherited fds.
 
 mod close;
 mod pool;

@@ -1,5 +1,5 @@
-//! Setting a shared-memory ring up for one connection (docs/design.md, "Control
-//! plane").
+//! Setting a shared-memory ring up for one connection (docs/design.md,
+//! "Control plane").
 //!
 //! Client, in connect(): bind (to learn the local port), create the segment
 //! and both doorbells, and offer them through the daemon for the 4-tuple

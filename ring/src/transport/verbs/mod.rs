@@ -128,22 +128,22 @@
 //! counts as rung, so a waiter for the other direction sharing the
 //! doorbell is not left asleep (loom: `tests/loom_tail_hint.rs`).
 //!
-//! Every tail in the immediate: otherwise a small message to a receiver
-//! that is not asleep costs two WRITEs (slots, then the tail word), each
-//! acknowledged: four packets each way against rsocket's two. An end that keeps a posted receive for every slot of its
-//! incoming ring, on top of the doorbell's 64, advertises
-//! `FEATURE_TAIL_CREDITS`, and its peer's sender then carries every held
-//! batch's tail in the immediate of its slot WRITE, unsolicited (no
-//! doorbell event; the check at its completion rings a sleeper as it
-//! did for the word). Why the receives cannot run out: each such
-//! immediate advances the tail by at least one slot; `fetch_tail` reaps,
-//! loads the tail word and, if it moved, reaps again, so the receiver has reaped every
-//! immediate up to the tail it knows, and its head never passes that
-//! tail; the immediates not yet reaped therefore carry tails between
-//! the receiver's head and the sender's tail, at most the ring's slots
-//! apart. Kicks and the other direction's rings keep their 64. A device
-//! whose queue limits cannot hold that many receives leaves the bit out
-//! and gets tail words.
+//! Every tail in the immediate: otherwise a small message to a receiver that
+//! is not asleep costs two WRITEs (slots, then the tail word), each
+//! acknowledged: four packets each way against rsocket's two. An end that
+//! keeps a posted receive for every slot of its incoming ring, on top of the
+//! doorbell's 64, advertises `FEATURE_TAIL_CREDITS`, and its peer's sender
+//! then carries every held batch's tail in the immediate of its slot WRITE,
+//! unsolicited (no doorbell event; the check at its completion rings a
+//! sleeper as it does for the word). Why the receives cannot run out: each
+//! such immediate advances the tail by at least one slot; `fetch_tail` reaps,
+//! loads the tail word and, if it moved, reaps again, so the receiver has
+//! reaped every immediate up to the tail it knows, and its head never passes
+//! that tail; the immediates not yet reaped therefore carry tails between the
+//! receiver's head and the sender's tail, at most the ring's slots apart.
+//! Kicks and the other direction's rings keep their 64. A device whose queue
+//! limits cannot hold that many receives leaves the bit out and gets tail
+//! words.
 //!
 //! Headerless records: with the tail in every small batch's immediate, a
 //! 4 KiB message is still its 8-byte record header plus 4,096 bytes of
