@@ -261,7 +261,7 @@ impl Readiness {
 /// and exits 1. The child starts a new session and returns its end of the
 /// pipe. Forking before the socket exists matters: SO_PEERCRED of the
 /// listening socket names the process that called listen().
-/// Must run before any thread exists.
+/// Call it before any thread exists.
 pub fn detach() -> io::Result<Readiness> {
     let mut p = [0; 2];
     // SAFETY: p is a writable array of two ints.

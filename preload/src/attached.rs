@@ -6,7 +6,7 @@
 //! `Arc<dyn AttachedConn>` for it, and every data hook on any fd that refers
 //! to it (dup'd fds included) dispatches to that object instead of the
 //! kernel. The kernel socket stays open underneath as the control
-//! connection (DESIGN "Control plane").
+//! connection (docs/design.md, "Control plane").
 //!
 //! An `AttachedConn` is a *non-blocking* object. Blocking semantics (O_NONBLOCK,
 //! MSG_DONTWAIT, SO_RCVTIMEO/SO_SNDTIMEO, MSG_WAITALL, EINTR, SIGPIPE and
@@ -137,7 +137,7 @@ pub trait AttachedConn: Send + Sync {
     fn try_send(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno>;
 
     /// Pushes out anything batched but not yet visible to the peer. Called
-    /// before the calling thread can block (DESIGN "Data plane").
+    /// before the calling thread can block (docs/design.md, "Data plane").
     fn flush(&self);
 
     /// Current readiness, without blocking and without arming anything.
@@ -320,7 +320,7 @@ pub trait Attacher: Send + Sync {
     /// once to let the kernel connect happen (it returns the real connect's
     /// result, EINPROGRESS included), and returns that result together with
     /// its decision. Bytes must never be lost or reordered whatever it
-    /// decides (DESIGN "Control plane" 4).
+    /// decides (docs/design.md, "Control plane", 4).
     fn connect(
         &self,
         fd: RawFd,

@@ -2,26 +2,33 @@
 //! unmodified programs onto ring buffers, and leaves everything it cannot
 //! accelerate as plain kernel TCP, behaving exactly as without the shim.
 //!
-//! Layout (see README.md):
-//! * `hook` — the `hooks!` macro, next-symbol resolution, re-entrancy guard;
-//! * `hooks` — the exported libc functions, grouped by concern;
-//! * `real` — libc's definitions, for the shim's own calls;
+//! The modules are layers, from the top down; each names only the ones
+//! below it, so a call is followed downwards (tests/layers.rs checks it;
+//! README.md maps the files):
+//! * `hooks` — the exported libc functions, grouped by concern, made with
+//!   the `hooks!` macro (hooks/define.rs);
+//! * `lifecycle` — which sockets are tracked, the connect/accept decision,
+//!   the exit drain;
+//! * `dispatch` — blocking and readiness semantics for ring fds (recv and
+//!   send, poll/select, epoll);
 //! * `fdtable` — which fds are tracked and their shared state;
-//! * `attached` — the interface to the ring data path (`AttachedConn`,
+//! * `ring` — the ring layer, which this root installs; the layers above
+//!   reach it only through
+//! * `attached` — the interface to the ring connections (`AttachedConn`,
 //!   `Attacher`);
-//! * `lifecycle` — which sockets are tracked, connect/accept decisions;
-//! * `dispatch` — blocking and readiness semantics for ring fds;
-//! * `ring` — the shared-memory ring layer (the `Attacher`);
-//! * `config`, `log`, `process`, `signals`, `sockaddr`, `sys` — support.
-
-#![deny(unsafe_op_in_unsafe_fn)]
+//! * support: `sockaddr` (addresses), `real` (libc's definitions of the
+//!   interposed functions the shim calls itself), `interpose` (finding the
+//!   next definition, the re-entrancy guard), `config` (the knobs), `log`,
+//!   `fdspace` (the shim's descriptors at high numbers), `signals` (EINTR
+//!   restarts), `process` (pid, fork generation), `sys` (raw syscalls).
 
 pub mod attached;
 pub mod config;
 pub mod dispatch;
+pub mod fdspace;
 pub mod fdtable;
-mod hook;
 pub mod hooks;
+mod interpose;
 pub mod lifecycle;
 pub mod log;
 pub mod process;
@@ -30,6 +37,8 @@ pub mod ring;
 pub mod signals;
 pub mod sockaddr;
 pub mod sys;
+#[cfg(test)]
+mod tests;
 
 pub use attached::{
     attacher, register_attacher, AttachedConn, Attacher, Decision, Errno, Ready, ReleaseKind,
@@ -45,6 +54,7 @@ extern "C" fn ringsock_init() {
     process::pid();
     process::register_atfork();
     lifecycle::register_fork_handlers();
+    real::resolve_all();
     hooks::resolve_all();
     // Unit tests install their own test double instead.
     #[cfg(not(test))]

@@ -13,7 +13,7 @@ use libc::c_int;
 use crate::attached::{self, Decision, Errno, TcpReason};
 use crate::config::{self, Excluded};
 use crate::fdtable::{self, FdRef, Kind};
-use crate::hook::guard;
+use crate::interpose::guard;
 use crate::{process, sockaddr};
 
 /// True for the sockets a ring could carry.
@@ -118,24 +118,6 @@ pub fn on_listen(fd: c_int) {
     let _g = guard::enter();
     a.listening(fd, addr);
     crate::sys::set_errno(saved);
-}
-
-/// The last fd of tracked socket `st` (number `fd`) in this process is
-/// about to be closed.
-pub fn on_last_close(fd: c_int, st: &crate::fdtable::FdState) {
-    let Some(a) = attached::attacher() else {
-        return;
-    };
-    let _g = guard::enter();
-    match st.kind() {
-        Some(Kind::Listener) => {
-            if let Some(addr) = sockaddr::query(fd, false) {
-                a.listener_closed(addr);
-            }
-        }
-        Some(Kind::Tcp) if !st.is_preconnect() && st.conn().is_none() => a.tcp_closed(fd),
-        _ => {}
-    }
 }
 
 /// Records a plain-TCP decision made before the ring layer was asked, and

@@ -5,7 +5,7 @@
 //! glibc fork (`daemon(3)` and friends reach us through the pthread_atfork
 //! child handler registered by `init`). The fork generation is bumped around
 //! every fork, in parent and child alike: a connection claimed before a fork
-//! must be claimed again afterwards (DESIGN "fork, exec, dup").
+//! must be claimed again afterwards (docs/design.md, "fork, exec, dup").
 //!
 //! `vfork` is deliberately not interposed (see hooks/process.rs): a vfork
 //! child shares this process's memory, including the fd table, while having

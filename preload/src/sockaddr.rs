@@ -114,14 +114,13 @@ mod tests {
         let p = (&sin as *const libc::sockaddr_in).cast();
         let n = std::mem::size_of_val(&sin) as u32;
         // SAFETY: p/n describe sin.
-        assert_eq!(
-            unsafe { to_std(p, n) },
-            Some("127.0.0.1:6379".parse().unwrap())
-        );
+        let got = unsafe { to_std(p, n) };
+        assert_eq!(got, Some("127.0.0.1:6379".parse().unwrap()));
         // SAFETY: a shorter length is rejected before reading past it.
         assert_eq!(unsafe { to_std(p, 4) }, None);
         // SAFETY: null is allowed.
         assert_eq!(unsafe { to_std(std::ptr::null(), 16) }, None);
+        // SAFETY: sockaddr_in6 is plain data; zeroes are a valid value.
         let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
         sin6.sin6_family = libc::AF_INET6 as u16;
         sin6.sin6_port = 80u16.to_be();
@@ -129,6 +128,7 @@ mod tests {
         let p6 = (&sin6 as *const libc::sockaddr_in6).cast();
         let n6 = std::mem::size_of_val(&sin6) as u32;
         // SAFETY: p6/n6 describe sin6.
-        assert_eq!(unsafe { to_std(p6, n6) }, Some("[::1]:80".parse().unwrap()));
+        let got = unsafe { to_std(p6, n6) };
+        assert_eq!(got, Some("[::1]:80".parse().unwrap()));
     }
 }

@@ -22,7 +22,7 @@ pub fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e }
 }
 
-/// getpid(2) straight from the kernel (glibc no longer caches it, and the
+/// getpid(2) straight from the kernel (glibc does not cache it, and the
 /// shim must see the truth in a vfork child).
 pub fn getpid() -> pid_t {
     // SAFETY: getpid takes no arguments and cannot fail.
@@ -112,6 +112,28 @@ pub fn close(fd: c_int) {
     // SAFETY: closing an fd the caller owns.
     unsafe {
         libc::syscall(libc::SYS_close, fd);
+    }
+}
+
+/// The socket's SO_RCVLOWAT (a program may set it before a ring exists).
+pub fn rcvlowat(fd: c_int) -> usize {
+    let mut v: c_int = 1;
+    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: v and len describe an int of our own.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_getsockopt,
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            &mut v as *mut c_int,
+            &mut len as *mut libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        v.max(1) as usize
+    } else {
+        1
     }
 }
 

@@ -32,7 +32,8 @@ pub struct RingConfig {
 }
 
 impl Default for RingConfig {
-    /// Defaults chosen by the sweep in README ("Choosing the defaults").
+    /// Defaults chosen by the sweep in docs/design.md, "Choosing the
+    /// defaults".
     fn default() -> Self {
         RingConfig {
             slots: 4096,

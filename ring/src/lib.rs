@@ -18,9 +18,6 @@
 //! announces that it sleeps, sleeps and is woken. The library reads no
 //! environment: every knob comes from the caller.
 
-#![deny(unsafe_op_in_unsafe_fn)]
-#![deny(clippy::undocumented_unsafe_blocks)]
-
 /// Declares a module private to the crate, except under `--cfg loom` and
 /// `--cfg fuzzing`: the loom models (`tests/loom_*.rs`) and the fuzz
 /// targets (`fuzz/`) drive its code directly.

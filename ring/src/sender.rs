@@ -20,12 +20,10 @@
 //! then wrote again without waiting is streaming: from then on its
 //! records coalesce, and go out with their tail, in batches of up to
 //! `max_record_slots` slots. A request/response program waits between
-//! its messages, so they keep the small thresholds; a stream pays one
-//! WRITE and one tail per batch instead of per write (under Soft-RoCE,
-//! 4 KiB writes moved 36-39 MB/s in 64 KiB batches against 19-25 MB/s at
-//! the default thresholds). What a stream leaves in a batch is published
-//! by the next `flush`: the program's next wait, or the shim's background
-//! thread within a millisecond (FLUSH_NS).
+//! its messages, so they keep the small thresholds; a stream pays one WRITE
+//! and one tail per batch instead of per write. What a stream leaves in a
+//! batch is published by the next `flush`: the program's next wait, or the
+//! shim's background thread within a millisecond (FLUSH_NS).
 
 use crate::config::RingConfig;
 use crate::error::{Corruption, RingError};
@@ -37,11 +35,11 @@ use crate::sleep::flags;
 use crate::sync::{fence, Ordering};
 use crate::transport::{ExternalSrc, PeerWord, Transport, Visibility};
 
-/// Most payload bytes `write_zero_copy` posts before it waits for them:
-/// posting a whole 1 MiB send at once made Soft-RoCE in the test guest
-/// drop packets and retransmit (rxe counters), and once fail a WRITE with
-/// "remote invalid request" on its retry path; a window keeps the burst
-/// near what the copy path sends.
+/// Most payload bytes `write_zero_copy` posts before it waits for them: a
+/// whole 1 MiB send posted at once is a burst of which Soft-RoCE drops
+/// packets and retransmits, and its retry path can fail a WRITE with
+/// "remote invalid request"; a window keeps the burst near what the copy
+/// path sends.
 const ZERO_COPY_WINDOW: usize = 256 * 1024;
 
 pub struct Sender<T: Transport> {

@@ -23,8 +23,8 @@
 //! later WRITE's data). The `should_panic` variants show each rule is
 //! needed: without the re-send a receiver that learns the tail from the
 //! word reads a missing header; with the receiver loading its tail outside
-//! the lock (as pull mode's fetch once did) a late reaper writes a stale
-//! header over the next lap's record.
+//! the lock a late reaper writes a stale header over the next lap's
+//! record.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringsock-ring --test loom_headerless --release --no-default-features`
 

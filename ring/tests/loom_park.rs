@@ -5,9 +5,8 @@
 //! The worker takes a ticket, looks for the job, and if it finds none and
 //! `may_sleep` says yes, it sleeps; the model then requires the poster to
 //! have rung the bell (an eventfd stays readable, so a ring before the
-//! sleep counts too). The `should_panic` variant is the poster the shim
-//! had until 2026-11-23 (look at `parked` first, bump only if set), which
-//! lost the wake-up CI once caught as a connection never reported.
+//! sleep counts too). The `should_panic` variant is a poster that looks at
+//! `parked` first and bumps only if it is set: it loses the wake-up.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringsock-ring --test loom_park --release --no-default-features`
 

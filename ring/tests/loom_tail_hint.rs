@@ -28,7 +28,7 @@
 //! the receiver's `fetch_tail` may reap the ring meant for the sender
 //! end's waiter (space), whose event is still queued; that waiter must
 //! still wake. The `should_panic` variant has the drain count only the
-//! completions it reaped, as before this change, and loses the wakeup.
+//! completions it reaped, and loses the wakeup.
 //!
 //! Run: `RUSTFLAGS="--cfg loom" cargo test -p ringsock-ring --test loom_tail_hint --release --no-default-features`
 
@@ -102,7 +102,8 @@ fn reap(m: &Mem, cq: &mut Cq) -> u32 {
     n
 }
 
-/// `Doorbell::drain`; `counts_events`: the rule this change added.
+/// `Doorbell::drain`; `counts_events`: a drain that found events counts as
+/// rung even when `fetch_tail` reaped their completions.
 fn drain(m: &Mem, counts_events: bool) -> bool {
     let mut cq = m.cq.lock().unwrap();
     let events = std::mem::take(&mut cq.events);

@@ -273,7 +273,8 @@ def check_system(name):
 
 def via_ring(samples):
     """Verdict over the status samples of one system's runs of a workload:
-    ('yes' | 'no' | 'partial' | 'n/a', 'shm/tcp' counts of the weakest run)."""
+    ('yes' | 'no' | 'partial' | 'n/a', 'shm/tcp' counts of the run with the
+    fewest rings)."""
     samples = [s for s in samples if s is not None]
     if not samples:
         return "n/a", ""

@@ -100,11 +100,10 @@ step "ping-pong over verbs with both ends asleep between messages: the tails rid
 # announcements, its head pushes and the tails of the requests that found
 # the server not yet asleep, fewer than its tails (without the feature
 # every tail is a word WRITE, so there are more word WRITEs than tails).
-# How many requests find the server asleep varies from boot to boot: 17
-# to 61 word WRITEs for 110 tails have been seen. So does how often the
-# client itself sleeps (spin 0 still takes 32 looks): the rings must reach
-# at least every other message in one direction or the other (the client
-# sent 48 rings for 110 messages in one boot, and received 110).
+# How many requests find the server asleep varies from boot to boot, and
+# so does how often the client itself sleeps (spin 0 still takes 32
+# looks): the rings must reach at least every other message in one
+# direction or the other.
 # spin_pingpong PORT SPIN_US ITERS [SIZE] [GAMMA]: a verbs ping-pong of
 # SIZE (64) B messages with both ends at SPIN_US (and pushing their heads
 # every GAMMA slots where given), its client's RESULT line in $line (read

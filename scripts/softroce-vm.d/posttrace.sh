@@ -1,7 +1,6 @@
 # Guest script (scripts/softroce-vm; not run by CI): where a round trip
 # goes, the shim against the verbs ring library, both ends spinning 20 ms
-# between hosts A and B (BENCHMARKS.md, Soft-RoCE section, nineteenth
-# run). ftrace's function_graph times every post (`ib_uverbs_post_send`:
+# between hosts A and B. ftrace's function_graph times every post (`ib_uverbs_post_send`:
 # on Soft-RoCE the kernel builds, delivers, places and acknowledges the
 # WRITE inside it) and every `rxe_responder` call (the placing), with
 # absolute times. Per process it prints the posts' median length and the
@@ -30,8 +29,9 @@ echo 0 > $T/tracing_on
 port=7600
 
 # iters SIZE: enough round trips to outlast the start-up wait and the
-# 0.8 s window (traced: about 65 µs at 64 B, 260 at 4 KiB; the shim's
-# handshake under TCG takes up to a second more).
+# 0.8 s window at the traced pace (tens of µs a round trip at 64 B,
+# hundreds at 4 KiB; the shim's handshake under TCG takes up to a second
+# more).
 iters() { if [ "$1" -le 1024 ]; then echo 80000; else echo 20000; fi; }
 
 # trace NAME: 0.8 s of posts and placements, summarised per process.

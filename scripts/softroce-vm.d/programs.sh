@@ -51,19 +51,15 @@ RAW_MIB=4
 RSPRELOAD=/usr/lib/x86_64-linux-gnu/rsocket/librspreload.so
 # The shim's spin budget before it sleeps. Its default (50 us) is sized for
 # an RDMA NIC, whose round trip is a few microseconds; through rxe under
-# TCG one takes about 0.6 ms, so at 50 us nearly every message paid a
-# sleep, a kick and a wake-up through the completion channel (measured:
-# sockperf 64 B p50 1.9-2.2 ms at 50 us, 0.61-0.65 ms at 20000 us, kernel
-# TCP 0.18-0.21 ms in the same guest). The budget is scaled like the
-# round trip.
+# TCG one takes about 0.6 ms, so at 50 us nearly every message would pay
+# a sleep, a kick and a wake-up through the completion channel. The
+# budget is scaled like the round trip.
 SHIM_SPIN_US=20000
 # The transport check samples both daemons' status while a ringsock run
 # goes on (shimhosts.sh). At the 0.2 s the functional checks use, the
-# sampler's ringsock-ctl processes took about a sixth of the guest's CPU
-# in a bulk run (perf) and slowed whatever ran beside it (one boot, 3
-# runs each, 4 KiB bulk with and without it: rsocket 16.1 vs 20.7 MB/s,
-# the shim 32.7 vs 35.1). So the runs of the other systems are not
-# sampled at all (their checks need no daemon), and ringsock's once a
+# sampler's ringsock-ctl processes take a share of the guest's CPU and
+# slow whatever runs beside them. So the runs of the other systems are
+# not sampled at all (their checks need no daemon), and ringsock's once a
 # second: its own runs bear what is left of that cost.
 SAMPLE_SECS=1
 

@@ -17,7 +17,7 @@
 #   3. verbscheck ping-pong in forced pull (sleep/kick across READs: no
 #      lost wakeup).
 #   4. the shim ignores RINGSOCK_VERBS_MODE=pull (its rings always push,
-#      README limits): streamcheck A<->B (--mode mixed) with the knob in
+#      docs/limits.md): streamcheck A<->B (--mode mixed) with the knob in
 #      both shims: hashes match, status says rdma in both daemons, each
 #      shim logs the knob as ignored, the connections' slot WRITE
 #      bytes are at least half of what they sent, and `ringsock-ctl
@@ -155,7 +155,7 @@ else
 fi
 # The shim's rings push whatever RINGSOCK_VERBS_MODE says: a pulling
 # ring's unfetched data would live in a process that may exit without
-# closing (README limits). Both shims say they ignore the knob.
+# closing (docs/limits.md). Both shims say they ignore the knob.
 said=$(tail -n +$((la + 1)) /tmp/shimA.log | grep -c 'RINGSOCK_VERBS_MODE="pull" ignored')
 said=$((said + $(tail -n +$((lb + 1)) /tmp/shimB.log | grep -c 'RINGSOCK_VERBS_MODE="pull" ignored')))
 if [ "$said" -eq 2 ]; then pass "shim pull knob: both shims logged that their rdma connections push"

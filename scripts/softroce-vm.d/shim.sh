@@ -33,11 +33,10 @@
 #
 # iperf3's sender and receiver byte counts agree only in -R mode with -n
 # (the client is the receiver and reads exactly -n bytes; the server may
-# have written one more -l block by the time it hears the test ended: seen
-# once, 8454144 sent for 8388608 received): in the forward
-# direction the server stops counting when the client's TEST_END arrives,
-# even on kernel TCP (host loopback, -n 8M: 8388608 sent, 4587520 to
-# 7929856 counted received). The forward run checks 0 < received <= sent.
+# have written one more -l block by the time it hears the test ended). In
+# the forward direction the server stops counting when the client's
+# TEST_END arrives, even on kernel TCP, so a forward test checks only
+# 0 < received <= sent.
 IPERF_BYTES=8M      # per iperf3 run
 IPERF_WANT=8388608  # IPERF_BYTES in bytes
 SC_MIB=4            # streamcheck: MiB each way per connection
@@ -156,10 +155,10 @@ for dir in fwd rev; do
   before=$(cnt)
   # The server may still be ending the previous test and answer "busy"
   # (iperf3 -J then exits 0); such a try moves no data: try again.
-  # -b 48M: about 1.4 s of data. Unpaced, 8M moved in about 0.3 s, and
-  # once a forward run (1.1 s with its start and end, 4 samples of each
-  # daemon) was over before daemon A's sample saw it: "no connection on
-  # port 7202".
+  # -b 48M: about 1.4 s of data, so the connection lives through several
+  # status samples of each daemon; unpaced, 8M can move in a fraction of
+  # a second and be over before daemon A's sample sees it ("no connection
+  # on port 7202").
   for try in 1 2 3 4 5; do
     timeout 30 $SB iperf3 -c $SRV -p 7202 -n $IPERF_BYTES -b 48M -l 64K -J $flag > /tmp/$name.json 2>&1
     rc=$?
@@ -257,9 +256,7 @@ fi
 # A connection that stays open a second, so the status samples (every
 # 0.2 s, each two ringsock-ctl runs) also see the server's side: the
 # benchmark's connections can all open and close between two samples of
-# A (seen once in CI: 1000 SETs and 1000 GETs in 0.2 s each, none of A's
-# connections in 8 samples). BLPOP on an empty list answers nil after its
-# timeout.
+# A. BLPOP on an empty list answers nil after its timeout.
 t0=$(uptime_s)
 blp=$(timeout 15 $SB redis-cli -h $SRV -p 7204 blpop rs:empty 1 2>&1 | tr -d '\r\n')
 t1=$(uptime_s)

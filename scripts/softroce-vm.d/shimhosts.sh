@@ -54,9 +54,9 @@ stop() { # PID...: ends a server and reaps it
 # Status sampling: both daemons every SAMPLE_SECS (default 0.2 s) into
 # /tmp/st.NAME.{A,B}, one `ringsock-ctl status --json` listing per line
 # (what a failed sample said goes to /tmp/st.NAME.{A,B}.err). Each sample
-# starts two ringsock-ctl processes: at 0.2 s they took about a sixth of
-# the guest's CPU during a bulk run (perf), so benchmarks sample less
-# often (programs.sh). The samples are read back by `ringsock-ctl status
+# starts two ringsock-ctl processes: at 0.2 s they take a share of the
+# guest's CPU that slows a bulk run, so benchmarks sample less often
+# (programs.sh). The samples are read back by `ringsock-ctl status
 # --from` (ctl/README.md): no JSON is parsed in shell.
 SAMPLE_SECS=${SAMPLE_SECS:-0.2}
 sample_one() { # NAME HOST

@@ -175,8 +175,7 @@ fn same_ip(a: SocketAddr, b: SocketAddr) -> bool {
 ///
 /// Samples taken over a run may hold two connections with the same
 /// addresses: a client port the kernel gave out again after the first
-/// connection closed (seen in CI: redis-benchmark's 40 connections, one
-/// port twice, rings #8 and #37). A client end is paired with the server
+/// connection closed. A client end is paired with the server
 /// ends on its own ring when there are any, so the two connections are
 /// not crossed; otherwise with every server end at its addresses (and a
 /// check for one ring fails on those).

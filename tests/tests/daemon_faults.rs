@@ -7,7 +7,7 @@
 //! saying whether the connection got a ring (a new ring segment mapped in
 //! the client during connect) and when it started connecting; `--mode
 //! long` keeps one connection busy with checked echo rounds. Expected (see
-//! preload/README.md, "The shared-memory ring layer"):
+//! docs/shim.md, "The shared-memory ring layer"):
 //!
 //! * connections established before the kill keep carrying correct data;
 //! * connections opened while no daemon runs are plain TCP and work;

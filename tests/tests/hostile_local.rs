@@ -1,4 +1,4 @@
-//! Hostile local processes against real shimmed programs (DESIGN
+//! Hostile local processes against real shimmed programs (docs/design.md,
 //! "Security"): a python3 echo client and server under the shim with a
 //! private daemon carry 2 MiB over a shared-memory ring in two halves; in
 //! between, with the ring live, something hostile happens, and afterwards

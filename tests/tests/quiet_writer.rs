@@ -1,19 +1,16 @@
 //! A writer that goes quiet after a send (it sleeps in a call the shim
 //! does not see) must not hold back its byte: a batch left open by the
-//! send is the shim background thread's to flush. The thread once lost
-//! the wake-up for such a post (it looked whether the thread slept before
-//! bumping its counter, `ringsock_ring::sleep::park`), and every later
-//! byte of that process then waited for the writer's next call on the
-//! socket: on verbs (scripts/softroce-vm.d/quiet.sh) the reader saw its
-//! one byte only when the writer closed.
+//! send is the shim background thread's to flush. A lost wake-up for such
+//! a post (`ringsock_ring::sleep::park`) would leave every later byte of
+//! that process waiting for the writer's next call on the socket.
 //!
 //! `quietsend` (tests/src/bin/quietsend.rs) checks each byte arrived
-//! while the writer slept, through a file the reader updates; both run
-//! under the shim on one host, so the connection is a shm ring. On shm a
-//! one-byte send is usually published at once, so this did not catch the
-//! lost wake-up on this host (0 of 7 runs with the old thread); the guest
-//! check over verbs, where every send leaves a tail WRITE for the thread
-//! to complete, caught it every time.
+//! while the writer slept, through a file the reader updates; reader and
+//! writer are both shimmed on one host, so the connection is a shm ring.
+//! On shm a one-byte send is usually published at once, so this test
+//! seldom needs the thread; the guest check over verbs
+//! (scripts/softroce-vm.d/quiet.sh), where every send leaves a tail WRITE
+//! for the thread to complete, needs it for every byte.
 
 use std::time::Duration;
 

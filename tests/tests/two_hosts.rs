@@ -3,7 +3,7 @@
 //! a streamcheck server in A and a shimmed streamcheck client in B
 //! connecting to A's address. Without a device the client's shim must keep
 //! every connection to another host on kernel TCP at once, without asking
-//! its daemon (README "Limits": reason "no ring transport"), whatever runs
+//! its daemon (docs/limits.md: reason "no ring transport"), whatever runs
 //! on A: a shimmed server with its own daemon, a shimmed server on a host
 //! without a daemon, or a server without the shim.
 //!

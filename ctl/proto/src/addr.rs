@@ -1,5 +1,5 @@
 //! Conversions between `std::net::SocketAddr` and C socket addresses, and
-//! the canonical form used to compare addresses across address families.
+//! the canonical form in which addresses of both families compare.
 
 use std::mem;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};

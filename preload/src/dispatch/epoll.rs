@@ -61,8 +61,8 @@ use libc::{c_int, epoll_event};
 
 use super::wait::{fewest_looks, remaining, spin};
 use crate::attached::{AttachedConn, Ready};
-use crate::fdtable::FdRef;
-use crate::hook::guard;
+use crate::fdtable::{self, EpollSlot, FdRef, FdState, Kind};
+use crate::interpose::guard;
 use crate::{process, real, sys};
 
 /// Sets with at most this many ring registrations spin over all of them
@@ -213,6 +213,34 @@ impl EpollSet {
         let inner = self.lock();
         !inner.all.is_empty() || !inner.idle.is_empty()
     }
+}
+
+/// The fd state of epoll instance `epfd`, tracking it now if needed. None
+/// if `epfd` is tracked as something else, or this process may not track
+/// (a vfork child).
+pub fn instance(epfd: c_int) -> Option<FdRef> {
+    if let Some(st) = fdtable::get(epfd) {
+        return (st.kind() == Some(Kind::Epoll)).then_some(st);
+    }
+    if !process::owns_memory() {
+        return None;
+    }
+    fdtable::track_new(epfd, Kind::Epoll, 0, false)
+}
+
+/// The ring registrations of epoll instance `st`, created on first use.
+pub fn set_or_init(st: &FdState) -> &EpollSet {
+    downcast(st.epoll_slot_or_init(|| Box::new(EpollSet::new())))
+}
+
+/// The ring registrations of epoll instance `st`, if any were ever made.
+pub fn set_of(st: &FdState) -> Option<&EpollSet> {
+    st.epoll_slot().map(downcast)
+}
+
+fn downcast(slot: &EpollSlot) -> &EpollSet {
+    slot.downcast_ref()
+        .expect("an epoll slot holds an EpollSet: only set_or_init fills it")
 }
 
 impl Default for EpollSet {
@@ -854,7 +882,7 @@ fn ensure_private(epfd: c_int, inner: &mut Inner) -> Result<(), c_int> {
         if p < 0 {
             return Err(sys::errno());
         }
-        let p = crate::ring::fdspace::high(p);
+        let p = crate::fdspace::high(p);
         // SAFETY: plain eventfd creation.
         let k = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if k < 0 {
@@ -862,7 +890,7 @@ fn ensure_private(epfd: c_int, inner: &mut Inner) -> Result<(), c_int> {
             sys::close(p);
             return Err(e);
         }
-        let k = crate::ring::fdspace::high(k);
+        let k = crate::fdspace::high(k);
         let mut ev = epoll_event {
             events: (libc::EPOLLIN | libc::EPOLLET) as u32,
             u64: POKE_KEY,
@@ -1117,7 +1145,7 @@ pub fn migrate(fd: c_int, st: &FdRef) {
         let _g = guard::enter();
         // SAFETY: removing the kernel registration of our own fd.
         unsafe { real::epoll_ctl(pre.epfd, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
-        let Some(ep) = crate::hooks::epoll::epoll_state_for(pre.epfd) else {
+        let Some(ep) = instance(pre.epfd) else {
             log::warn!(
                 "fd {fd}: epoll fd {} cannot be tracked; its events are lost",
                 pre.epfd
@@ -1132,7 +1160,7 @@ pub fn migrate(fd: c_int, st: &FdRef) {
         if unsafe {
             ctl_ring(
                 pre.epfd,
-                ep.epoll_set_or_init(),
+                set_or_init(&ep),
                 libc::EPOLL_CTL_ADD,
                 fd,
                 st.clone(),

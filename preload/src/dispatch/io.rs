@@ -18,7 +18,7 @@ use libc::{c_int, ssize_t};
 use super::wait::{deadline_after, wait_conn, Woke};
 use crate::attached::{Errno, Ready};
 use crate::fdtable::FdRef;
-use crate::hook::guard;
+use crate::interpose::guard;
 use crate::{signals, sys};
 
 fn fail(e: c_int) -> ssize_t {

@@ -6,8 +6,3 @@ pub mod epoll;
 pub mod io;
 pub mod poll;
 pub mod wait;
-
-#[cfg(test)]
-mod mock;
-#[cfg(test)]
-mod tests;

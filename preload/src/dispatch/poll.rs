@@ -13,7 +13,7 @@ use libc::{c_int, pollfd};
 use super::wait::{fewest_looks, sleep, spin};
 use crate::attached::Ready;
 use crate::fdtable::{self, FdRef};
-use crate::hook::guard;
+use crate::interpose::guard;
 use crate::{attached, sys};
 
 /// True if any entry refers to a ring-attached fd. Costs one or two relaxed

@@ -1,5 +1,5 @@
 //! Waiting for a ring connection: spin for a bounded, adaptive time, then
-//! sleep (DESIGN "Readiness and sleeping").
+//! sleep (docs/design.md, "Readiness and sleeping").
 //!
 //! The lost-wakeup argument lives in the transport: `arm` publishes the
 //! "sleeping" flag and re-checks *after* it is visible, and a sender that
@@ -19,7 +19,7 @@ use std::time::Duration;
 use ringsock_ring::SpinBudget;
 
 use crate::attached::{AttachedConn, Ready};
-use crate::hook::guard;
+use crate::interpose::guard;
 use crate::{config, real, sys};
 
 thread_local! {
@@ -104,14 +104,11 @@ fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> bool
             return true;
         }
         i = i.wrapping_add(1);
-        // Reading the clock every iteration would dominate a short spin.
-        // So a spin lasts at least 64 turns, most of them yields past
-        // `looks`: where yields are slow (an emulated machine) it runs
-        // past the budget. Held to the budget (the clock read at every
-        // yielding turn), 64 B round trips under Soft-RoCE went from 193
-        // to 718 µs and 4 KiB ones from 721 to 813 (one boot, 10 runs,
-        // BENCHMARKS twelfth run): the guest's default-spin figures rest
-        // on this longer spin.
+        // Reading the clock every iteration would dominate a short spin,
+        // so it is read every 64 turns, most of them yields past `looks`:
+        // where yields are slow (an emulated machine) a spin runs past its
+        // budget, and catches the replies a spin held to it would sleep
+        // through.
         if i.is_multiple_of(64) && sys::monotonic_ns().saturating_sub(start) >= limit_ns {
             return false;
         }

@@ -26,14 +26,15 @@
 //! closed and reopened in between, and the hook sees the new socket, as the
 //! kernel would.
 //!
-//! dup/dup2/dup3/F_DUPFD make another slot point to the same object
-//! (`fds` counts them); `close` clears one slot; when the last slot of an
-//! attached connection goes, the connection's `release` runs (owner or
-//! inherited, by fork generation: see state.rs and DESIGN "fork, exec,
-//! dup"). After fork the child has its own copy of the table and of every
-//! object (memory is copied), with the same entries as the parent: exactly
-//! the kernel's picture of inherited fds.
+//! dup/dup2/dup3/F_DUPFD make another slot point to the same object (`fds`
+//! counts them); `close` clears one slot; when the last slot of an object
+//! goes, the ring layer hears of it (close.rs): an attached connection's
+//! `release` runs (owner or inherited, by fork generation: see state.rs and
+//! docs/design.md, "fork, exec, dup"). After fork the child has its own copy
+//! of the table and of every object (memory is copied), with the same entries
+//! as the parent: exactly the kernel's picture of inherited fds.
 
+mod close;
 mod pool;
 mod state;
 
@@ -41,10 +42,7 @@ use std::ops::Deref;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
-pub use state::{rings_alive, FdState, Kind, PreEpoll, Socket};
-
-use crate::attached::ReleaseKind;
-use crate::hook::guard;
+pub use state::{rings_alive, EpollSlot, FdState, Kind, PreEpoll, Socket};
 
 /// Upper bound on tracked fd numbers (8 MiB of address space for slots).
 pub const MAX_FDS: usize = 1 << 20;
@@ -279,20 +277,7 @@ fn drop_slot_ref(old: *mut FdState, fd: i32, stale: bool) {
     // SAFETY: the slot owned a reference, which the swap handed to us.
     let st: &'static FdState = unsafe { &*old };
     if st.remove_fd() {
-        if !stale {
-            crate::lifecycle::on_last_close(fd, st);
-        }
-        if let Some(conn) = st.conn() {
-            let kind = if stale {
-                ReleaseKind::Stale
-            } else if st.claimed_here() {
-                ReleaseKind::Owner
-            } else {
-                ReleaseKind::Inherited
-            };
-            let _g = guard::enter();
-            conn.release(fd, kind);
-        }
+        close::last_fd_gone(fd, st, stale);
     }
     st.release();
 }

@@ -99,8 +99,8 @@ fn carve() -> Option<&'static FdState> {
         // the alignment).
         unsafe { base.add(i).write(FdState::new_free()) };
     }
-    // SAFETY: objects 1.. are initialised and never unmapped.
     for i in 1..CHUNK {
+        // SAFETY: objects 1.. are initialised and never unmapped.
         free(unsafe { &*base.add(i) });
     }
     // SAFETY: object 0 is initialised, never unmapped, and ours.

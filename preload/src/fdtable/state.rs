@@ -5,6 +5,7 @@
 //! reader that lost a race with `close` may still look at `refs` and `conn`
 //! of a recycled object (see pool.rs), which must not be a data race.
 
+use std::any::Any;
 use std::ptr;
 use std::sync::atomic::{
     fence, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
@@ -14,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use libc::pid_t;
 
 use crate::attached::{AttachedConn, Errno, TcpReason};
-use crate::dispatch::epoll::EpollSet;
 use crate::process;
 
 /// What an fd table entry is.
@@ -47,6 +47,12 @@ const F_PRECONNECT: u32 = 2;
 
 type ConnBox = Arc<dyn AttachedConn>;
 
+/// What the epoll layer keeps with an epoll instance (`Kind::Epoll`),
+/// opaque to the fd table.
+pub type EpollSlot = dyn Any + Send + Sync;
+
+type SlotBox = Box<EpollSlot>;
+
 /// Attached connections alive in this process: lets poll/select/epoll skip
 /// scanning their sets when there are none (always, in pass-through mode).
 static RINGS: AtomicUsize = AtomicUsize::new(0);
@@ -78,8 +84,9 @@ pub struct FdState {
     /// Boxed `Arc<dyn AttachedConn>` once attached; set once, freed on
     /// recycle.
     conn: AtomicPtr<ConnBox>,
-    /// Ring registrations of an epoll instance (Kind::Epoll).
-    epoll: AtomicPtr<EpollSet>,
+    /// Boxed `EpollSlot` of an epoll instance once created; set once,
+    /// freed on recycle.
+    epoll: AtomicPtr<SlotBox>,
     /// Epoll registrations (epfd, events, data) made while the socket was
     /// pre-connect, recorded only when a ring layer is registered: a ring
     /// attached by connect() must take them over (nginx adds upstream
@@ -178,7 +185,7 @@ impl FdState {
         }
         let ep = self.epoll.swap(ptr::null_mut(), Ordering::AcqRel);
         if !ep.is_null() {
-            // SAFETY: as above, from Box::into_raw in `epoll_set_or_init`.
+            // SAFETY: as above, from Box::into_raw in `epoll_slot_or_init`.
             drop(unsafe { Box::from_raw(ep) });
         }
         drop(std::mem::take(&mut *self.pre_epoll_lock()));
@@ -403,14 +410,15 @@ impl FdState {
 
     // ---- epoll ----
 
-    /// The ring registrations of this epoll object, created on first use.
-    pub fn epoll_set_or_init(&self) -> &EpollSet {
+    /// The epoll layer's object of this epoll instance, made by `make` on
+    /// first use.
+    pub fn epoll_slot_or_init(&self, make: impl FnOnce() -> SlotBox) -> &EpollSlot {
         let p = self.epoll.load(Ordering::Acquire);
         if !p.is_null() {
             // SAFETY: valid until recycle; the caller holds a reference.
-            return unsafe { &*p };
+            return unsafe { &**p };
         }
-        let fresh = Box::into_raw(Box::new(EpollSet::new()));
+        let fresh = Box::into_raw(Box::new(make()));
         match self.epoll.compare_exchange(
             ptr::null_mut(),
             fresh,
@@ -418,20 +426,20 @@ impl FdState {
             Ordering::Acquire,
         ) {
             // SAFETY: we published fresh; valid until recycle.
-            Ok(_) => unsafe { &*fresh },
+            Ok(_) => unsafe { &**fresh },
             Err(existing) => {
                 // SAFETY: fresh was never published.
                 drop(unsafe { Box::from_raw(fresh) });
                 // SAFETY: as for `p` above.
-                unsafe { &*existing }
+                unsafe { &**existing }
             }
         }
     }
 
-    /// The ring registrations, if any were ever made.
-    pub fn epoll_set(&self) -> Option<&EpollSet> {
+    /// The epoll layer's object, if it was ever made.
+    pub fn epoll_slot(&self) -> Option<&EpollSlot> {
         let p = self.epoll.load(Ordering::Acquire);
         // SAFETY: valid until recycle; the caller holds a reference.
-        (!p.is_null()).then(|| unsafe { &*p })
+        (!p.is_null()).then(|| unsafe { &**p })
     }
 }

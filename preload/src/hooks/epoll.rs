@@ -7,31 +7,20 @@
 
 use libc::{c_int, epoll_event, sigset_t, timespec};
 
-use crate::dispatch::epoll::{ctl_ring, wait_mixed};
+use super::define::hooks;
+use crate::dispatch::epoll::{ctl_ring, instance, set_of, set_or_init, wait_mixed};
 use crate::dispatch::wait::deadline_after;
 use crate::fdtable::{self, FdRef, Kind};
-use crate::hook::{guard, hooks};
-use crate::{process, sys};
+use crate::interpose::guard;
+use crate::sys;
 
 /// The tracked state of epoll fd `epfd` if it holds ring registrations.
 fn ring_epoll(epfd: c_int) -> Option<FdRef> {
     if fdtable::rings_alive() == 0 || !fdtable::is_tracked(epfd) || guard::active() {
         return None;
     }
-    fdtable::get(epfd).filter(|st| {
-        st.kind() == Some(Kind::Epoll) && st.epoll_set().is_some_and(|s| s.has_rings())
-    })
-}
-
-/// The epoll state for `epfd`, tracking it now if needed.
-fn epoll_state(epfd: c_int) -> Option<FdRef> {
-    if let Some(st) = fdtable::get(epfd) {
-        return (st.kind() == Some(Kind::Epoll)).then_some(st);
-    }
-    if !process::owns_memory() {
-        return None;
-    }
-    fdtable::track_new(epfd, Kind::Epoll, 0, false)
+    fdtable::get(epfd)
+        .filter(|st| st.kind() == Some(Kind::Epoll) && set_of(st).is_some_and(|s| s.has_rings()))
 }
 
 /// Records an epoll registration of a pre-connect socket, so that a ring
@@ -51,11 +40,6 @@ fn note_pre_connect(epfd: c_int, op: c_int, fd: c_int, event: *const epoll_event
     st.note_pre_epoll(op, epfd, events, data);
 }
 
-/// The epoll state for `epfd` (for dispatch/epoll.rs's migration).
-pub fn epoll_state_for(epfd: c_int) -> Option<FdRef> {
-    epoll_state(epfd)
-}
-
 fn ms_to_deadline(ms: c_int) -> Option<u64> {
     if ms < 0 {
         None
@@ -68,33 +52,29 @@ hooks! {
     /// Pass-through.
     fn epoll_create(size: c_int) -> c_int;
         fallback(libc::syscall(libc::SYS_epoll_create1, if size > 0 { 0 } else { -1 }) as c_int)
-    {
-        // SAFETY: forwarding.
-        unsafe { epoll_create::next(size) }
+    |next| {
+        next()
     }
 
     /// Pass-through.
     fn epoll_create1(flags: c_int) -> c_int;
-        fallback(libc::syscall(libc::SYS_epoll_create1, flags) as c_int)
-    {
-        // SAFETY: forwarding.
-        unsafe { epoll_create1::next(flags) }
+    |next| {
+        next()
     }
 
     /// Ring fds are registered with the instance's `EpollSet`; everything
     /// else goes to the kernel.
     fn epoll_ctl(epfd: c_int, op: c_int, fd: c_int, event: *mut epoll_event) -> c_int;
-        fallback(libc::syscall(libc::SYS_epoll_ctl, epfd, op, fd, event) as c_int)
-    {
+    |next| {
         if fdtable::rings_alive() > 0 && !guard::active() {
             if let Some(st) = fdtable::attached(fd) {
                 if epfd == fd {
                     sys::set_errno(libc::EINVAL);
                     return -1;
                 }
-                match epoll_state(epfd) {
+                match instance(epfd) {
                     Some(ep) => {
-                        let set = ep.epoll_set_or_init();
+                        let set = set_or_init(&ep);
                         // SAFETY: caller's event contract.
                         return unsafe { ctl_ring(epfd, set, op, fd, st, event) };
                     }
@@ -105,8 +85,7 @@ hooks! {
                 }
             }
         }
-        // SAFETY: forwarding.
-        let r = unsafe { epoll_ctl::next(epfd, op, fd, event) };
+        let r = next();
         if r == 0 && crate::attached::attacher().is_some() && fdtable::is_tracked(fd) {
             note_pre_connect(epfd, op, fd, event);
         }
@@ -115,39 +94,35 @@ hooks! {
 
     /// epoll_wait(2).
     fn epoll_wait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int) -> c_int;
-        fallback(libc::syscall(libc::SYS_epoll_wait, epfd, events, maxevents, timeout) as c_int)
-    {
+    |next| {
         if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = st.epoll_set() {
+            if let Some(set) = set_of(&st) {
                 // SAFETY: caller's events contract.
                 return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), None) };
             }
         }
-        // SAFETY: forwarding.
-        unsafe { epoll_wait::next(epfd, events, maxevents, timeout) }
+        next()
     }
 
     /// epoll_pwait(2).
     fn epoll_pwait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
-        fallback(libc::syscall(libc::SYS_epoll_pwait, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
-    {
+    |next| {
         if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = st.epoll_set() {
+            if let Some(set) = set_of(&st) {
                 let m = (!mask.is_null()).then_some(mask);
                 // SAFETY: caller's events contract.
                 return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), m) };
             }
         }
-        // SAFETY: forwarding.
-        unsafe { epoll_pwait::next(epfd, events, maxevents, timeout, mask) }
+        next()
     }
 
     /// epoll_pwait2(2): a timespec timeout.
     fn epoll_pwait2(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: *const timespec, mask: *const sigset_t) -> c_int;
         fallback(libc::syscall(libc::SYS_epoll_pwait2, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
-    {
+    |next| {
         if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = st.epoll_set() {
+            if let Some(set) = set_of(&st) {
                 let deadline = if timeout.is_null() {
                     None
                 } else {
@@ -165,7 +140,6 @@ hooks! {
                 return unsafe { wait_mixed(epfd, set, events, maxevents, deadline, m) };
             }
         }
-        // SAFETY: forwarding.
-        unsafe { epoll_pwait2::next(epfd, events, maxevents, timeout, mask) }
+        next()
     }
 }

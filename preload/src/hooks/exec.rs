@@ -20,7 +20,7 @@ use std::ffi::c_char;
 
 use libc::{c_int, pid_t};
 
-use crate::hook::hooks;
+use super::define::hooks;
 use crate::lifecycle;
 
 type Argv = *const *const c_char;
@@ -35,7 +35,7 @@ hooks! {
         fallback(libc::syscall(libc::SYS_execve, path, argv, envp) as c_int)
     {
         lifecycle::leave_before_exec();
-        // SAFETY: forwarding.
+        // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { execve::next(path, argv, envp) }
     }
 
@@ -44,7 +44,7 @@ hooks! {
         fallback(libc::syscall(libc::SYS_execve, path, argv, environ) as c_int)
     {
         lifecycle::leave_before_exec();
-        // SAFETY: forwarding.
+        // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { execv::next(path, argv) }
     }
 
@@ -53,7 +53,7 @@ hooks! {
         fallback(libc::syscall(libc::SYS_execve, file, argv, environ) as c_int)
     {
         lifecycle::leave_before_exec();
-        // SAFETY: forwarding.
+        // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { execvp::next(file, argv) }
     }
 
@@ -62,7 +62,7 @@ hooks! {
         fallback(libc::syscall(libc::SYS_execve, file, argv, envp) as c_int)
     {
         lifecycle::leave_before_exec();
-        // SAFETY: forwarding.
+        // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { execvpe::next(file, argv, envp) }
     }
 
@@ -71,7 +71,7 @@ hooks! {
         fallback(libc::syscall(libc::SYS_execveat, dirfd, path, argv, envp, flags) as c_int)
     {
         lifecycle::leave_before_exec();
-        // SAFETY: forwarding.
+        // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { execveat::next(dirfd, path, argv, envp, flags) }
     }
 
@@ -80,7 +80,7 @@ hooks! {
         fallback(libc::syscall(libc::SYS_execveat, fd, c"".as_ptr(), argv, envp, libc::AT_EMPTY_PATH) as c_int)
     {
         lifecycle::leave_before_exec();
-        // SAFETY: forwarding.
+        // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { fexecve::next(fd, argv, envp) }
     }
 
@@ -90,7 +90,7 @@ hooks! {
         fallback(libc::ENOSYS)
     {
         lifecycle::leave_before_exec();
-        // SAFETY: forwarding.
+        // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { posix_spawn::next(pid, path, actions, attr, argv, envp) }
     }
 
@@ -99,7 +99,7 @@ hooks! {
         fallback(libc::ENOSYS)
     {
         lifecycle::leave_before_exec();
-        // SAFETY: forwarding.
+        // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { posix_spawnp::next(pid, file, actions, attr, argv, envp) }
     }
 }

@@ -24,8 +24,9 @@
 
 use libc::{c_int, c_uint, c_ulong};
 
+use super::define::hooks;
 use crate::fdtable;
-use crate::hook::{guard, hooks};
+use crate::interpose::guard;
 use crate::{log as shim_log, process, sys};
 
 #[cfg(not(all(
@@ -50,50 +51,44 @@ hooks! {
     /// close(2): untracks first; an attached connection whose last fd this
     /// was is released (end-of-stream if this process owns it).
     fn close(fd: c_int) -> c_int;
-        fallback(libc::syscall(libc::SYS_close, fd) as c_int)
-    {
+    |next| {
         shim_log::on_fd_closed(fd);
         if fdtable::is_tracked(fd) && process::owns_memory() {
             let saved = sys::errno();
             fdtable::untrack(fd);
             sys::set_errno(saved);
         }
-        // SAFETY: forwarding.
-        unsafe { close::next(fd) }
+        next()
     }
 
     /// close_range(2): as close for every tracked fd in the range (unless
     /// CLOSE_RANGE_CLOEXEC, which closes nothing now).
     fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
         fallback(libc::syscall(libc::SYS_close_range, first, last, flags) as c_int)
-    {
+    |next| {
         let cloexec_only = flags as c_uint & libc::CLOSE_RANGE_CLOEXEC != 0;
         if !cloexec_only && first <= last && process::owns_memory() {
             shim_log::on_range_closed(first, last);
             fdtable::untrack_range(first, last);
         }
-        // SAFETY: forwarding.
-        unsafe { close_range::next(first, last, flags) }
+        next()
     }
 
     /// closefrom(3).
     fn closefrom(lowfd: c_int) -> ();
         fallback({ libc::syscall(libc::SYS_close_range, lowfd.max(0), c_uint::MAX, 0); })
-    {
+    |next| {
         if process::owns_memory() {
             shim_log::on_range_closed(lowfd.max(0) as c_uint, c_uint::MAX);
             fdtable::untrack_range(lowfd.max(0) as c_uint, c_uint::MAX);
         }
-        // SAFETY: forwarding.
-        unsafe { closefrom::next(lowfd) }
+        next()
     }
 
     /// dup(2): the new fd shares the state.
     fn dup(fd: c_int) -> c_int;
-        fallback(libc::syscall(libc::SYS_dup, fd) as c_int)
-    {
-        // SAFETY: forwarding.
-        let r = unsafe { dup::next(fd) };
+    |next| {
+        let r = next();
         if r >= 0 {
             mirror_dup(fd, r);
         }
@@ -104,9 +99,8 @@ hooks! {
     /// released as if closed.
     fn dup2(old: c_int, new: c_int) -> c_int;
         fallback(libc::syscall(libc::SYS_dup2, old, new) as c_int)
-    {
-        // SAFETY: forwarding.
-        let r = unsafe { dup2::next(old, new) };
+    |next| {
+        let r = next();
         if r >= 0 && old != new {
             shim_log::on_fd_replaced(new);
             mirror_dup(old, new);
@@ -117,9 +111,8 @@ hooks! {
     /// dup3(2).
     fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
         fallback(libc::syscall(libc::SYS_dup3, old, new, flags) as c_int)
-    {
-        // SAFETY: forwarding.
-        let r = unsafe { dup3::next(old, new, flags) };
+    |next| {
+        let r = next();
         if r >= 0 {
             shim_log::on_fd_replaced(new);
             mirror_dup(old, new);
@@ -129,10 +122,8 @@ hooks! {
 
     /// fcntl(2); see the module docs for the fixed third argument.
     fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int;
-        fallback(libc::syscall(libc::SYS_fcntl, fd, cmd, arg) as c_int)
-    {
-        // SAFETY: forwarding all three registers unchanged.
-        let r = unsafe { fcntl::next(fd, cmd, arg) };
+    |next| {
+        let r = next();
         after_fcntl(fd, cmd, arg, r);
         r
     }
@@ -141,17 +132,15 @@ hooks! {
     /// _FILE_OFFSET_BITS=64 (glibc >= 2.28).
     fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int;
         fallback(libc::syscall(libc::SYS_fcntl, fd, cmd, arg) as c_int)
-    {
-        // SAFETY: forwarding all three registers unchanged.
-        let r = unsafe { fcntl64::next(fd, cmd, arg) };
+    |next| {
+        let r = next();
         after_fcntl(fd, cmd, arg, r);
         r
     }
 
     /// ioctl(2): FIONBIO is mirrored; FIONREAD on a ring counts ring bytes.
     fn ioctl(fd: c_int, request: c_ulong, arg: usize) -> c_int;
-        fallback(libc::syscall(libc::SYS_ioctl, fd, request, arg) as c_int)
-    {
+    |next| {
         if request == libc::FIONREAD && arg != 0 {
             if let Some(st) = fdtable::attached(fd).filter(|_| !guard::active()) {
                 if let Some(conn) = st.conn() {
@@ -174,8 +163,7 @@ hooks! {
                 return 0;
             }
         }
-        // SAFETY: forwarding all three registers unchanged.
-        let r = unsafe { ioctl::next(fd, request, arg) };
+        let r = next();
         if r == 0 && request == libc::FIONBIO && arg != 0 && fdtable::is_tracked(fd) {
             // SAFETY: FIONBIO's argument is a const int*; the kernel just
             // read it successfully.

@@ -13,9 +13,10 @@ use libc::{
     ssize_t,
 };
 
+use super::define::hooks;
 use crate::dispatch::io as ring_io;
 use crate::fdtable::{self, FdRef};
-use crate::hook::{guard, hooks};
+use crate::interpose::guard;
 use crate::sys;
 
 #[inline]
@@ -263,10 +264,10 @@ unsafe fn ring_sendfile(
 ) -> ssize_t {
     let mut buf = vec![0u8; count.min(64 * 1024)];
     let mut done = 0usize;
-    // SAFETY: offset null or valid per the caller.
     let mut pos = if offset.is_null() {
         None
     } else {
+        // SAFETY: offset is valid per the caller, and not null.
         Some(unsafe { *offset })
     };
     while done < count {
@@ -318,32 +319,27 @@ unsafe fn ring_sendfile(
 hooks! {
     /// read(2).
     fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t;
-        fallback(libc::syscall(libc::SYS_read, fd, buf, count) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(fd) {
             // SAFETY: caller's buffer contract.
             return unsafe { ring_recv1(fd, &st, buf, count, 0) };
         }
-        // SAFETY: forwarding.
-        unsafe { read::next(fd, buf, count) }
+        next()
     }
 
     /// write(2).
     fn write(fd: c_int, buf: *const c_void, count: size_t) -> ssize_t;
-        fallback(libc::syscall(libc::SYS_write, fd, buf, count) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(fd) {
             // SAFETY: caller's buffer contract.
             return unsafe { ring_send1(fd, &st, buf, count, 0) };
         }
-        // SAFETY: forwarding.
-        unsafe { write::next(fd, buf, count) }
+        next()
     }
 
     /// readv(2).
     fn readv(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t;
-        fallback(libc::syscall(libc::SYS_readv, fd, iov, iovcnt) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(fd) {
             // SAFETY: caller's iovec contract.
             return match unsafe { iov_mut(iov, iovcnt) } {
@@ -351,14 +347,12 @@ hooks! {
                 Err(e) => fail(e),
             };
         }
-        // SAFETY: forwarding.
-        unsafe { readv::next(fd, iov, iovcnt) }
+        next()
     }
 
     /// writev(2).
     fn writev(fd: c_int, iov: *const iovec, iovcnt: c_int) -> ssize_t;
-        fallback(libc::syscall(libc::SYS_writev, fd, iov, iovcnt) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(fd) {
             // SAFETY: caller's iovec contract.
             return match unsafe { iov_ref(iov, iovcnt) } {
@@ -366,38 +360,33 @@ hooks! {
                 Err(e) => fail(e),
             };
         }
-        // SAFETY: forwarding.
-        unsafe { writev::next(fd, iov, iovcnt) }
+        next()
     }
 
     /// recv(2).
     fn recv(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t;
-        fallback(libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, 0usize, 0usize) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
             // SAFETY: caller's buffer contract.
             return unsafe { ring_recv1(fd, &st, buf, len, flags) };
         }
-        // SAFETY: forwarding.
-        unsafe { recv::next(fd, buf, len, flags) }
+        next()
     }
 
     /// send(2).
     fn send(fd: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t;
-        fallback(libc::syscall(libc::SYS_sendto, fd, buf, len, flags, 0usize, 0usize) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(fd).filter(|st| flags & libc::MSG_OOB == 0 || !ready_for_oob(st)) {
             // SAFETY: caller's buffer contract.
             return unsafe { ring_send1(fd, &st, buf, len, flags) };
         }
-        // SAFETY: forwarding.
-        unsafe { send::next(fd, buf, len, flags) }
+        next()
     }
 
     /// recvfrom(2); on a ring the address is the kernel socket's peer.
     fn recvfrom(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
         fallback(libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
             // SAFETY: caller's buffer contract.
             let r = unsafe { ring_recv1(fd, &st, buf, len, flags) };
@@ -407,38 +396,33 @@ hooks! {
             }
             return r;
         }
-        // SAFETY: forwarding.
-        unsafe { recvfrom::next(fd, buf, len, flags, addr, alen) }
+        next()
     }
 
     /// sendto(2); the address is ignored on a connected ring, as on TCP.
     fn sendto(fd: c_int, buf: *const c_void, len: size_t, flags: c_int, addr: *const sockaddr, alen: socklen_t) -> ssize_t;
         fallback(libc::syscall(libc::SYS_sendto, fd, buf, len, flags, addr, alen) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(fd).filter(|st| flags & libc::MSG_OOB == 0 || !ready_for_oob(st)) {
             // SAFETY: caller's buffer contract.
             return unsafe { ring_send1(fd, &st, buf, len, flags) };
         }
-        // SAFETY: forwarding.
-        unsafe { sendto::next(fd, buf, len, flags, addr, alen) }
+        next()
     }
 
     /// recvmsg(2).
     fn recvmsg(fd: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t;
-        fallback(libc::syscall(libc::SYS_recvmsg, fd, msg, flags) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
             // SAFETY: caller's msghdr contract.
             return unsafe { ring_recvmsg(fd, &st, msg, flags) };
         }
-        // SAFETY: forwarding.
-        unsafe { recvmsg::next(fd, msg, flags) }
+        next()
     }
 
     /// sendmsg(2).
     fn sendmsg(fd: c_int, msg: *const msghdr, flags: c_int) -> ssize_t;
-        fallback(libc::syscall(libc::SYS_sendmsg, fd, msg, flags) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(fd).filter(|st| flags & libc::MSG_OOB == 0 || !ready_for_oob(st)) {
             // SAFETY: caller's msghdr contract.
             return unsafe { ring_sendmsg(fd, &st, msg, flags) };
@@ -447,8 +431,7 @@ hooks! {
             // SAFETY: caller's msghdr contract.
             unsafe { leave_passed(msg) };
         }
-        // SAFETY: forwarding.
-        unsafe { sendmsg::next(fd, msg, flags) }
+        next()
     }
 
     /// recvmmsg(2): on a ring, one recvmsg per entry; MSG_WAITFORONE makes
@@ -456,7 +439,7 @@ hooks! {
     /// each entry, as the kernel does.
     fn recvmmsg(fd: c_int, vec: *mut mmsghdr, vlen: c_uint, flags: c_int, timeout: *mut libc::timespec) -> c_int;
         fallback(libc::syscall(libc::SYS_recvmmsg, fd, vec, vlen, flags, timeout) as c_int)
-    {
+    |next| {
         if let Some(st) = ring(fd) {
             if vec.is_null() {
                 return fail(libc::EFAULT) as c_int;
@@ -492,14 +475,13 @@ hooks! {
             }
             return done as c_int;
         }
-        // SAFETY: forwarding.
-        unsafe { recvmmsg::next(fd, vec, vlen, flags, timeout) }
+        next()
     }
 
     /// sendmmsg(2): on a ring, one sendmsg per entry.
     fn sendmmsg(fd: c_int, vec: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int;
         fallback(libc::syscall(libc::SYS_sendmmsg, fd, vec, vlen, flags) as c_int)
-    {
+    |next| {
         if let Some(st) = ring(fd) {
             if vec.is_null() {
                 return fail(libc::EFAULT) as c_int;
@@ -521,67 +503,62 @@ hooks! {
             }
             return done as c_int;
         }
-        // SAFETY: forwarding.
-        unsafe { sendmmsg::next(fd, vec, vlen, flags) }
+        next()
     }
 
     /// sendfile(2) (64-bit off_t on LP64).
     fn sendfile(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t;
         fallback(libc::syscall(libc::SYS_sendfile, out_fd, in_fd, offset, count) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(out_fd) {
             // SAFETY: off_t and off64_t are the same type on LP64 Linux.
             return unsafe { ring_sendfile(out_fd, &st, in_fd, offset.cast(), count) };
         }
-        // SAFETY: forwarding.
-        unsafe { sendfile::next(out_fd, in_fd, offset, count) }
+        next()
     }
 
     /// sendfile64: what programs built with _FILE_OFFSET_BITS=64 call.
     fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut off64_t, count: size_t) -> ssize_t;
         fallback(libc::syscall(libc::SYS_sendfile, out_fd, in_fd, offset, count) as ssize_t)
-    {
+    |next| {
         if let Some(st) = ring(out_fd) {
             // SAFETY: caller's offset contract.
             return unsafe { ring_sendfile(out_fd, &st, in_fd, offset, count) };
         }
-        // SAFETY: forwarding.
-        unsafe { sendfile64::next(out_fd, in_fd, offset, count) }
+        next()
     }
 
     /// Fortified read: libc's version calls its internal read, bypassing
     /// our `read`, so ring fds must be caught here.
     fn __read_chk(fd: c_int, buf: *mut c_void, nbytes: size_t, buflen: size_t) -> ssize_t;
         fallback(chk_fallback(nbytes, buflen, || libc::syscall(libc::SYS_read, fd, buf, nbytes) as ssize_t))
-    {
+    |next| {
         if nbytes <= buflen {
             if let Some(st) = ring(fd) {
                 // SAFETY: caller's buffer contract.
                 return unsafe { ring_recv1(fd, &st, buf, nbytes, 0) };
             }
         }
-        // SAFETY: forwarding (libc reports the overflow itself).
-        unsafe { __read_chk::next(fd, buf, nbytes, buflen) }
+        next()
     }
 
     /// Fortified recv.
     fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, flags: c_int) -> ssize_t;
         fallback(chk_fallback(len, buflen, || libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, 0usize, 0usize) as ssize_t))
-    {
+    |next| {
         if len <= buflen {
             if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
                 // SAFETY: caller's buffer contract.
                 return unsafe { ring_recv1(fd, &st, buf, len, flags) };
             }
         }
-        // SAFETY: forwarding.
-        unsafe { __recv_chk::next(fd, buf, len, buflen, flags) }
+        next()
     }
 
     /// Fortified recvfrom.
     fn __recvfrom_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
         fallback(chk_fallback(len, buflen, || libc::syscall(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as ssize_t))
-    {
+    |next| {
         if len <= buflen {
             if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
                 // SAFETY: caller's buffer contract.
@@ -593,8 +570,7 @@ hooks! {
                 return r;
             }
         }
-        // SAFETY: forwarding.
-        unsafe { __recvfrom_chk::next(fd, buf, len, buflen, flags, addr, alen) }
+        next()
     }
 }
 

@@ -14,7 +14,7 @@
 //! where no hook can see it, so a chunk's whole usable range is dropped
 //! before the allocator gets it back. What stays unseen (raw syscalls,
 //! another allocator's internal calls) is why zero-copy is opt-in
-//! (README, RINGSOCK_ZEROCOPY_MIN).
+//! (docs/limits.md, "Zero-copy sends").
 //!
 //! Cost while no registration is cached (always, unless zero-copy is on
 //! and was used): one relaxed atomic load per call.
@@ -36,7 +36,8 @@ use std::ffi::c_void;
 use libc::{c_int, intptr_t, off_t, size_t};
 use ringsock_ring::transport::verbs::regcache;
 
-use crate::hook::{hooks, Symbol};
+use super::define::hooks;
+use crate::interpose::Symbol;
 
 #[inline]
 fn drop_range(addr: *const c_void, len: usize) {
@@ -61,61 +62,56 @@ hooks! {
     /// munmap(2).
     fn munmap(addr: *mut c_void, len: size_t) -> c_int;
         fallback(libc::syscall(libc::SYS_munmap, addr, len) as c_int)
-    {
+    |next| {
         drop_range(addr, len);
-        // SAFETY: forwarding.
-        unsafe { munmap::next(addr, len) }
+        next()
     }
 
     /// mremap(2); the fifth argument is read only with MREMAP_FIXED.
     fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new_addr: *mut c_void) -> *mut c_void;
         fallback(libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void)
-    {
+    |next| {
         drop_range(old, old_len);
         if flags & libc::MREMAP_FIXED != 0 {
             drop_range(new_addr, new_len);
         }
-        // SAFETY: forwarding.
-        unsafe { mremap::next(old, old_len, new_len, flags, new_addr) }
+        next()
     }
 
     /// madvise(2).
     fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int;
         fallback(libc::syscall(libc::SYS_madvise, addr, len, advice) as c_int)
-    {
+    |next| {
         if advice_changes_pages(advice) {
             drop_range(addr, len);
         }
-        // SAFETY: forwarding.
-        unsafe { madvise::next(addr, len, advice) }
+        next()
     }
 
     /// mmap(2): MAP_FIXED replaces whatever was mapped there.
     fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
         fallback(libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void)
-    {
+    |next| {
         if flags & libc::MAP_FIXED != 0 {
             drop_range(addr, len);
         }
-        // SAFETY: forwarding.
-        unsafe { mmap::next(addr, len, prot, flags, fd, off) }
+        next()
     }
 
     /// mmap64 (the same function under glibc's LFS name).
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
         fallback(libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void)
-    {
+    |next| {
         if flags & libc::MAP_FIXED != 0 {
             drop_range(addr, len);
         }
-        // SAFETY: forwarding.
-        unsafe { mmap64::next(addr, len, prot, flags, fd, off) }
+        next()
     }
 
     /// brk(2): a lower break unmaps the heap above it.
     fn brk(addr: *mut c_void) -> c_int;
         fallback(if libc::syscall(libc::SYS_brk, addr) as usize == addr as usize { 0 } else { -1 })
-    {
+    |next| {
         if regcache::entries() > 0 {
             // SAFETY: sbrk(0) only reads the current break.
             let cur = unsafe { sbrk::next(0) } as usize;
@@ -123,14 +119,13 @@ hooks! {
                 drop_range(addr, cur - addr as usize);
             }
         }
-        // SAFETY: forwarding.
-        unsafe { brk::next(addr) }
+        next()
     }
 
     /// sbrk(3): a negative increment unmaps the top of the heap.
     fn sbrk(incr: intptr_t) -> *mut c_void;
         fallback(usize::MAX as *mut c_void)
-    {
+    |next| {
         if incr < 0 && regcache::entries() > 0 {
             // SAFETY: sbrk(0) only reads the current break.
             let cur = unsafe { sbrk::next(0) } as usize;
@@ -139,20 +134,18 @@ hooks! {
                 drop_range(cur.saturating_sub(down) as *const c_void, down);
             }
         }
-        // SAFETY: forwarding.
-        unsafe { sbrk::next(incr) }
+        next()
     }
 
     /// shmdt(2): the segment's size is not known here, so every cached
     /// registration goes (shmdt is rare).
     fn shmdt(addr: *const c_void) -> c_int;
         fallback(libc::syscall(libc::SYS_shmdt, addr) as c_int)
-    {
+    |next| {
         if regcache::entries() > 0 {
             regcache::invalidate_all();
         }
-        // SAFETY: forwarding.
-        unsafe { shmdt::next(addr) }
+        next()
     }
 }
 
@@ -186,7 +179,8 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
     if let Some(f) = FREE.get_reentrant() {
         // SAFETY: dlsym's address for "free", whose prototype this is.
         let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(f) };
-        // SAFETY: forwarding the caller's pointer.
+        // SAFETY: our C caller's pointer, unchanged, under free's contract
+        // (drop_chunk only read its usable size).
         unsafe { f(p) }
     }
 }
@@ -203,7 +197,8 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, n: size_t) -> *mut c_void {
             // SAFETY: dlsym's address for "realloc", whose prototype this is.
             let f: unsafe extern "C" fn(*mut c_void, size_t) -> *mut c_void =
                 unsafe { std::mem::transmute(f) };
-            // SAFETY: forwarding.
+            // SAFETY: our C caller's arguments, unchanged, under realloc's
+            // contract.
             unsafe { f(p, n) }
         }
         None => {
@@ -226,7 +221,8 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, m: size_t, n: size_t) -> *
             // this is.
             let f: unsafe extern "C" fn(*mut c_void, size_t, size_t) -> *mut c_void =
                 unsafe { std::mem::transmute(f) };
-            // SAFETY: forwarding.
+            // SAFETY: our C caller's arguments, unchanged, under
+            // reallocarray's contract.
             unsafe { f(p, m, n) }
         }
         None => {

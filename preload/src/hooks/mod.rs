@@ -1,6 +1,7 @@
 //! The exported hook functions, grouped by concern. Every one of them passes
 //! straight through to libc for fds the shim does not track.
 
+mod define;
 pub mod epoll;
 pub mod exec;
 pub mod fd;

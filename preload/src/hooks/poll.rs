@@ -7,10 +7,11 @@
 
 use libc::{c_int, c_long, fd_set, nfds_t, pollfd, sigset_t, size_t, timespec, timeval};
 
+use super::define::hooks;
 use crate::dispatch::poll::{any_ring, poll_mixed, select_has_ring, select_mixed};
 use crate::dispatch::wait::deadline_after;
 use crate::fdtable;
-use crate::hook::{guard, hooks};
+use crate::interpose::guard;
 use crate::sys;
 
 /// Converts a poll timeout in ms to a deadline (None = forever; 0 = now).
@@ -94,20 +95,17 @@ unsafe fn ring_select(
 hooks! {
     /// poll(2).
     fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int;
-        fallback(libc::syscall(libc::SYS_poll, fds, nfds, timeout) as c_int)
-    {
+    |next| {
         // SAFETY: caller's array contract.
         if let Some(r) = unsafe { ring_poll(fds, nfds, || Ok(ms_deadline(timeout)), None) } {
             return r;
         }
-        // SAFETY: forwarding.
-        unsafe { poll::next(fds, nfds, timeout) }
+        next()
     }
 
     /// ppoll(2).
     fn ppoll(fds: *mut pollfd, nfds: nfds_t, timeout: *const timespec, mask: *const sigset_t) -> c_int;
-        fallback(libc::syscall(libc::SYS_ppoll, fds, nfds, timeout, mask, 8usize) as c_int)
-    {
+    |next| {
         // SAFETY: caller's contracts.
         let r = unsafe {
             ring_poll(fds, nfds, || ts_deadline(timeout), (!mask.is_null()).then_some(mask))
@@ -115,14 +113,13 @@ hooks! {
         if let Some(r) = r {
             return r;
         }
-        // SAFETY: forwarding.
-        unsafe { ppoll::next(fds, nfds, timeout, mask) }
+        next()
     }
 
     /// Fortified poll: libc's checks the array size, then polls internally.
     fn __poll_chk(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
         fallback(libc::syscall(libc::SYS_poll, fds, nfds, timeout) as c_int)
-    {
+    |next| {
         let fits = fdslen / std::mem::size_of::<pollfd>() >= nfds as usize;
         if fits {
             // SAFETY: caller's array contract.
@@ -130,14 +127,13 @@ hooks! {
                 return r;
             }
         }
-        // SAFETY: forwarding (libc reports an overflow itself).
-        unsafe { __poll_chk::next(fds, nfds, timeout, fdslen) }
+        next()
     }
 
     /// Fortified ppoll.
     fn __ppoll_chk(fds: *mut pollfd, nfds: nfds_t, timeout: *const timespec, mask: *const sigset_t, fdslen: size_t) -> c_int;
         fallback(libc::syscall(libc::SYS_ppoll, fds, nfds, timeout, mask, 8usize) as c_int)
-    {
+    |next| {
         let fits = fdslen / std::mem::size_of::<pollfd>() >= nfds as usize;
         if fits {
             // SAFETY: caller's contracts.
@@ -148,14 +144,13 @@ hooks! {
                 return r;
             }
         }
-        // SAFETY: forwarding.
-        unsafe { __ppoll_chk::next(fds, nfds, timeout, mask, fdslen) }
+        next()
     }
 
     /// select(2); like Linux, updates the timeout with the time left.
     fn select(nfds: c_int, rd: *mut fd_set, wr: *mut fd_set, ex: *mut fd_set, timeout: *mut timeval) -> c_int;
         fallback(libc::syscall(libc::SYS_select, nfds, rd, wr, ex, timeout) as c_int)
-    {
+    |next| {
         if fdtable::rings_alive() > 0 {
             let deadline = if timeout.is_null() {
                 None
@@ -182,14 +177,13 @@ hooks! {
                 return r;
             }
         }
-        // SAFETY: forwarding.
-        unsafe { select::next(nfds, rd, wr, ex, timeout) }
+        next()
     }
 
     /// pselect(2).
     fn pselect(nfds: c_int, rd: *mut fd_set, wr: *mut fd_set, ex: *mut fd_set, timeout: *const timespec, mask: *const sigset_t) -> c_int;
         fallback(pselect_raw(nfds, rd, wr, ex, timeout, mask))
-    {
+    |next| {
         if fdtable::rings_alive() > 0 {
             // SAFETY: caller's timespec.
             let deadline = match unsafe { ts_deadline(timeout) } {
@@ -205,16 +199,14 @@ hooks! {
                 return r;
             }
         }
-        // SAFETY: forwarding.
-        unsafe { pselect::next(nfds, rd, wr, ex, timeout, mask) }
+        next()
     }
 
     /// FD_SET/FD_ISSET's bounds check under _FORTIFY_SOURCE.
     fn __fdelt_chk(d: c_long) -> c_long;
         fallback(fdelt(d))
-    {
-        // SAFETY: forwarding.
-        unsafe { __fdelt_chk::next(d) }
+    |next| {
+        next()
     }
 }
 

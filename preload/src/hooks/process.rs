@@ -6,7 +6,7 @@
 //! the parent's, like its kernel fd table: listeners keep working in every
 //! process (nginx workers accept on the master's socket), connections are
 //! released without end-of-stream by a process that closes them without
-//! having used them (DESIGN "fork, exec, dup").
+//! having used them (docs/design.md, "fork, exec, dup").
 //!
 //! `vfork` is deliberately NOT interposed. A vfork child borrows the
 //! parent's stack and memory until it calls exec or _exit; a Rust wrapper
@@ -20,17 +20,16 @@
 
 use libc::{c_int, pid_t};
 
-use crate::hook::hooks;
+use super::define::hooks;
 use crate::{lifecycle, process};
 
 hooks! {
     /// fork(2) through glibc (atfork handlers run as usual).
     fn fork() -> pid_t;
         fallback(libc::syscall(libc::SYS_fork) as pid_t)
-    {
+    |next| {
         process::before_fork();
-        // SAFETY: forwarding.
-        let pid = unsafe { fork::next() };
+        let pid = next();
         if pid == 0 {
             process::after_fork_child();
         }
@@ -41,12 +40,11 @@ hooks! {
     /// safe; our additions are atomics and one raw syscall.
     fn _Fork() -> pid_t;
         fallback(libc::syscall(libc::SYS_fork) as pid_t)
-    {
+    |next| {
         process::before_fork();
         // _Fork runs no atfork handler: hold the rings here.
         lifecycle::fork_prepare();
-        // SAFETY: forwarding.
-        let pid = unsafe { _Fork::next() };
+        let pid = next();
         if pid == 0 {
             process::after_fork_child();
         }
@@ -64,10 +62,9 @@ hooks! {
         fallback({
             libc::syscall(libc::SYS_exit_group, status);
         })
-    {
+    |next| {
         lifecycle::drain_at_exit();
-        // SAFETY: forwarding; never returns.
-        unsafe { _exit::next(status) }
+        next()
     }
 
     /// _Exit(3): the same as _exit.
@@ -75,9 +72,8 @@ hooks! {
         fallback({
             libc::syscall(libc::SYS_exit_group, status);
         })
-    {
+    |next| {
         lifecycle::drain_at_exit();
-        // SAFETY: forwarding; never returns.
-        unsafe { _Exit::next(status) }
+        next()
     }
 }

@@ -4,9 +4,10 @@
 
 use libc::{c_int, c_void, sockaddr, socklen_t};
 
+use super::define::hooks;
 use crate::attached::Errno;
 use crate::fdtable::{self, Kind};
-use crate::hook::{guard, hooks};
+use crate::interpose::guard;
 use crate::{lifecycle, sockaddr as addr, sys};
 
 /// A ring-attached fd that the calling code is not the shim itself.
@@ -38,10 +39,8 @@ unsafe fn timeval_ns(val: *const c_void, len: socklen_t) -> Option<u64> {
 hooks! {
     /// Tracks AF_INET/AF_INET6 TCP sockets as ring candidates.
     fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int;
-        fallback(libc::syscall(libc::SYS_socket, domain, ty, protocol) as c_int)
-    {
-        // SAFETY: forwarding the caller's arguments.
-        let fd = unsafe { socket::next(domain, ty, protocol) };
+    |next| {
+        let fd = next();
         if fd >= 0 && lifecycle::is_tcp(domain, ty, protocol) {
             lifecycle::on_new_socket(fd, domain, ty);
         }
@@ -50,18 +49,14 @@ hooks! {
 
     /// Pass-through: the kernel socket keeps its own address.
     fn bind(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
-        fallback(libc::syscall(libc::SYS_bind, fd, addr, len) as c_int)
-    {
-        // SAFETY: forwarding.
-        unsafe { bind::next(fd, addr, len) }
+    |next| {
+        next()
     }
 
     /// Marks a tracked socket as a listener: what it accepts is tracked.
     fn listen(fd: c_int, backlog: c_int) -> c_int;
-        fallback(libc::syscall(libc::SYS_listen, fd, backlog) as c_int)
-    {
-        // SAFETY: forwarding.
-        let r = unsafe { listen::next(fd, backlog) };
+    |next| {
+        let r = next();
         if r == 0 && fdtable::is_tracked(fd) && !guard::active() {
             if let Some(st) = fdtable::get(fd) {
                 st.set_listener();
@@ -74,39 +69,36 @@ hooks! {
     /// Accepted connections of a tracked listener become candidates.
     fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
         fallback(libc::syscall(libc::SYS_accept, fd, addr, len) as c_int)
-    {
-        // SAFETY: forwarding.
-        let nfd = unsafe { accept::next(fd, addr, len) };
+    |next| {
+        let nfd = next();
         after_accept(fd, nfd, 0);
         nfd
     }
 
     /// As accept; SOCK_NONBLOCK is mirrored into the new socket's state.
     fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
-        fallback(libc::syscall(libc::SYS_accept4, fd, addr, len, flags) as c_int)
-    {
-        // SAFETY: forwarding.
-        let nfd = unsafe { accept4::next(fd, addr, len, flags) };
+    |next| {
+        let nfd = next();
         after_accept(fd, nfd, flags);
         nfd
     }
 
     /// The point where a ring may be attached to an outgoing connection.
     fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
-        fallback(libc::syscall(libc::SYS_connect, fd, addr, len) as c_int)
-    {
+    |next| {
         if !fdtable::is_tracked(fd) || guard::active() {
-            // SAFETY: forwarding.
-            return unsafe { connect::next(fd, addr, len) };
+            return next();
         }
         let Some(st) = fdtable::get(fd).filter(|s| s.kind() == Some(Kind::Tcp) && s.is_preconnect()) else {
-            // SAFETY: forwarding.
-            return unsafe { connect::next(fd, addr, len) };
+            return next();
         };
         // SAFETY: addr/len come from the caller with connect's contract.
         let dest = unsafe { addr::to_std(addr, len) };
         let mut real = || {
-            // SAFETY: forwarding the caller's arguments, once.
+            // SAFETY: our caller's own arguments, valid for the whole hook
+            // call, which this closure does not outlive (the attacher only
+            // borrows it); connect's contract allows the one call the
+            // attacher makes (Attacher::connect).
             if unsafe { connect::next(fd, addr, len) } == 0 {
                 Ok(())
             } else {
@@ -124,8 +116,7 @@ hooks! {
 
     /// Ring: mirrored as end-of-stream by the connection.
     fn shutdown(fd: c_int, how: c_int) -> c_int;
-        fallback(libc::syscall(libc::SYS_shutdown, fd, how) as c_int)
-    {
+    |next| {
         if let Some(st) = ring(fd) {
             if let Some(conn) = st.conn() {
                 let _g = guard::enter();
@@ -138,15 +129,13 @@ hooks! {
                 };
             }
         }
-        // SAFETY: forwarding.
-        unsafe { shutdown::next(fd, how) }
+        next()
     }
 
     /// Ring: SO_ERROR comes from the connection; the rest from the kernel
     /// socket underneath.
     fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
-        fallback(libc::syscall(libc::SYS_getsockopt, fd, level, name, val, len) as c_int)
-    {
+    |next| {
         if level == libc::SOL_SOCKET && name == libc::SO_ERROR && !val.is_null() && !len.is_null() {
             let ring_err = ring(fd).and_then(|st| st.conn().map(|c| c.take_error()));
             if let Some(e) = ring_err.filter(|&e| e != 0) {
@@ -164,20 +153,17 @@ hooks! {
             }
             // No ring error: the kernel socket's SO_ERROR is the answer.
         }
-        // SAFETY: forwarding.
-        unsafe { getsockopt::next(fd, level, name, val, len) }
+        next()
     }
 
     /// Mirrors SO_RCVTIMEO/SO_SNDTIMEO of tracked sockets (ring waits honour
     /// them); everything also goes to the kernel socket.
     fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
-        fallback(libc::syscall(libc::SYS_setsockopt, fd, level, name, val, len) as c_int)
-    {
-        // SAFETY: forwarding.
-        let r = unsafe { setsockopt::next(fd, level, name, val, len) };
+    |next| {
+        let r = next();
         if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT {
             if let Some(c) = ring(fd).as_ref().and_then(|st| st.conn()) {
-                c.set_rcvlowat(crate::ring::sockio_rcvlowat(fd));
+                c.set_rcvlowat(sys::rcvlowat(fd));
             }
         }
         if r == 0
@@ -200,18 +186,14 @@ hooks! {
 
     /// Pass-through: the kernel socket has the real 4-tuple.
     fn getpeername(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
-        fallback(libc::syscall(libc::SYS_getpeername, fd, addr, len) as c_int)
-    {
-        // SAFETY: forwarding.
-        unsafe { getpeername::next(fd, addr, len) }
+    |next| {
+        next()
     }
 
     /// Pass-through: the kernel socket has the real 4-tuple.
     fn getsockname(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
-        fallback(libc::syscall(libc::SYS_getsockname, fd, addr, len) as c_int)
-    {
-        // SAFETY: forwarding.
-        unsafe { getsockname::next(fd, addr, len) }
+    |next| {
+        next()
     }
 }
 

@@ -12,7 +12,7 @@
 //! * Reports: connections are reported to the daemon for `ringsock-ctl
 //!   status` from here, off the connect/accept path.
 //!
-//! The thread parks on a futex when it has nothing to do, so an idle
+//! The thread sleeps on an eventfd when it has nothing to do, so an idle
 //! program costs nothing; it is started lazily, and again in a forked child
 //! (threads do not survive fork).
 
@@ -29,7 +29,7 @@ use super::ctl;
 use super::plock::PLock;
 use super::tracked::Tracked;
 use crate::attached::TcpReason;
-use crate::hook::guard;
+use crate::interpose::guard;
 use crate::{process, sockaddr, sys};
 
 /// Longest time a batched byte waits when the program does not block.
@@ -38,7 +38,7 @@ const FLUSH_NS: u64 = 1_000_000;
 /// program that sent and is about to block flushes and settles it itself
 /// within microseconds, and a tick that takes the connection's locks then
 /// makes the program wait for the thread's posts (two context switches on
-/// the round trip; seen in a Soft-RoCE ping-pong under strace).
+/// the round trip).
 const FLUSH_GRACE_NS: u64 = 250_000;
 /// Idle ticks (nothing to flush) before the thread stops ticking.
 const IDLE_TICKS: u32 = 100;
@@ -201,7 +201,7 @@ fn ensure_thread() {
         )
     };
     if efd >= 0 {
-        let old = WAKE_FD.swap(super::fdspace::high(efd as RawFd), Ordering::AcqRel);
+        let old = WAKE_FD.swap(crate::fdspace::high(efd as RawFd), Ordering::AcqRel);
         if old >= 0 {
             // The parent's, inherited through fork.
             sys::close(old);

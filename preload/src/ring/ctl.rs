@@ -105,7 +105,7 @@ impl Session {
             let timeout = Duration::from_millis(u64::from(cfg.connect_timeout_ms));
             let path = Path::new(&cfg.ctl_sock);
             let connected = Client::connect(path, Some(timeout)).and_then(|c| {
-                let mut c = Client::from_fd(super::fdspace::high_owned(c.into_fd()));
+                let mut c = Client::from_fd(crate::fdspace::high_owned(c.into_fd()));
                 c.hello(&exe_name())?;
                 Ok(c)
             });

@@ -1,24 +1,33 @@
 //! The ring layer: the `Attacher` that moves TCP connections onto rings,
 //! set up through the local `ringsock-ctl` daemon: shared memory to
-//! processes of this host, RDMA verbs to other hosts.
+//! processes of this host, RDMA verbs to other hosts. The crate root
+//! installs it (`install`); the rest of the shim reaches it only through
+//! `attached`.
 //!
-//! * `conn` — the attached connection (`AttachedConn` over two rings),
-//!   generic over its `Wire`;
-//! * `shm`, `rdma` — the two wires and their handshakes: offer (client, in
-//!   connect) and claim/answer (server, in accept);
-//! * `setup` — what both handshakes share (ring parameters, daemon calls);
+//! * `conn` — one ring connection (`RingConn`, the `AttachedConn`),
+//!   generic over the `Wire` that carries it; leaving the ring mid-stream
+//!   (`leave`) and the kernel socket's path after it (`tcp`);
+//! * `shm`, `rdma` (feature `verbs`) — the two wires and their handshakes:
+//!   offer (client, in connect) and claim/answer (server, in accept);
+//!   zero-copy sends over RDMA (`rdma::zerocopy`);
+//! * `setup` — what both handshakes share (ring parameters, the bind
+//!   before an offer, daemon calls);
 //! * `ctl` — this process's session with the daemon, listener registration;
-//! * `background` — the flush timer, handshake follow-up and status
-//!   reports, on one lazily started thread;
+//! * `background` — the one lazily started thread: flush timer, handshake
+//!   follow-up, status reports;
+//! * `watch` — the kernel sockets under the rings, which that thread
+//!   watches for a peer that leaves, closes or dies;
+//! * `tracked` — what the thread needs of a connection, whatever its wire;
+//! * `sockio` — plain calls on the kernel socket under a connection, and
+//!   the errno mapping of ring failures;
 //! * `msgstart` — which sends start a message and go out unbatched;
 //! * `plock` — a lock that survives fork;
-//! * `fdspace` — the shim's descriptors live at high numbers;
-//! * `local` — which destinations are on this host (only those get rings).
+//! * `local` — which destinations are on this host (only those get
+//!   shared-memory rings).
 
 mod background;
 mod conn;
 mod ctl;
-pub mod fdspace;
 mod local;
 mod msgstart;
 mod plock;
@@ -38,7 +47,6 @@ use crate::attached::{Attacher, Decision, Errno, TcpReason};
 pub use setup::ring_config;
 pub use shm::handshake::PAYLOAD;
 pub use shm::ShmConn;
-pub use sockio::rcvlowat as sockio_rcvlowat;
 
 /// Another host: a verbs ring when the transport is built in.
 #[cfg(feature = "verbs")]

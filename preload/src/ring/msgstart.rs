@@ -7,12 +7,11 @@
 //! answer. The program then usually waits for the answer, which would
 //! flush the batch anyway, so publishing it at once costs nothing, like
 //! the segment that Nagle's algorithm lets out when nothing is in flight.
-//! Held, every message of a request/response program posted a flush to
-//! the background thread and, where the thread slept, woke it: an eventfd
-//! write in the send and a context switch (under Soft-RoCE 64 B round
-//! trips took 97 µs with it and 73 without; on shm 1.4 µs and 0.9,
-//! BENCHMARKS fifteenth run). Writes that follow without a wait or a read
-//! are a stream: they coalesce (RB2 batching, `Sender::end_stream`).
+//! Held, every message of a request/response program would post a flush
+//! to the background thread and, where the thread sleeps, wake it: an
+//! eventfd write in the send and a context switch on the round trip's
+//! path. Writes that follow without a wait or a read are a stream: they
+//! coalesce (RB2 batching, `Sender::end_stream`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 

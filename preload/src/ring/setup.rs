@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use ringsock_proto::{Fds, Msg, RefuseReason};
 use ringsock_ring::{EventFd, RingConfig};
 
-use super::{ctl, fdspace};
+use super::ctl;
 use crate::attached::Errno;
-use crate::{config, sockaddr, sys};
+use crate::{config, fdspace, sockaddr, sys};
 
 /// What carries a ring: shared memory or RDMA. The receiver's head goes
 /// back to the sender by a store on the one and by a WRITE on the other,
@@ -86,8 +86,9 @@ pub fn log_no_resources(fd: RawFd, why: &str) {
     }
 }
 
-fn wildcard(dest: &SocketAddr, family: i32) -> SocketAddr {
-    if family == libc::AF_INET6 || dest.is_ipv6() {
+/// The any-address of the family a connect from `local` to `dest` uses.
+fn wildcard(dest: &SocketAddr, local: &SocketAddr) -> SocketAddr {
+    if local.is_ipv6() || dest.is_ipv6() {
         SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), 0)
     } else {
         SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)
@@ -101,8 +102,8 @@ pub fn ensure_bound(fd: RawFd, dest: &SocketAddr) -> Option<SocketAddr> {
     if local.port() != 0 {
         return Some(local);
     }
-    let family = crate::fdtable::get(fd).map_or(libc::AF_INET, |st| st.family());
-    let any = wildcard(dest, family);
+    // getsockname reports an unbound socket's family: `[::]:0` for AF_INET6.
+    let any = wildcard(dest, &local);
     let (ss, sl) = sockaddr::from_std(&any);
     // SAFETY: ss/sl describe a valid sockaddr of our own.
     let r = unsafe { libc::syscall(libc::SYS_bind, fd, &ss as *const libc::sockaddr_storage, sl) };

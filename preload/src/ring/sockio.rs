@@ -251,28 +251,6 @@ pub fn tcp_wait_fds(tcp: RawFd, interest: Ready) -> WaitFds {
     ]
 }
 
-/// The socket's SO_RCVLOWAT (a program may set it before a ring exists).
-pub fn rcvlowat(fd: RawFd) -> usize {
-    let mut v: c_int = 1;
-    let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
-    // SAFETY: v and len describe an int of our own.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_getsockopt,
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            &mut v as *mut c_int,
-            &mut len as *mut libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        v.max(1) as usize
-    } else {
-        1
-    }
-}
-
 /// Bytes the kernel socket holds for reading (FIONREAD).
 pub fn fionread(fd: RawFd) -> usize {
     let mut n: c_int = 0;

@@ -41,7 +41,7 @@ fn epoll_fd() -> RawFd {
     // SAFETY: plain epoll creation.
     let fd = unsafe { libc::syscall(libc::SYS_epoll_create1, libc::EPOLL_CLOEXEC) } as RawFd;
     let fd = if fd >= 0 {
-        super::fdspace::high(fd)
+        crate::fdspace::high(fd)
     } else {
         -1
     };

@@ -17,9 +17,9 @@
 //! W2 < W3 and P1 < P2 < P3, a cycle. A post that happened before the
 //! ticket is seen by the worker's look for work (the ticket load reads the
 //! bump made after the post). The poster must bump `requests` on every
-//! post, not only when it sees `parked`: checking `parked` first (as the
-//! shim once did) loses a post made between the worker's look and its W1;
-//! `ring/tests/loom_park.rs` models both.
+//! post, not only when it sees `parked`: checking `parked` first loses a
+//! post made between the worker's look and its W1; `ring/tests/loom_park.rs`
+//! models both.
 
 use crate::sync::{fence, AtomicU64, Ordering};
 

@@ -610,8 +610,9 @@ fn ctl_attacks(t: &mut Tally, o: &Opts) {
             }
         }
     }
-    // SAFETY: eventfd and memfd_create make fresh descriptors of our own.
+    // SAFETY: eventfd makes a fresh descriptor of our own.
     let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    // SAFETY: so does memfd_create, from a NUL-terminated name.
     let mfd = unsafe { libc::memfd_create(c"ringsock".as_ptr(), libc::MFD_CLOEXEC) };
     for (what, fd) in [("an eventfd", efd), ("a memfd", mfd)] {
         attempt(

@@ -183,13 +183,13 @@ fn server(host: std::net::Ipv4Addr, port: u16, size: usize) {
         )
     };
     let a = sockaddr(host, port);
-    // SAFETY: as above.
-    if unsafe { libc::bind(l, (&a as *const libc::sockaddr_in).cast(), 16) } != 0
-        || unsafe { libc::listen(l, 4) } != 0
-    {
+    // SAFETY: a is a sockaddr_in, 16 bytes, for our own socket.
+    let bound = unsafe { libc::bind(l, (&a as *const libc::sockaddr_in).cast(), 16) } == 0;
+    // SAFETY: listen on our own socket.
+    if !bound || unsafe { libc::listen(l, 4) } != 0 {
         fail(format!("bind/listen: errno {}", errno()));
     }
-    // SAFETY: as above.
+    // SAFETY: sockaddr_in is plain data; zeroes are a valid value.
     let mut got: libc::sockaddr_in = unsafe { std::mem::zeroed() };
     let mut len = 16u32;
     // SAFETY: got/len are valid out-pointers.

@@ -153,7 +153,7 @@ pub struct RingConn<W: Wire> {
 impl<W: Wire> RingConn<W> {
     pub fn new(p: Parts<W>) -> Arc<RingConn<W>> {
         let mode = if p.pending { MODE_PENDING } else { MODE_RING };
-        let rcvlowat = sockio::rcvlowat(p.tcp);
+        let rcvlowat = crate::sys::rcvlowat(p.tcp);
         Arc::new_cyclic(|this| RingConn {
             offer_id: p.offer_id,
             local: p.local,
@@ -649,8 +649,8 @@ impl<W: Wire> RingConn<W> {
         if let Some(e) = failed {
             if e == RingError::PeerClosed {
                 // The peer closed its socket before its FIN reached us. An
-                // EPIPE at once failed iperf3's cookie write to a server
-                // that answered "busy" and closed.
+                // EPIPE at once would fail a write TCP accepts (iperf3's
+                // cookie write to a server that answered "busy" and closed).
                 return sockio::send_after_peer_closed(&self.closed_write_taken, bufs);
             }
             let errno = self.ring_failed(&e, "send");

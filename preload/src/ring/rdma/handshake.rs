@@ -1,4 +1,4 @@
-//! Setting a verbs ring up between hosts (DESIGN "Control plane").
+//! Setting a verbs ring up between hosts (docs/design.md, "Control plane").
 //!
 //! Client, in connect(): open the device, create this end (registered
 //! region, queue pair in RESET), offer its parameters through the local

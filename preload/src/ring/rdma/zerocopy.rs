@@ -10,7 +10,7 @@
 //! device cannot pin) the send takes the copy path.
 //!
 //! The cache is kept right by the memory hooks (`hooks::memory`); what
-//! they cannot see is why this is opt-in (README, limits). Off as well
+//! they cannot see is why this is opt-in (docs/limits.md). Off as well
 //! where a fork could make a pinned page copy-on-write under the device
 //! (`regcache::fork_safe`).
 

@@ -1,5 +1,5 @@
-//! Setting a shared-memory ring up for one connection (DESIGN "Control
-//! plane").
+//! Setting a shared-memory ring up for one connection (docs/design.md,
+//! "Control plane").
 //!
 //! Client, in connect(): bind (to learn the local port), create the segment
 //! and both doorbells, and offer them through the daemon for the 4-tuple
@@ -28,12 +28,12 @@ use super::super::setup::{
     new_bell, offer, ring_config, Medium,
 };
 use super::super::tracked::Tracked;
-use super::super::{background, ctl, fdspace};
+use super::super::{background, ctl};
 use super::{
     PeerBell, ShmConn, ShmWire, Side, STATE_ACCEPTED, STATE_DECLINED, STATE_PENDING, WORD_STATE,
 };
 use crate::attached::{Decision, Errno, TcpReason};
-use crate::sys;
+use crate::{fdspace, sys};
 
 /// Offer payload: what the segment is and which ring goes which way.
 pub const PAYLOAD: &[u8] = b"ringsock-shm/1 c2s=0 s2c=1";

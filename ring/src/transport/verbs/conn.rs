@@ -59,10 +59,9 @@ const _: () = assert!(headerless::FIELD_BITS == 29);
 /// while that many wait for the receiver's pushed head, further records
 /// keep their header. Bounds the list and the re-send before a tail word.
 /// A shim ring on RDMA pushes its head every 1,024 slots, so a ping-pong
-/// of one-slot records fills the list; re-sending its headers unasked
-/// there (as this cap once did) cost a second WRITE for three messages
-/// in four (64 B, both ends spinning), where a header kept in the write
-/// costs a small record nothing (the same single inline packet).
+/// of one-slot records fills the list: past the cap records keep their
+/// header, which costs a small record nothing (the same single inline
+/// packet), where re-sending headers unasked would cost a second WRITE.
 const HEADERLESS_KEPT: usize = 256;
 /// Largest slot write held back to carry the tail and the ring that
 /// follows it (`FEATURE_TAIL_IN_IMM`): a small batch, where one packet

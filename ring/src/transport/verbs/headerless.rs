@@ -6,9 +6,8 @@
 //!
 //! Why: the 8-byte header pushes a 4 KiB message one packet over a whole
 //! number of MTUs (4,104 bytes: five rxe packets at 1,024, two at a real
-//! NIC's 4,096) where rsocket sends four (one); the fifth cost about 10%
-//! of a 4 KiB round trip in the Soft-RoCE guest (BENCHMARKS, sixteenth
-//! run).
+//! NIC's 4,096) where rsocket sends four (one), and every packet adds to
+//! a round trip.
 //!
 //! The immediate's field (29 bits, beside the transport's kind bits): the
 //! payload length in the high `LEN_BITS`, the tail's low `TAIL_BITS`

@@ -45,7 +45,8 @@
 //!
 //! # Why no wakeup is lost on verbs
 //!
-//! The shm argument (README, loom models) is Dekker's: each side stores
+//! The shm argument (docs/design.md, "Readiness and sleeping") is
+//! Dekker's: each side stores
 //! its word, fences, loads the other's. On verbs the stores are RDMA
 //! WRITEs into the *other* side's memory and the loads read our own copy:
 //!
@@ -127,27 +128,25 @@
 //! counts as rung, so a waiter for the other direction sharing the
 //! doorbell is not left asleep (loom: `tests/loom_tail_hint.rs`).
 //!
-//! Every tail in the immediate: a receiver that is not asleep still cost
-//! a small message two WRITEs (slots, then the tail word), each
-//! acknowledged under Soft-RoCE: four packets each way against rsocket's
-//! two. An end that keeps a posted receive for every slot of its
-//! incoming ring, on top of the doorbell's 64, advertises
-//! `FEATURE_TAIL_CREDITS`, and its peer's sender then carries every held
-//! batch's tail in the immediate of its slot WRITE, unsolicited (no
-//! doorbell event; the check at its completion rings a sleeper as it
-//! did for the word). Why the receives cannot run out: each such
-//! immediate advances the tail by at least one slot; `fetch_tail` reaps,
-//! loads the tail word and, if it moved, reaps again, so the receiver has reaped every
-//! immediate up to the tail it knows, and its head never passes that
-//! tail; the immediates not yet reaped therefore carry tails between
-//! the receiver's head and the sender's tail, at most the ring's slots
-//! apart. Kicks and the other direction's rings keep their 64. A device
-//! whose queue limits cannot hold that many receives leaves the bit out
-//! and gets tail words. 64 B round trips in the guest, both ends
-//! spinning: 112 -> 77 µs (BENCHMARKS thirteenth run).
+//! Every tail in the immediate: otherwise a small message to a receiver that
+//! is not asleep costs two WRITEs (slots, then the tail word), each
+//! acknowledged: four packets each way against rsocket's two. An end that
+//! keeps a posted receive for every slot of its incoming ring, on top of the
+//! doorbell's 64, advertises `FEATURE_TAIL_CREDITS`, and its peer's sender
+//! then carries every held batch's tail in the immediate of its slot WRITE,
+//! unsolicited (no doorbell event; the check at its completion rings a
+//! sleeper as it does for the word). Why the receives cannot run out: each
+//! such immediate advances the tail by at least one slot; `fetch_tail` reaps,
+//! loads the tail word and, if it moved, reaps again, so the receiver has
+//! reaped every immediate up to the tail it knows, and its head never passes
+//! that tail; the immediates not yet reaped therefore carry tails between the
+//! receiver's head and the sender's tail, at most the ring's slots apart.
+//! Kicks and the other direction's rings keep their 64. A device whose queue
+//! limits cannot hold that many receives leaves the bit out and gets tail
+//! words.
 //!
 //! Headerless records: with the tail in every small batch's immediate, a
-//! 4 KiB message was still its 8-byte record header plus 4,096 bytes of
+//! 4 KiB message is still its 8-byte record header plus 4,096 bytes of
 //! payload, one packet over four at rxe's 1,024 B MTU (two over one at a
 //! real NIC's 4,096), where rsocket sends the payload alone. Where the
 //! peer advertises `FEATURE_HEADERLESS` (it has `FEATURE_TAIL_CREDITS`
@@ -186,7 +185,6 @@
 //! re-send, or load the tail outside the lock, and each loses). A field
 //! no honest sender produces (a record before the copy's tail, past the
 //! ring's end or more than a ring ahead) fails the connection as corrupt.
-//! 4 KiB round trips in the guest: BENCHMARKS, seventeenth run.
 //!
 //! Completion waits (R2, settle) spin a few microseconds, then yield the
 //! CPU each turn (`crate::sleep::backoff`): with Soft-RoCE the acknowledgement

@@ -3,9 +3,9 @@
 //! slots, instead of a second WRITE of the tail word.
 //!
 //! Why: a receiver that sleeps is rung with every tail (a standing flag,
-//! `crate::sleep::flags`), and the ring used to ride on the tail WRITE, after a
+//! `crate::sleep::flags`); riding on a tail WRITE, the ring would follow a
 //! separate slot WRITE. Each WRITE is a packet and an acknowledgement; for
-//! a small message the slots' own WRITE_WITH_IMM can carry both the data
+//! a small message the slots' own WRITE_WITH_IMM carries both the data
 //! and the ring, so the message is one packet, as in rsocket.
 //!
 //! The receiver's end learns that tail when it reaps the ring's receive

@@ -577,7 +577,7 @@ impl VerbsTransport {
             // At most READ_CHUNK bytes per READ: one READ of a whole ring
             // is a burst of a thousand response packets, and Soft-RoCE
             // under emulation drops some and then takes its retry path
-            // (where a queue pair once went to error). The queue pair
+            // (which can put the queue pair in error). The queue pair
             // allows one READ in flight, so the chunks follow each other.
             let chunk = (READ_CHUNK / ss).max(1);
             for (first, count) in ranges(from, t, pull.slots) {

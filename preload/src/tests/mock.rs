@@ -1,7 +1,7 @@
 //! A test double for the ring layer: an `AttachedConn` pair over two
 //! in-memory byte queues with eventfd doorbells, implementing the arm /
-//! wait_fds / disarm protocol the way a ring transport must. Used to check
-//! that the hooks dispatch ring fds correctly (tests.rs).
+//! wait_fds / disarm protocol the way a ring transport must: the tests in
+//! mod.rs check against it that the hooks dispatch ring fds correctly.
 //!
 //! Arms nest, as the contract says: every `arm`/`arm_edge` is paired with
 //! one `disarm`/`disarm_edge`, and a sender rings the peer's doorbell while

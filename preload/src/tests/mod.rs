@@ -8,7 +8,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::mock::{pair, MockConn};
+mod layers;
+mod mock;
+
+use mock::{pair, MockConn};
+
+use crate::attached::{self, AttachedConn, Attacher, Decision, Errno, TcpReason};
 use crate::fdtable::{self, Kind};
 use crate::hooks::{epoll as ep, fd as fdh, io, poll as ph, socket as sock};
 
@@ -45,10 +50,8 @@ fn recv_send_peek_waitall_nonblock() {
     assert_eq!(write(fa, b"hello"), 5);
     let mut n: i32 = -1;
     // SAFETY: FIONREAD writes one int.
-    assert_eq!(
-        unsafe { fdh::ioctl(fb, libc::FIONREAD, &mut n as *mut i32 as usize) },
-        0
-    );
+    let r = unsafe { fdh::ioctl(fb, libc::FIONREAD, &mut n as *mut i32 as usize) };
+    assert_eq!(r, 0);
     assert_eq!(n, 5);
     assert_eq!(read(fb, 3, libc::MSG_PEEK), (3, b"hel".to_vec()));
     assert_eq!(read(fb, 16, 0), (5, b"hello".to_vec()));
@@ -88,10 +91,8 @@ fn recv_send_peek_waitall_nonblock() {
     // O_NONBLOCK via fcntl applies to the ring: a full ring gives a short
     // write, then EAGAIN.
     // SAFETY: F_SETFL with an int argument.
-    assert_eq!(
-        unsafe { fdh::fcntl(fa, libc::F_SETFL, libc::O_NONBLOCK as usize) },
-        0
-    );
+    let r = unsafe { fdh::fcntl(fa, libc::F_SETFL, libc::O_NONBLOCK as usize) };
+    assert_eq!(r, 0);
     assert_eq!(write(fa, &[7u8; 100]), 64);
     assert_eq!(write(fa, b"x"), -1);
     assert_eq!(crate::sys::errno(), libc::EAGAIN);
@@ -249,23 +250,23 @@ struct MockAttacher;
 
 static PEERS: std::sync::Mutex<Vec<(u16, Arc<MockConn>)>> = std::sync::Mutex::new(Vec::new());
 
-impl crate::attached::Attacher for MockAttacher {
+impl Attacher for MockAttacher {
     fn connect(
         &self,
         _fd: i32,
         dest: std::net::SocketAddr,
         _nonblocking: bool,
-        connect: &mut dyn FnMut() -> Result<(), crate::Errno>,
-    ) -> (Result<(), crate::Errno>, crate::Decision) {
+        connect: &mut dyn FnMut() -> Result<(), Errno>,
+    ) -> (Result<(), Errno>, Decision) {
         let res = connect();
         let mut peers = PEERS.lock().unwrap();
         match peers.iter().position(|(p, _)| *p == dest.port()) {
             Some(i) if res.is_ok() => {
                 let (mine, theirs) = pair(64);
                 peers[i].1 = theirs;
-                (res, crate::Decision::Ring(mine))
+                (res, Decision::Ring(mine))
             }
-            _ => (res, crate::Decision::Tcp(crate::TcpReason::Declined)),
+            _ => (res, Decision::Tcp(TcpReason::Declined)),
         }
     }
 
@@ -275,12 +276,12 @@ impl crate::attached::Attacher for MockAttacher {
         _fd: i32,
         local: std::net::SocketAddr,
         _peer: std::net::SocketAddr,
-    ) -> crate::Decision {
+    ) -> Decision {
         let peers = PEERS.lock().unwrap();
         if peers.iter().any(|(p, _)| *p == local.port()) {
-            crate::Decision::Ring(pair(64).0)
+            Decision::Ring(pair(64).0)
         } else {
-            crate::Decision::Tcp(crate::TcpReason::Declined)
+            Decision::Tcp(TcpReason::Declined)
         }
     }
 
@@ -309,9 +310,24 @@ fn listener() -> (i32, u16) {
     }
 }
 
+/// connect(2) through the hook, to 127.0.0.1:`port`.
+fn connect_loopback(fd: i32, port: u16) -> i32 {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as u16,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
+    // SAFETY: sin is a sockaddr_in of len bytes that outlives the call.
+    unsafe { sock::connect(fd, (&sin as *const libc::sockaddr_in).cast(), len) }
+}
+
 #[test]
 fn connect_attaches_and_takes_over_earlier_epoll_registration() {
-    crate::register_attacher(&ATTACHER);
+    attached::register_attacher(&ATTACHER);
     let (l, port) = listener();
     PEERS.lock().unwrap().push((port, pair(1).0));
     // SAFETY: hook calls with valid arguments throughout.
@@ -325,15 +341,7 @@ fn connect_attaches_and_takes_over_earlier_epoll_registration() {
         };
         // Registered before connect, as nginx does for upstreams.
         assert_eq!(ep::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, c, &mut ev), 0);
-        let mut sin: libc::sockaddr_in = std::mem::zeroed();
-        sin.sin_family = libc::AF_INET as u16;
-        sin.sin_port = port.to_be();
-        sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-        let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
-        assert_eq!(
-            sock::connect(c, (&sin as *const libc::sockaddr_in).cast(), len),
-            0
-        );
+        assert_eq!(connect_loopback(c, port), 0);
         assert!(
             fdtable::attached(c).is_some(),
             "the attacher's ring is attached"
@@ -351,7 +359,6 @@ fn connect_attaches_and_takes_over_earlier_epoll_registration() {
         assert_eq!(ep::epoll_wait(epfd, out.as_mut_ptr(), 2, 0), 0);
         let t = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));
-            use crate::AttachedConn;
             peer.try_send(&[std::io::IoSlice::new(b"ring")]).unwrap()
         });
         assert_eq!(ep::epoll_wait(epfd, out.as_mut_ptr(), 2, 5000), 1);
@@ -366,23 +373,15 @@ fn connect_attaches_and_takes_over_earlier_epoll_registration() {
 
 #[test]
 fn declined_connect_stays_tcp_and_works() {
-    crate::register_attacher(&ATTACHER);
+    attached::register_attacher(&ATTACHER);
     let (l, port) = listener();
     // SAFETY: hook calls with valid arguments throughout.
     unsafe {
         let c = sock::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
-        let mut sin: libc::sockaddr_in = std::mem::zeroed();
-        sin.sin_family = libc::AF_INET as u16;
-        sin.sin_port = port.to_be();
-        sin.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
-        let len = std::mem::size_of::<libc::sockaddr_in>() as u32;
-        assert_eq!(
-            sock::connect(c, (&sin as *const libc::sockaddr_in).cast(), len),
-            0
-        );
+        assert_eq!(connect_loopback(c, port), 0);
         let st = fdtable::get(c).unwrap();
         assert!(st.conn().is_none());
-        assert_eq!(st.tcp_reason(), crate::TcpReason::Declined);
+        assert_eq!(st.tcp_reason(), TcpReason::Declined);
         let a = sock::accept(l, ptr::null_mut(), ptr::null_mut());
         assert!(
             a >= 0 && fdtable::get(a).is_some(),
@@ -425,10 +424,8 @@ fn epoll_add(epfd: i32, fd: i32, events: i32, data: u64) {
         u64: data,
     };
     // SAFETY: valid event for the call.
-    assert_eq!(
-        unsafe { ep::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) },
-        0
-    );
+    let r = unsafe { ep::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    assert_eq!(r, 0);
 }
 
 fn epoll_wait(epfd: i32, max: usize, timeout: i32) -> Vec<(u32, u64)> {
@@ -463,7 +460,6 @@ fn epoll_wait_cost_does_not_grow_with_idle_connections() {
     let rfd = ring_fd(ra.clone());
     epoll_add(epfd, rfd, libc::EPOLLIN, 0xbeef);
     {
-        use crate::AttachedConn;
         assert_eq!(rb.try_send(&[std::io::IoSlice::new(b"ready")]), Ok(5));
     }
 
@@ -497,7 +493,6 @@ fn epoll_wait_cost_does_not_grow_with_idle_connections() {
     let sender = conns[target].1.clone();
     let t = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(30));
-        use crate::AttachedConn;
         sender.try_send(&[std::io::IoSlice::new(b"wake")]).unwrap()
     });
     let got = epoll_wait(epfd, 8, 5000);
@@ -527,7 +522,7 @@ fn epoll_wait_cost_does_not_grow_with_idle_connections() {
         fdh::close(epfd);
     }
     for (a, _, _) in &conns {
-        assert_eq!(a.arms(), super::mock::Arms::default());
+        assert_eq!(a.arms(), mock::Arms::default());
     }
     // SAFETY: closing our fds.
     unsafe {
@@ -574,11 +569,7 @@ fn nested_arms_two_sets_a_poll_and_a_blocking_reader_all_wake() {
     assert_eq!(w2.join().unwrap(), vec![(libc::EPOLLIN as u32, 2)]);
     assert_eq!(reader.join().unwrap(), (1, b"x".to_vec()));
     assert_eq!(poller.join().unwrap(), (1, libc::POLLIN));
-    assert_eq!(
-        b.arms(),
-        super::mock::Arms::default(),
-        "every arm was given back"
-    );
+    assert_eq!(b.arms(), mock::Arms::default(), "every arm was given back");
 
     // Once the data is read, both sets arm again; a second write wakes a
     // set that is already sleeping.
@@ -595,7 +586,7 @@ fn nested_arms_two_sets_a_poll_and_a_blocking_reader_all_wake() {
         fdh::close(fa);
         fdh::close(fb);
     }
-    assert_eq!(b.arms(), super::mock::Arms::default());
+    assert_eq!(b.arms(), mock::Arms::default());
 }
 
 #[test]
@@ -623,7 +614,6 @@ fn epoll_arms_follow_mod_del_dup_and_close() {
 
         // Both registrations of the connection wake from its one doorbell.
         {
-            use crate::AttachedConn;
             a.try_send(&[std::io::IoSlice::new(b"z")]).unwrap();
         }
         let mut got = epoll_wait(epfd, 4, 1000);
@@ -646,7 +636,7 @@ fn epoll_arms_follow_mod_del_dup_and_close() {
         fdh::close(d);
         fdh::close(fb);
         assert!(epoll_wait(epfd, 4, 0).is_empty());
-        assert_eq!(b.arms(), super::mock::Arms::default());
+        assert_eq!(b.arms(), mock::Arms::default());
 
         // Peer shutdown after close reports nothing.
         assert!(epoll_wait(epfd, 4, 0).is_empty());
@@ -663,7 +653,6 @@ fn epoll_ctl_from_another_thread_wakes_a_sleeping_wait() {
     let epfd = unsafe { ep::epoll_create1(0) };
     epoll_add(epfd, fa, libc::EPOLLIN, 1);
     {
-        use crate::AttachedConn;
         b_peer.try_send(&[std::io::IoSlice::new(b"ready")]).unwrap();
     }
     let w = std::thread::spawn(move || {

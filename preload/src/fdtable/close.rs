@@ -1,0 +1,46 @@
+//! What the ring layer hears when the last fd of a tracked object goes in
+//! this process: an attached connection is released (as its owner's, as an
+//! inherited copy, or as stale), a listener's address is forgotten, a
+//! plain-TCP connection leaves the status report.
+
+use super::state::{FdState, Kind};
+use crate::attached::{self, ReleaseKind};
+use crate::interpose::guard;
+use crate::sockaddr;
+
+/// The last fd of `st` (number `fd`) was removed from the table; `stale`:
+/// it had been closed behind the shim's back and its number reused.
+pub(super) fn last_fd_gone(fd: i32, st: &FdState, stale: bool) {
+    if !stale {
+        tell_attacher(fd, st);
+    }
+    if let Some(conn) = st.conn() {
+        let kind = if stale {
+            ReleaseKind::Stale
+        } else if st.claimed_here() {
+            ReleaseKind::Owner
+        } else {
+            ReleaseKind::Inherited
+        };
+        let _g = guard::enter();
+        conn.release(fd, kind);
+    }
+}
+
+/// Tells the ring layer that the last fd of a listener or of a decided
+/// plain-TCP connection is about to be closed.
+fn tell_attacher(fd: i32, st: &FdState) {
+    let Some(a) = attached::attacher() else {
+        return;
+    };
+    let _g = guard::enter();
+    match st.kind() {
+        Some(Kind::Listener) => {
+            if let Some(addr) = sockaddr::query(fd, false) {
+                a.listener_closed(addr);
+            }
+        }
+        Some(Kind::Tcp) if !st.is_preconnect() && st.conn().is_none() => a.tcp_closed(fd),
+        _ => {}
+    }
+}
