@@ -168,7 +168,21 @@ fn serve(cfg: &DaemonConfig, listener: OwnedFd) -> Result<(), StartError> {
         ..Limits::default()
     };
     let max_sessions = (nofile / 4).max(4);
-    let handler = Handler::new(SysEnv::new(Box::new(AnyRingStats)), limits, host_id());
+    let mut env = SysEnv::new(Box::new(AnyRingStats));
+    let table = match crate::offer_table::OfferTableFd::create() {
+        Ok((fd, table)) => {
+            env = env.with_offer_table(fd);
+            Some(table)
+        }
+        Err(e) => {
+            warn!("cannot make the offer table ({e}): every accept asks the daemon");
+            None
+        }
+    };
+    let mut handler = Handler::new(env, limits, host_id());
+    if let Some(t) = table {
+        handler.share_offers(t);
+    }
     // The inter-host path is optional: a port that cannot be had costs
     // incoming offers from other hosts, never the local service.
     let peer_listener = match cfg.peer.port {

@@ -15,11 +15,21 @@ use crate::ring::{RingMap, RingStats};
 /// with the configured stats provider.
 pub struct SysEnv {
     stats: Box<dyn RingStats>,
+    offers: Option<crate::offer_table::OfferTableFd>,
 }
 
 impl SysEnv {
     pub fn new(stats: Box<dyn RingStats>) -> Self {
-        SysEnv { stats }
+        SysEnv {
+            stats,
+            offers: None,
+        }
+    }
+
+    /// The offer table's memfd, handed to every process at hello.
+    pub fn with_offer_table(mut self, fd: crate::offer_table::OfferTableFd) -> Self {
+        self.offers = Some(fd);
+        self
     }
 }
 
@@ -92,6 +102,10 @@ impl Env for SysEnv {
         let local = pio::local_addr(raw).map_err(|e| why("getsockname", e))?;
         let peer = pio::peer_addr(raw).map_err(|e| why("getpeername", e))?;
         Ok((local, peer))
+    }
+
+    fn offer_table(&mut self) -> Option<OwnedFd> {
+        self.offers.as_ref().and_then(|t| t.share())
     }
 
     fn open_ring(&mut self, fd: OwnedFd) -> RingMap {

@@ -285,6 +285,9 @@ pub enum TcpReason {
     Family = 6,
     /// No memory or descriptors for a ring's segment and doorbells.
     NoResources = 7,
+    /// This process's recent connections to the address were short: a
+    /// ring would cost them more than it saves (`ring::policy`).
+    ShortLived = 8,
 }
 
 impl TcpReason {
@@ -297,6 +300,7 @@ impl TcpReason {
             5 => TcpReason::Declined,
             6 => TcpReason::Family,
             7 => TcpReason::NoResources,
+            8 => TcpReason::ShortLived,
             _ => TcpReason::Undecided,
         }
     }

@@ -147,3 +147,16 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// The inode number of an open descriptor (fstat(2)).
+pub fn inode_of(fd: c_int) -> Option<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `st` is a writable stat buffer; fstat fills it on success,
+    // which is checked before it is read.
+    let rc = unsafe { libc::syscall(libc::SYS_fstat, fd, st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded, so it initialised `st`.
+    Some(unsafe { st.assume_init() }.st_ino)
+}

@@ -1,16 +1,25 @@
 //! What a process (or the whole machine) holds, read from /proc: the
 //! numbers leak checks compare before and after a workload.
 //!
-//! Rings are sealed memfds named "ringsock" (the ring crate's shm transport), so
-//! a ring shows up as a `/memfd:ringsock` link under /proc/PID/fd while a
-//! descriptor is open and as a `/memfd:ringsock` line in /proc/PID/maps
-//! while it is mapped.
+//! Rings are sealed memfds named "ringsock" (the ring crate's shm transport;
+//! "ringsock-verbs" for RDMA ring memory), so a ring shows up as a
+//! `/memfd:ringsock` link under /proc/PID/fd while a descriptor is open and
+//! as a `/memfd:ringsock` line in /proc/PID/maps while it is mapped. The
+//! daemon's offer table ("ringsock-offers", mapped once per process for its
+//! life) is not a ring.
 
 use std::fs;
 use std::path::Path;
 
-/// The name every ring segment's memfd carries.
-const RING_MEMFD: &str = "/memfd:ringsock";
+/// The names ring memory's memfds carry.
+const RING_MEMFDS: [&str; 2] = ["/memfd:ringsock", "/memfd:ringsock-verbs"];
+
+/// Whether an fd link's target or a /proc/PID/maps line is ring memory.
+pub fn is_ring(path: &str) -> bool {
+    let path = path.trim_end();
+    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+    RING_MEMFDS.iter().any(|n| path.ends_with(n))
+}
 
 /// One process's holdings.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,7 +39,7 @@ pub fn holdings(pid: u32) -> Option<Holdings> {
     let proc_dir = format!("/proc/{pid}");
     let (fds, ring_fds) = count_fds(Path::new(&proc_dir).join("fd").as_path())?;
     let maps = fs::read_to_string(format!("{proc_dir}/maps")).ok()?;
-    let ring_maps = maps.lines().filter(|l| l.contains(RING_MEMFD)).count();
+    let ring_maps = maps.lines().filter(|l| is_ring(l)).count();
     let status = fs::read_to_string(format!("{proc_dir}/status")).ok()?;
     let rss_kib = status
         .lines()
@@ -52,7 +61,7 @@ fn count_fds(dir: &Path) -> Option<(usize, usize)> {
     for entry in fs::read_dir(dir).ok()?.flatten() {
         all += 1;
         if let Ok(target) = fs::read_link(entry.path()) {
-            if target.to_string_lossy().starts_with(RING_MEMFD) {
+            if is_ring(&target.to_string_lossy()) {
                 rings += 1;
             }
         }
@@ -75,7 +84,7 @@ pub fn ring_page_sizes(pid: u32) -> Vec<u64> {
             .next()
             .is_some_and(|w| w.contains('-'))
         {
-            in_ring = line.contains(RING_MEMFD);
+            in_ring = is_ring(line);
         } else if let Some(v) = line.strip_prefix("KernelPageSize:") {
             if in_ring {
                 out.extend(

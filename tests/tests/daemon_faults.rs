@@ -127,10 +127,13 @@ impl Rig {
     }
 
     /// A client; storm connections stay open `hold_ms` after their echo
-    /// (status sees a connection once it lived about 5 ms).
+    /// (status sees a connection once it lived about 5 ms). Every
+    /// connection is offered a ring (RINGSOCK_SHORT_MS=0): the storm is
+    /// about ring set-up while the daemon dies.
     fn client(&self, mode: &str, seed: u64, hold_ms: u64) -> Server {
         self.ctl
             .shimmed(BIN)
+            .env("RINGSOCK_SHORT_MS", "0")
             .arg("echo-client")
             .args(["--port", &self.port.to_string(), "--mode", mode])
             .args(["--seed", &seed.to_string()])

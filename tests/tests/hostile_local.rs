@@ -34,7 +34,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use ringsock_integration::{ctl_bin, payload, require, sha256, Cmd, Ctl, Server, TempDir};
+use ringsock_integration::{
+    ctl_bin, payload, require, resources, sha256, Cmd, Ctl, Server, TempDir,
+};
 
 const INTRUDER: &str = env!("CARGO_BIN_EXE_intruder");
 const SIZE: usize = 2 << 20;
@@ -232,7 +234,7 @@ fn rings_of(pid: u32) -> (Vec<i32>, Vec<String>) {
     if let Ok(d) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
         for e in d.flatten() {
             let is_ring = std::fs::read_link(e.path())
-                .is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:ringsock"));
+                .is_ok_and(|t| resources::is_ring(&t.to_string_lossy()));
             if is_ring {
                 if let Some(n) = e.file_name().to_str().and_then(|s| s.parse().ok()) {
                     fds.push(n);
@@ -243,7 +245,7 @@ fn rings_of(pid: u32) -> (Vec<i32>, Vec<String>) {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
     let ranges = maps
         .lines()
-        .filter(|l| l.contains("/memfd:ringsock"))
+        .filter(|l| resources::is_ring(l))
         .filter_map(|l| l.split_whitespace().next().map(str::to_string))
         .collect();
     (fds, ranges)

@@ -72,17 +72,29 @@ impl Client {
 
     /// The mandatory first exchange; returns (daemon version, host id).
     pub fn hello(&mut self, exe: &str) -> Result<(String, u64), Error> {
+        self.hello_with_offers(exe).map(|(v, h, _)| (v, h))
+    }
+
+    /// `hello`, keeping the descriptor of the daemon's offer table that
+    /// comes with the reply (`crate::offers`), if any.
+    pub fn hello_with_offers(
+        &mut self,
+        exe: &str,
+    ) -> Result<(String, u64, Option<OwnedFd>), Error> {
         let exe = truncate_utf8(exe, crate::MAX_EXE);
         let req = Msg::Hello {
             pid: std::process::id(),
             exe: exe.to_owned(),
         };
-        match self.call(&req, &[])?.0 {
-            Msg::HelloOk {
-                daemon_version,
-                host_id,
-            } => Ok((daemon_version, host_id)),
-            other => Err(Error::Proto(crate::ProtoError::UnknownKind {
+        match self.call(&req, &[])? {
+            (
+                Msg::HelloOk {
+                    daemon_version,
+                    host_id,
+                },
+                fds,
+            ) => Ok((daemon_version, host_id, fds.into_owned().pop())),
+            (other, _) => Err(Error::Proto(crate::ProtoError::UnknownKind {
                 kind: other.kind(),
             })),
         }

@@ -9,7 +9,8 @@
 //!
 //! Module map: [`codec`] field encoding, [`frame`] framing, [`msg`] the
 //! messages, [`addr`] socket-address conversions, [`fds`] owned descriptor
-//! sets, [`io`] every system call, [`client`] blocking request/reply.
+//! sets, [`io`] every system call, [`client`] blocking request/reply,
+//! [`offers`] the table of live offers a daemon shares with its processes.
 
 pub mod addr;
 pub mod client;
@@ -19,6 +20,7 @@ pub mod fds;
 pub mod frame;
 pub mod io;
 pub mod msg;
+pub mod offers;
 
 pub use client::{recv_msg, send_msg, Client};
 pub use error::{Error, ProtoError};

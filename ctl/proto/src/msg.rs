@@ -822,7 +822,7 @@ pub fn fd_range(k: u16) -> (usize, usize) {
         OFFER => (1, MAX_FDS),
         CLAIM_OK => (0, MAX_FDS - 1),
         ANSWER | ANSWERED => (0, MAX_FDS),
-        CONN_REPORT => (0, 1),
+        CONN_REPORT | HELLO_OK => (0, 1),
         _ => (0, 0),
     }
 }

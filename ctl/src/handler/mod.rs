@@ -59,6 +59,11 @@ pub trait Env {
     fn is_local_ip(&mut self, _ip: IpAddr) -> bool {
         true
     }
+    /// A descriptor of the offer table the processes read, for a
+    /// `HelloOk` (`ringsock_proto::offers`); none where there is no table.
+    fn offer_table(&mut self) -> Option<Self::Fd> {
+        None
+    }
 }
 
 /// An offer for a server on another host: registered here as `offer_id`,
@@ -172,6 +177,11 @@ impl<E: Env> Handler<E> {
         &self.reg
     }
 
+    /// Shares the live offers with the processes through `table`.
+    pub fn share_offers(&mut self, table: ringsock_proto::offers::Table<'static>) {
+        self.reg.share_offers(table);
+    }
+
     pub fn registry_mut(&mut self) -> &mut Registry<E::Fd, E::Ring> {
         &mut self.reg
     }
@@ -235,10 +245,13 @@ impl<E: Env> Handler<E> {
         Ok(match msg {
             Msg::Hello { pid, exe } => {
                 self.reg.hello(id, pid, exe);
-                Reply::plain(Msg::HelloOk {
-                    daemon_version: self.daemon_version.clone(),
-                    host_id: self.host_id,
-                })
+                Reply::with_fds(
+                    Msg::HelloOk {
+                        daemon_version: self.daemon_version.clone(),
+                        host_id: self.host_id,
+                    },
+                    self.env.offer_table().into_iter().collect(),
+                )
             }
             Msg::ListenerAdd { addr } => match fds.next() {
                 Some(proof) => self.listener_add(id, addr, proof),

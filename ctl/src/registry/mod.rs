@@ -583,6 +583,12 @@ impl<F, R> Registry<F, R> {
         Ok(())
     }
 
+    /// Mirrors the live offers' 4-tuples into the table the processes
+    /// read (`ringsock_proto::offers`).
+    pub fn share_offers(&mut self, table: ringsock_proto::offers::Table<'static>) {
+        self.offers.share(table);
+    }
+
     pub fn offer_count(&self) -> usize {
         self.offers.len()
     }

@@ -23,6 +23,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use ringsock_proto::offers::{self, Table};
+
 use super::SessionId;
 
 pub type OfferId = u64;
@@ -150,6 +152,21 @@ pub struct OfferTable<F> {
     held_fds: usize,
     next_id: OfferId,
     timeout: Duration,
+    /// The live offers' 4-tuples, mirrored for the local processes
+    /// (`ringsock_proto::offers`), with whether each found room there.
+    shared: Option<Shared>,
+}
+
+/// The offer table the daemon shares with its processes.
+struct Shared {
+    table: Table<'static>,
+    stored: HashMap<(SocketAddr, SocketAddr), bool>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Shared {{ {} entries }}", self.stored.len())
+    }
 }
 
 /// Reason recorded when the claimer's session ends before it answered.
@@ -176,6 +193,35 @@ impl<F> OfferTable<F> {
             held_fds: 0,
             next_id: 1,
             timeout,
+            shared: None,
+        }
+    }
+
+    /// Mirrors the live offers' 4-tuples into `table` from now on (and
+    /// those live already).
+    pub fn share(&mut self, table: Table<'static>) {
+        let mut stored = HashMap::new();
+        for &(client, server) in self.by_tuple.keys() {
+            stored.insert(
+                (client, server),
+                table.insert(&offers::key(&client, &server)),
+            );
+        }
+        self.shared = Some(Shared { table, stored });
+    }
+
+    fn tuple_live(&mut self, client: SocketAddr, server: SocketAddr) {
+        if let Some(sh) = &mut self.shared {
+            let stored = sh.table.insert(&offers::key(&client, &server));
+            sh.stored.insert((client, server), stored);
+        }
+    }
+
+    fn tuple_gone(&mut self, client: SocketAddr, server: SocketAddr) {
+        if let Some(sh) = &mut self.shared {
+            if let Some(stored) = sh.stored.remove(&(client, server)) {
+                sh.table.remove(&offers::key(&client, &server), stored);
+            }
         }
     }
 
@@ -250,6 +296,7 @@ impl<F> OfferTable<F> {
         let deadline = now + self.timeout;
         self.held_fds += fds.len();
         self.by_tuple.insert((client, server), id);
+        self.tuple_live(client, server);
         self.deadlines.insert((deadline, id));
         self.by_owner.entry(owner).or_default().insert(id);
         if let Link::FromPeer { offer_ref } = link {
@@ -303,10 +350,13 @@ impl<F> OfferTable<F> {
         if let OfferState::Claimed { by } = new {
             self.by_claimer.entry(by).or_default().insert(id);
         }
-        if o.state.is_live() && !new.is_live() {
-            self.by_tuple.remove(&(o.client, o.server));
+        let gone = (o.state.is_live() && !new.is_live()).then_some((o.client, o.server));
+        let old = std::mem::replace(&mut o.state, new);
+        if let Some((client, server)) = gone {
+            self.by_tuple.remove(&(client, server));
+            self.tuple_gone(client, server);
         }
-        Some(std::mem::replace(&mut o.state, new))
+        Some(old)
     }
 
     /// Open -> Claimed by `by`; hands the client's payload and fds over.

@@ -59,6 +59,11 @@ pub struct Config {
     /// server to take its ring before it withdraws the offer and stays on
     /// TCP, 1..=60000.
     pub claim_wait_ms: u32,
+    /// RINGSOCK_SHORT_MS (50): a connection closed within this many
+    /// milliseconds of its connect is short, and a destination whose
+    /// connections keep being short gets plain TCP (`ring::policy`);
+    /// 0 offers every connection a ring. 0..=60000.
+    pub short_ms: u32,
     /// RINGSOCK_ZEROCOPY_MIN (0 = off): sends of at least this many bytes
     /// on an RDMA connection go out straight from the program's buffer
     /// (registered, cached; the copy path when it cannot be). 0 or at
@@ -112,6 +117,7 @@ impl Default for Config {
             spin_us: 50,
             connect_timeout_ms: 1000,
             claim_wait_ms: 1000,
+            short_ms: 50,
             zerocopy_min: 0,
             rdma_device: None,
             rdma_gid_index: Ok(None),
@@ -212,6 +218,9 @@ impl Config {
         let claim_wait_ms = b.parse("RINGSOCK_CLAIM_WAIT_MS", d.claim_wait_ms, |s| {
             parse::number(s, 1..=60_000).map(|v| v as u32)
         });
+        let short_ms = b.parse("RINGSOCK_SHORT_MS", d.short_ms, |s| {
+            parse::number(s, 0..=60_000).map(|v| v as u32)
+        });
         let zerocopy_min = b
             .parse("RINGSOCK_ZEROCOPY_MIN", ZeroCopyMin(d.zerocopy_min), |s| {
                 let v = parse::number(s, 0..=1 << 40)?;
@@ -254,6 +263,7 @@ impl Config {
             spin_us,
             connect_timeout_ms,
             claim_wait_ms,
+            short_ms,
             zerocopy_min,
             rdma_device,
             rdma_gid_index,

@@ -400,6 +400,7 @@ fn reason_text(r: TcpReason) -> &'static str {
         TcpReason::Declined => "no ringsock peer",
         TcpReason::Family => "address family",
         TcpReason::NoResources => "no memory or descriptors for a ring",
+        TcpReason::ShortLived => "short-lived connections to this address",
     }
 }
 

@@ -13,11 +13,13 @@
 //! would go to whichever process reads first): the session is keyed by pid
 //! and a child opens its own, registering the listeners it inherited.
 
-use std::net::SocketAddr;
-use std::os::fd::RawFd;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 use std::time::Duration;
 
+use ringsock_proto::offers::{self, Table};
 use ringsock_proto::{Client, Fds, Msg};
 
 use super::plock::PLock;
@@ -106,7 +108,10 @@ impl Session {
             let path = Path::new(&cfg.ctl_sock);
             let connected = Client::connect(path, Some(timeout)).and_then(|c| {
                 let mut c = Client::from_fd(crate::fdspace::high_owned(c.into_fd()));
-                c.hello(&exe_name())?;
+                let (_, _, table) = c.hello_with_offers(&exe_name())?;
+                if let Some(t) = table {
+                    map_offer_table(t);
+                }
                 Ok(c)
             });
             match connected {
@@ -206,6 +211,67 @@ impl Session {
             Err(e) => Err(self.lost(&e.to_string())),
         }
     }
+}
+
+/// The daemon's offer table, mapped read-only (null before a session gave
+/// one). A mapping is never unmapped: a reader may hold it, and a table
+/// from a restarted daemon replaces it here (the old one is a few pages).
+static OFFER_TABLE: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
+/// The inode of the memfd behind `OFFER_TABLE`: a forked child's session
+/// gets the table its parent mapped, and keeps the inherited mapping.
+static OFFER_TABLE_INODE: AtomicU64 = AtomicU64::new(0);
+
+fn map_offer_table(fd: OwnedFd) {
+    let inode = crate::sys::inode_of(fd.as_raw_fd()).unwrap_or(0);
+    if inode != 0
+        && inode == OFFER_TABLE_INODE.load(Ordering::Relaxed)
+        && !OFFER_TABLE.load(Ordering::Acquire).is_null()
+    {
+        return;
+    }
+    // SAFETY: a shared read-only mapping of the daemon's sealed memfd (its
+    // size cannot shrink under us: F_SEAL_SHRINK); the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            offers::BYTES,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        log::debug!("cannot map the daemon's offer table: every accept asks the daemon");
+        return;
+    }
+    OFFER_TABLE_INODE.store(inode, Ordering::Relaxed);
+    OFFER_TABLE.store(p.cast(), Ordering::Release);
+}
+
+/// Whether the daemon may hold an offer for a connection from `client` to
+/// `server` (an accepted socket's peer and local address): false only
+/// when its offer table says no, so the accept needs no round trip.
+pub fn offer_may_exist(client: SocketAddr, server: SocketAddr) -> bool {
+    let p = OFFER_TABLE.load(Ordering::Acquire);
+    if p.is_null() {
+        return true;
+    }
+    // SAFETY: a live mapping of offers::BYTES bytes (never unmapped), read
+    // only through atomics; the daemon alone writes it.
+    let words = unsafe { std::slice::from_raw_parts(p.cast_const(), offers::WORDS) };
+    let Some(t) = Table::new(words) else {
+        return true;
+    };
+    // A client that bound the wildcard address offered from it.
+    let port = client.port();
+    [
+        client,
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
+        SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
+    ]
+    .iter()
+    .any(|c| t.may_have(&offers::key(c, &server)))
 }
 
 /// Sends a request whose reply (`Ok`, or an error that is only logged) is

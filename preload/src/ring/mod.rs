@@ -31,6 +31,7 @@ mod ctl;
 mod local;
 mod msgstart;
 mod plock;
+mod policy;
 #[cfg(feature = "verbs")]
 mod rdma;
 mod setup;
@@ -81,6 +82,14 @@ impl Attacher for ShmAttacher {
         _nonblocking: bool,
         connect: &mut dyn FnMut() -> Result<(), Errno>,
     ) -> (Result<(), Errno>, Decision) {
+        if !policy::ring_worth_trying(dest) {
+            let res = connect();
+            if matches!(res, Ok(()) | Err(Errno(libc::EINPROGRESS))) {
+                policy::skipped(fd, dest);
+                background::note_tcp(fd, Some(dest), TcpReason::ShortLived);
+            }
+            return (res, Decision::Tcp(TcpReason::ShortLived));
+        }
         let (res, d) = if local::is_local(dest.ip()) {
             shm::handshake::connect(fd, dest, connect)
         } else {
@@ -128,6 +137,7 @@ impl Attacher for ShmAttacher {
     }
 
     fn tcp_closed(&self, fd: RawFd) {
+        policy::skipped_closed(fd);
         background::note_tcp_closed(fd);
     }
 }

@@ -64,7 +64,7 @@ fn ring_inodes() -> Vec<u64> {
         .and_then(|_| f.read_to_string(&mut text))
         .unwrap_or_else(|e| fail(format!("reading /proc/self/maps: {e}")));
     text.lines()
-        .filter(|l| l.contains("/memfd:ringsock"))
+        .filter(|l| ringsock_integration::resources::is_ring(l))
         .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
         .collect()
 }

@@ -546,7 +546,7 @@ fn echo_server() -> ! {
 fn ring_inodes() -> HashSet<u64> {
     let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
     maps.lines()
-        .filter(|l| l.contains("/memfd:ringsock"))
+        .filter(|l| ringsock_integration::resources::is_ring(l))
         .filter_map(|l| l.split_whitespace().nth(4)?.parse().ok())
         .collect()
 }

@@ -139,6 +139,11 @@ pub struct RingConn<W: Wire> {
     forked_ops: AtomicU64,
     /// This process no longer counts among the side's holders.
     counted_out: AtomicBool,
+    /// The kernel connect completed (`tcp_connected`).
+    connected: AtomicBool,
+    /// This end connected (the client), and when.
+    initiated: bool,
+    born_ns: u64,
     /// Queued on the background thread's flush list.
     dirty: AtomicBool,
     /// Whether the next send starts a message.
@@ -179,6 +184,9 @@ impl<W: Wire> RingConn<W> {
             forked: AtomicBool::new(false),
             forked_ops: AtomicU64::new(0),
             counted_out: AtomicBool::new(false),
+            connected: AtomicBool::new(!p.pending),
+            initiated: p.pending,
+            born_ns: sys::monotonic_ns(),
             dirty: AtomicBool::new(false),
             message: MessageStart::new(),
             waiters: Mutex::new(Waiters::default()),
@@ -556,8 +564,17 @@ impl<W: Wire> RingConn<W> {
     /// waiting for POLLOUT after a non-blocking connect must not be told
     /// "writable" before the kernel would).
     pub fn tcp_connected(&self) -> bool {
+        if self.connected.load(Ordering::Relaxed) {
+            return true;
+        }
         let fd = self.tcp_fd();
-        fd >= 0 && poll_one(fd, libc::POLLOUT) & libc::POLLOUT != 0
+        let now = fd >= 0 && poll_one(fd, libc::POLLOUT) & libc::POLLOUT != 0;
+        if now {
+            // A connected socket stays connected; spinning readers need
+            // not ask the kernel again.
+            self.connected.store(true, Ordering::Relaxed);
+        }
+        now
     }
 
     /// A ring read that found nothing: the pending error once the
@@ -1249,6 +1266,9 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             return;
         }
         let mut ends = kind == ReleaseKind::Owner && W::is_user(self);
+        if ends && self.initiated {
+            super::policy::ring_closed(self.peer, sys::monotonic_ns().saturating_sub(self.born_ns));
+        }
         let mut shared = None;
         if self.forked.load(Ordering::Acquire) && kind != ReleaseKind::Stale {
             // A side other processes still hold stays open for them, as a

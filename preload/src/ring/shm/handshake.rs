@@ -140,6 +140,9 @@ pub fn connect(
 
 /// Server side: claim the offer for the accepted socket, if there is one.
 pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
+    if !ctl::offer_may_exist(peer, local) {
+        return Decision::Tcp(TcpReason::Declined);
+    }
     let Some((offer_id, payload, fds)) = claim(fd) else {
         return Decision::Tcp(TcpReason::Declined);
     };

@@ -1,0 +1,241 @@
+//! The table of live offers a daemon shares, read-only, with the local
+//! processes (the memfd that comes with `HelloOk`): a server that accepts
+//! a connection looks its 4-tuple up here and asks the daemon for a ring
+//! only when an offer may exist, so an accept from a client that offered
+//! nothing costs no round trip.
+//!
+//! The daemon enters an offer before it answers the offerer, and the
+//! offerer connects only after that answer, so an offer is in the table
+//! before its connection can be accepted. The daemon is the only writer.
+//! Each entry is a seqlock: odd while being written; a reader that sees
+//! an entry change under it, or the overflow count above zero (an offer the
+//! table had no room for), answers "maybe", and the server asks the daemon.
+//!
+//! Layout, in 8-byte words: `[magic, slots, overflow, 5 reserved]`, then
+//! `slots` entries of 8 words: `[seq, key0..key4, 2 reserved]`. A key is the
+//! client address and port and the server address and port; an entry whose
+//! `seq` is even and nonzero holds one, zero or even-with-zero-key is free.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// `magic`: "RSOFFERS" as little-endian bytes.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"RSOFFERS");
+/// Entries in a table.
+pub const SLOTS: usize = 4096;
+/// Entries probed from a key's home slot.
+pub const WINDOW: usize = 16;
+const HEADER_WORDS: usize = 8;
+const ENTRY_WORDS: usize = 8;
+/// Words, and bytes, of a whole table.
+pub const WORDS: usize = HEADER_WORDS + SLOTS * ENTRY_WORDS;
+pub const BYTES: usize = WORDS * 8;
+
+const W_MAGIC: usize = 0;
+const W_SLOTS: usize = 1;
+const W_OVERFLOW: usize = 2;
+
+/// An offer's key: where it comes from and where it goes.
+pub type Key = [u64; 5];
+
+fn addr_words(a: &SocketAddr) -> (u64, u64) {
+    let ip = match a {
+        SocketAddr::V4(v4) => v4.ip().to_ipv6_mapped().octets(),
+        SocketAddr::V6(v6) => v6.ip().octets(),
+    };
+    let hi = u64::from_le_bytes(ip[..8].try_into().expect("8 bytes"));
+    let lo = u64::from_le_bytes(ip[8..].try_into().expect("8 bytes"));
+    (hi, lo)
+}
+
+/// The key of an offer from `client` to `server` (IPv4 as mapped IPv6, so
+/// either form of one address gives one key).
+pub fn key(client: &SocketAddr, server: &SocketAddr) -> Key {
+    let (c0, c1) = addr_words(client);
+    let (s0, s1) = addr_words(server);
+    let ports = u64::from(client.port()) << 16 | u64::from(server.port()) | 1 << 32;
+    [c0, c1, s0, s1, ports]
+}
+
+fn home(k: &Key) -> usize {
+    // FNV-1a over the words: cheap, and spread enough for ports.
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for w in k {
+        h ^= *w;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    (h ^ h >> 29) as usize % SLOTS
+}
+
+/// A table over shared words (a mapping of the memfd, or a test's array).
+#[derive(Clone, Copy)]
+pub struct Table<'a> {
+    words: &'a [AtomicU64],
+}
+
+impl<'a> Table<'a> {
+    /// A view of `words`, checked: the daemon's own fresh table (`init`
+    /// writes the header), or one a process mapped, which must say what it
+    /// is.
+    pub fn new(words: &'a [AtomicU64]) -> Option<Table<'a>> {
+        (words.len() >= WORDS).then_some(Table { words })
+    }
+
+    /// Writes the header of a fresh (zeroed) table.
+    pub fn init(&self) {
+        self.words[W_SLOTS].store(SLOTS as u64, Ordering::Relaxed);
+        self.words[W_MAGIC].store(MAGIC, Ordering::Release);
+    }
+
+    /// Whether the header is one this build can read.
+    pub fn valid(&self) -> bool {
+        self.words[W_MAGIC].load(Ordering::Acquire) == MAGIC
+            && self.words[W_SLOTS].load(Ordering::Relaxed) == SLOTS as u64
+    }
+
+    fn entry(&self, slot: usize) -> &'a [AtomicU64] {
+        let at = HEADER_WORDS + slot * ENTRY_WORDS;
+        &self.words[at..at + ENTRY_WORDS]
+    }
+
+    /// Reader: false only when no offer for `k` is live (the server need
+    /// not ask the daemon); true when one is, or may be.
+    pub fn may_have(&self, k: &Key) -> bool {
+        if !self.valid() || self.words[W_OVERFLOW].load(Ordering::Acquire) != 0 {
+            return true;
+        }
+        let start = home(k);
+        for i in 0..WINDOW {
+            let e = self.entry((start + i) % SLOTS);
+            let s1 = e[0].load(Ordering::Acquire);
+            if s1 & 1 == 1 {
+                return true;
+            }
+            let same = (0..5).all(|j| e[1 + j].load(Ordering::Relaxed) == k[j]);
+            std::sync::atomic::fence(Ordering::Acquire);
+            if e[0].load(Ordering::Relaxed) != s1 {
+                return true;
+            }
+            if same && s1 != 0 {
+                return true;
+            }
+        }
+        false
+    }
+
+    fn write(&self, e: &[AtomicU64], k: &Key) {
+        let s = e[0].load(Ordering::Relaxed);
+        e[0].store(s | 1, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        for j in 0..5 {
+            e[1 + j].store(k[j], Ordering::Relaxed);
+        }
+        e[0].store((s | 1) + 1, Ordering::Release);
+    }
+
+    fn is_free(e: &[AtomicU64]) -> bool {
+        e[5].load(Ordering::Relaxed) == 0
+    }
+
+    /// Writer (the daemon alone): enters `k`. False when its window is
+    /// full; the overflow count then makes every reader ask the daemon
+    /// until the matching `remove`.
+    pub fn insert(&self, k: &Key) -> bool {
+        let start = home(k);
+        for i in 0..WINDOW {
+            let e = self.entry((start + i) % SLOTS);
+            if Self::is_free(e) {
+                self.write(e, k);
+                return true;
+            }
+        }
+        self.words[W_OVERFLOW].fetch_add(1, Ordering::AcqRel);
+        false
+    }
+
+    /// Writer: removes `k` (entered by `insert`, which said whether it had
+    /// room: `stored`).
+    pub fn remove(&self, k: &Key, stored: bool) {
+        if !stored {
+            self.words[W_OVERFLOW].fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        let start = home(k);
+        for i in 0..WINDOW {
+            let e = self.entry((start + i) % SLOTS);
+            if (0..5).all(|j| e[1 + j].load(Ordering::Relaxed) == k[j]) {
+                self.write(e, &[0; 5]);
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Vec<AtomicU64> {
+        (0..WORDS).map(|_| AtomicU64::new(0)).collect()
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn entered_offers_are_found_and_others_are_not() {
+        let w = table();
+        let t = Table::new(&w).unwrap();
+        t.init();
+        let a = key(&addr("127.0.0.1:40000"), &addr("127.0.0.1:6379"));
+        let b = key(&addr("127.0.0.1:40001"), &addr("127.0.0.1:6379"));
+        assert!(!t.may_have(&a));
+        assert!(t.insert(&a));
+        assert!(t.may_have(&a));
+        assert!(!t.may_have(&b));
+        t.remove(&a, true);
+        assert!(!t.may_have(&a));
+        // An IPv4 address and its mapped IPv6 form are one key.
+        let m = key(&addr("[::ffff:127.0.0.1]:40000"), &addr("127.0.0.1:6379"));
+        assert_eq!(m, a);
+    }
+
+    #[test]
+    fn a_full_window_makes_every_reader_ask() {
+        let w = table();
+        let t = Table::new(&w).unwrap();
+        t.init();
+        let mut keys = Vec::new();
+        let mut stored = Vec::new();
+        // Enough offers that some windows fill up.
+        for port in 0..(SLOTS as u16 + 200) {
+            let k = key(
+                &addr("10.0.0.1:1"),
+                &SocketAddr::new("10.0.0.2".parse().unwrap(), port),
+            );
+            stored.push(t.insert(&k));
+            keys.push(k);
+        }
+        assert!(stored.iter().any(|s| !s), "some did not fit");
+        let other = key(&addr("10.9.9.9:9"), &addr("10.9.9.9:9"));
+        assert!(t.may_have(&other), "overflow: ask");
+        for (k, s) in keys.iter().zip(&stored) {
+            assert!(t.may_have(k));
+            t.remove(k, *s);
+        }
+        assert!(!t.may_have(&other), "every overflowed offer is gone");
+        for k in &keys {
+            assert!(!t.may_have(k));
+        }
+    }
+
+    #[test]
+    fn an_unfinished_or_foreign_table_says_maybe() {
+        let w = table();
+        let t = Table::new(&w).unwrap();
+        let k = key(&addr("127.0.0.1:1"), &addr("127.0.0.1:2"));
+        assert!(t.may_have(&k), "no header yet");
+        assert!(Table::new(&w[..10]).is_none());
+    }
+}

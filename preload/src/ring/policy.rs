@@ -1,0 +1,194 @@
+//! Which connections are worth a ring: a connection that lives for a
+//! request or two pays for setting its ring up (segment, doorbells, the
+//! daemon's round trips) more than the ring saves it, while kernel TCP
+//! costs it nothing extra. So a process learns, per destination, whether
+//! its connections there are short: after `STREAK` short ones in a row it
+//! connects there over plain TCP, trying a ring again after a number of
+//! connections that doubles each time (up to `MAX_SKIP`), and at once when
+//! one of its TCP connections there turns out long.
+//!
+//! Short: closed within RINGSOCK_SHORT_MS of the connect (0 turns the
+//! record off: every connection is offered a ring). The record is per
+//! process (a program that makes one connection per process keeps getting
+//! rings), bounded to `MAX_DESTS` destinations.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+
+use super::plock::PLock;
+use crate::{config, sys};
+
+/// A connection closed within this of its connect is short; 0: none is.
+fn short_ns() -> u64 {
+    u64::from(config::get().short_ms) * 1_000_000
+}
+
+/// Short connections in a row before a destination's connections skip
+/// the ring.
+const STREAK: u32 = 2;
+/// Most connections skipped between two that try a ring.
+const MAX_SKIP: u32 = 256;
+/// Destinations remembered.
+const MAX_DESTS: usize = 1024;
+
+#[derive(Default)]
+struct Dest {
+    /// Short connections in a row.
+    short: u32,
+    /// Connections still to skip, and the length of the last skip.
+    skip: u32,
+    last_skip: u32,
+}
+
+struct Record {
+    dests: HashMap<SocketAddr, Dest>,
+    /// Connections that skipped the ring, by fd: where to and since when.
+    skipped: HashMap<RawFd, (SocketAddr, u64)>,
+}
+
+fn fresh() -> Record {
+    Record {
+        dests: HashMap::new(),
+        skipped: HashMap::new(),
+    }
+}
+
+static RECORD: PLock<Option<Record>> = PLock::new(None, || None);
+
+/// The unspecified address reaches this host's loopback (connect(2)), and
+/// a ring connection records the loopback address as its peer.
+fn canonical(dest: SocketAddr) -> SocketAddr {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    match dest.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), dest.port())
+        }
+        IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(Ipv6Addr::LOCALHOST.into(), dest.port())
+        }
+        _ => dest,
+    }
+}
+
+/// Whether a connection to `dest` should be offered a ring now (counts a
+/// skipped one down).
+pub fn ring_worth_trying(dest: SocketAddr) -> bool {
+    if short_ns() == 0 {
+        return true;
+    }
+    let dest = canonical(dest);
+    let mut g = RECORD.lock();
+    let r = g.get_or_insert_with(fresh);
+    match r.dests.get_mut(&dest) {
+        Some(d) if d.skip > 0 => {
+            d.skip -= 1;
+            false
+        }
+        _ => true,
+    }
+}
+
+/// A connection to `dest` skipped the ring: remember it (its lifetime
+/// counts when it closes).
+pub fn skipped(fd: RawFd, dest: SocketAddr) {
+    let dest = canonical(dest);
+    let mut g = RECORD.lock();
+    let r = g.get_or_insert_with(fresh);
+    r.skipped.insert(fd, (dest, sys::monotonic_ns()));
+}
+
+/// A skipped connection's descriptor closed.
+pub fn skipped_closed(fd: RawFd) {
+    let mut g = RECORD.lock();
+    let Some(r) = g.as_mut() else {
+        return;
+    };
+    if let Some((dest, born)) = r.skipped.remove(&fd) {
+        let lifetime = sys::monotonic_ns().saturating_sub(born);
+        // A short one only confirms the skip under way.
+        if lifetime >= short_ns() {
+            note(r, dest, lifetime);
+        }
+    }
+}
+
+/// A connection to `dest` that had a ring closed after `lifetime_ns`.
+pub fn ring_closed(dest: SocketAddr, lifetime_ns: u64) {
+    let dest = canonical(dest);
+    let mut g = RECORD.lock();
+    let r = g.get_or_insert_with(fresh);
+    note(r, dest, lifetime_ns);
+}
+
+fn note(r: &mut Record, dest: SocketAddr, lifetime_ns: u64) {
+    if r.dests.len() >= MAX_DESTS && !r.dests.contains_key(&dest) {
+        // Forget one at random (the map's order): a bounded record.
+        if let Some(k) = r.dests.keys().next().copied() {
+            r.dests.remove(&k);
+        }
+    }
+    let d = r.dests.entry(dest).or_default();
+    let short = short_ns();
+    if short == 0 || lifetime_ns >= short {
+        *d = Dest::default();
+        return;
+    }
+    d.short += 1;
+    if d.short >= STREAK && d.skip == 0 {
+        d.last_skip = (d.last_skip * 2).clamp(STREAK, MAX_SKIP);
+        d.skip = d.last_skip;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dest(port: u16) -> SocketAddr {
+        SocketAddr::new("127.0.0.1".parse().unwrap(), port)
+    }
+
+    #[test]
+    fn short_connections_skip_longer_and_longer_and_a_long_one_resets() {
+        let d = dest(40_001);
+        assert!(ring_worth_trying(d));
+        ring_closed(d, 1_000);
+        assert!(
+            ring_worth_trying(d),
+            "one short connection is not a pattern"
+        );
+        ring_closed(d, 1_000);
+        // The skipped connections are short too: that does not extend
+        // the skip.
+        for fd in [78, 79] {
+            assert!(!ring_worth_trying(d), "the first skip");
+            skipped(fd, d);
+            skipped_closed(fd);
+        }
+        assert!(ring_worth_trying(d), "a ring is tried after the skip");
+        ring_closed(d, 1_000);
+        let n = (0..10).take_while(|_| !ring_worth_trying(d)).count();
+        assert_eq!(n, 4, "doubled");
+        // A skipped connection that lives long brings the ring back.
+        skipped(77, d);
+        {
+            let mut g = RECORD.lock();
+            let r = g.as_mut().unwrap();
+            r.skipped
+                .insert(77, (d, sys::monotonic_ns() - short_ns() - 1));
+        }
+        skipped_closed(77);
+        assert!(ring_worth_trying(d));
+        assert!(ring_worth_trying(d));
+    }
+
+    #[test]
+    fn destinations_are_apart() {
+        let (a, b) = (dest(40_002), dest(40_003));
+        ring_closed(a, 1);
+        ring_closed(a, 1);
+        assert!(!ring_worth_trying(a));
+        assert!(ring_worth_trying(b));
+    }
+}
