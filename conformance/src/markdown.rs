@@ -26,6 +26,7 @@ pub fn table() -> String {
     for s in &list {
         let today = match known(s.name) {
             None => "yes".to_string(),
+            Some(k) if k.sometimes => format!("not always: {}", k.diff),
             Some(k) => format!("no: {}", k.diff),
         };
         out.push_str(&format!(
@@ -41,4 +42,21 @@ pub fn table() -> String {
 /// Text safe in a table cell.
 fn cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    /// docs/conformance.md is what `conform list --markdown` prints now.
+    #[test]
+    fn docs_conformance_md_is_current() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/conformance.md");
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            on_disk == super::table(),
+            "{} is stale: regenerate it with\n  cargo run -p ringsock-conformance --bin conform -- list --markdown > docs/conformance.md",
+            path.display()
+        );
+    }
 }

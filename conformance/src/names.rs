@@ -40,7 +40,7 @@ pub fn bits(value: i64, table: &[(i64, &str)]) -> String {
 
 macro_rules! table {
     ($($name:ident),* $(,)?) => {
-        &[$((libc::$name as i64, stringify!($name))),*]
+        &[$((libc::$name as u32 as i64, stringify!($name))),*]
     };
 }
 

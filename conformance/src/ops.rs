@@ -669,16 +669,16 @@ pub fn epoll_wait(ep: RawFd, max: usize, timeout_ms: i32) -> Obs<(Ret, Vec<(u64,
 
 /// Socket ioctls the libc crate does not name (linux/sockios.h,
 /// asm-generic/sockios.h).
-pub const SIOCINQ: u64 = libc::FIONREAD as u64;
-pub const SIOCOUTQ: u64 = libc::TIOCOUTQ as u64;
-pub const SIOCATMARK: u64 = 0x8905;
+pub const SIOCINQ: libc::Ioctl = libc::FIONREAD;
+pub const SIOCOUTQ: libc::Ioctl = libc::TIOCOUTQ;
+pub const SIOCATMARK: libc::Ioctl = 0x8905;
 
 /// An ioctl that fills an int (FIONREAD, SIOCATMARK, SIOCOUTQ, ...).
-pub fn ioctl_int(fd: RawFd, req: u64, name: &str) -> Obs<(Ret, i32)> {
+pub fn ioctl_int(fd: RawFd, req: libc::Ioctl, name: &str) -> Obs<(Ret, i32)> {
     let mut v: i32 = -1;
     // SAFETY: the request fills one int, which v is.
     let r = Ret::of(i64::from(unsafe {
-        libc::ioctl(fd, req as _, &mut v as *mut i32)
+        libc::ioctl(fd, req, &mut v as *mut i32)
     }));
     let line = if r.ok() {
         format!("ioctl({fd}, {name}) = {r} val={v}")

@@ -299,6 +299,19 @@ impl Role {
         self.note(format!("{how}: {line}"));
     }
 
+    /// Runs `call` (which the kernel never blocks in) on a probe thread and
+    /// logs its line; if it has not returned within the grace, logs that
+    /// `label` blocked and ends the role, rather than hang the scenario.
+    pub fn immediate(&self, label: &str, call: impl FnOnce() -> String + Send + 'static) {
+        match Probe::start(call).within(GRACE) {
+            Some(line) => self.note(line),
+            None => {
+                self.note(format!("blocked: {label} did not return"));
+                std::process::exit(3);
+            }
+        }
+    }
+
     /// `blocking` released by a barrier named `release`.
     pub fn blocking_until(&self, release: &str, call: impl FnOnce() -> String + Send + 'static) {
         self.blocking(call, |r| r.barrier(release));

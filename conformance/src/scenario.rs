@@ -48,3 +48,19 @@ impl Role {
         self.side == Side::Server
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::all;
+
+    #[test]
+    fn names_are_unique_and_there_are_enough() {
+        let list = all();
+        let mut names: Vec<&str> = list.iter().map(|s| s.name).collect();
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "duplicate scenario names");
+        assert!(n >= 80, "only {n} scenarios");
+    }
+}

@@ -207,17 +207,45 @@ pub fn check(bin: &Path, name: &str) -> Verdict {
     if report.is_empty() {
         Verdict::Same
     } else {
-        let stderr: String = shim
-            .stderr
-            .lines()
-            .filter(|l| !l.is_empty() && !l.starts_with("---"))
-            .map(|l| format!("  {l}\n"))
-            .collect();
+        let stderr = digest(&shim.stderr);
         if !stderr.is_empty() {
             report.push_str(&format!("shim run stderr:\n{stderr}"));
         }
         Verdict::Differs(report)
     }
+}
+
+/// The roles' stderr for a report: each distinct line once, with how
+/// often it came, at most 8 of them.
+fn digest(stderr: &str) -> String {
+    let mut seen: Vec<(String, usize)> = Vec::new();
+    for l in stderr
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with("---"))
+    {
+        // The pid in `ringsock[PID]:` differs line to line; the text not.
+        let text = l.split_once("]: ").map_or(l, |(_, t)| t).to_string();
+        match seen.iter_mut().find(|(t, _)| *t == text) {
+            Some((_, n)) => *n += 1,
+            None => seen.push((text, 1)),
+        }
+    }
+    let mut out = String::new();
+    for (text, n) in seen.iter().take(8) {
+        let times = if *n > 1 {
+            format!(" (x{n})")
+        } else {
+            String::new()
+        };
+        out.push_str(&format!("  {text}{times}\n"));
+    }
+    if seen.len() > 8 {
+        out.push_str(&format!(
+            "  ... and {} more distinct lines\n",
+            seen.len() - 8
+        ));
+    }
+    out
 }
 
 /// The `conform` binary next to the running executable (the CLI itself,

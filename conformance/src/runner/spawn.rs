@@ -107,10 +107,23 @@ pub fn kill_group(pgid: u32) {
     unsafe { libc::kill(-(pgid as libc::pid_t), libc::SIGKILL) };
 }
 
-/// Whether any process of group `pgid` still exists.
+/// Whether a process of group `pgid` still runs. Zombies do not count:
+/// an orphan's new parent reaps it when it will.
 pub fn group_alive(pgid: u32) -> bool {
-    // SAFETY: signal 0 only checks for existence.
-    unsafe { libc::kill(-(pgid as libc::pid_t), 0) == 0 }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten().any(|e| {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            return false;
+        };
+        // Fields after the command (which may hold spaces): state, ppid, pgrp.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+            return false;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        f.len() > 2 && f[0] != "Z" && f[2] == pgid.to_string()
+    })
 }
 
 /// Waits (bounded) for group `pgid` to be gone; kills what is left and

@@ -143,17 +143,19 @@ fn msg_trunc(r: &mut Role) {
 fn msg_errqueue(r: &mut Role) {
     let fd = r.open();
     if r.is_server() {
-        r.blocking_until("first", move || ops::recv(fd, 100, libc::MSG_ERRQUEUE).0);
-        r.blocking_until("second", move || {
+        r.immediate("recv(MSG_ERRQUEUE)", move || {
+            ops::recv(fd, 100, libc::MSG_ERRQUEUE).0
+        });
+        r.immediate("recvmsg(MSG_ERRQUEUE)", move || {
             ops::recvmsg(fd, &[100], libc::MSG_ERRQUEUE).0
         });
         r.barrier("sent");
         r.await_bytes(fd, 4);
-        r.call(ops::recv(fd, 100, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT));
+        r.immediate("recv(MSG_ERRQUEUE)", move || {
+            ops::recv(fd, 100, libc::MSG_ERRQUEUE).0
+        });
         r.call(ops::recv(fd, 100, 0));
     } else {
-        r.barrier("first");
-        r.barrier("second");
         r.call(ops::send(fd, b"data", 0));
         r.barrier("sent");
     }
@@ -172,14 +174,16 @@ fn msg_more(r: &mut Role) {
 fn zero_length(r: &mut Role) {
     let fd = r.open();
     if r.is_server() {
-        r.call(ops::recv(fd, 0, 0));
         r.call(ops::recv(fd, 0, libc::MSG_DONTWAIT));
+        r.blocking_until("send", move || ops::recv(fd, 0, 0).0);
         r.barrier("sent");
         r.await_bytes(fd, 2);
         r.call(ops::recv(fd, 0, 0));
+        r.call(ops::recv(fd, 0, libc::MSG_DONTWAIT));
         r.call(ops::recv(fd, 100, 0));
     } else {
         r.call(ops::send(fd, b"", 0));
+        r.barrier("send");
         r.call(ops::send(fd, b"hi", 0));
         r.barrier("sent");
     }

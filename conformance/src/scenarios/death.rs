@@ -20,9 +20,9 @@ pub fn list() -> Vec<Scenario> {
         sc("peer_sigkill_unread_data", "peer SIGKILLed with our bytes unread: a reset, as for close", sigkill_unread),
         sc("peer_sigkill_idle", "peer SIGKILLed with nothing unread: EOF, the first send accepted, the next EPIPE", sigkill_idle),
         sc("peer_reset_with_our_data_unread", "peer sends then resets (SO_LINGER {1,0}): what recv returns of its bytes, then the error", reset_with_unread),
-        sc("peer_exit_after_write", "peer writes 300000 bytes and exit()s with the socket open: all arrive, then EOF", |r| exit_after_write(r, Exit::Exit)),
-        sc("peer_underscore_exit_after_write", "peer writes 300000 bytes and _exit()s with the socket open: all arrive, then EOF", |r| exit_after_write(r, Exit::UnderscoreExit)),
-        sc("peer_killed_after_write", "peer writes 300000 bytes and is SIGKILLed: all arrive, then EOF", |r| exit_after_write(r, Exit::Kill)),
+        sc("peer_exit_after_write", "peer writes 300000 bytes and exit()s with the socket open: all arrive, then EOF", |r| exit_after_write(r, Ending::Exit)),
+        sc("peer_underscore_exit_after_write", "peer writes 300000 bytes and _exit()s with the socket open: all arrive, then EOF", |r| exit_after_write(r, Ending::UnderscoreExit)),
+        sc("peer_killed_after_write", "peer writes 300000 bytes and is SIGKILLed: all arrive, then EOF", |r| exit_after_write(r, Ending::Kill)),
         sc("peer_shutdown_wr_then_more", "peer shutdown(SHUT_WR), reads our reply, shuts again, then cannot send", shutdown_wr_then_more),
         sc("peer_close_while_recv_blocked", "a recv blocked on an idle connection returns 0 when the peer closes", |r| blocked(r, Wait::Recv, false)),
         sc("peer_reset_while_recv_blocked", "a recv blocked on an idle connection fails ECONNRESET when the peer resets", |r| blocked(r, Wait::Recv, true)),
@@ -128,13 +128,13 @@ fn reset_with_unread(r: &mut Role) {
     }
 }
 
-enum Exit {
+enum Ending {
     Exit,
     UnderscoreExit,
     Kill,
 }
 
-fn exit_after_write(r: &mut Role, how: Exit) {
+fn exit_after_write(r: &mut Role, how: Ending) {
     let fd = r.open();
     if r.is_server() {
         r.barrier("written");
@@ -144,10 +144,10 @@ fn exit_after_write(r: &mut Role, how: Exit) {
         r.send_all(fd, 300_000, 40, 0);
         r.barrier("written");
         match how {
-            Exit::Exit => std::process::exit(0),
+            Ending::Exit => std::process::exit(0),
             // SAFETY: ending the process at once is the point.
-            Exit::UnderscoreExit => unsafe { libc::_exit(0) },
-            Exit::Kill => {
+            Ending::UnderscoreExit => unsafe { libc::_exit(0) },
+            Ending::Kill => {
                 // SAFETY: raising a signal at ourselves.
                 unsafe { libc::raise(libc::SIGKILL) };
             }

@@ -92,15 +92,16 @@ const OUT: u32 = libc::EPOLLOUT as u32;
 const ET: u32 = libc::EPOLLET as u32;
 const RDHUP: u32 = libc::EPOLLRDHUP as u32;
 
-/// The client sends `what` at barrier `name`; the server waits for the
-/// bytes (`total` so far) after the barrier.
+/// Once the server has looked (barrier `name`), the client sends `what`;
+/// after `NAME sent` the server waits for the bytes (`total` so far).
 fn step(r: &Role, fd: RawFd, name: &str, what: &[u8], total: usize) {
-    if r.is_server() {
-        r.barrier(name);
-        r.await_bytes(fd, total);
-    } else {
+    r.barrier(name);
+    if !r.is_server() {
         r.call(ops::send(fd, what, 0));
-        r.barrier(name);
+    }
+    r.barrier(&format!("{name} sent"));
+    if r.is_server() {
+        r.await_bytes(fd, total);
     }
 }
 
@@ -182,12 +183,14 @@ fn rdhup(r: &mut Role) {
     if r.is_server() {
         let ep = set(r, fd, IN | RDHUP);
         wait(r, ep);
+        r.barrier("idle");
         r.barrier("shut");
         r.await_eof(fd);
         wait(r, ep);
         r.call(ops::recv(fd, 100, 0));
         wait(r, ep);
     } else {
+        r.barrier("idle");
         r.call(ops::shutdown(fd, libc::SHUT_WR));
         r.barrier("shut");
     }

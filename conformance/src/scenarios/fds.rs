@@ -147,6 +147,7 @@ fn accept4_flags(r: &mut Role) {
         r.call(ops::fcntl_get(fd, libc::F_GETFL));
         r.call(ops::fcntl_get(fd, libc::F_GETFD));
         r.call(ops::recv(fd, 100, 0));
+        r.barrier("empty");
         r.barrier("sent");
         r.await_bytes(fd, 2);
         r.call(ops::recv(fd, 100, 0));
@@ -154,6 +155,7 @@ fn accept4_flags(r: &mut Role) {
         r.barrier("listening");
         let fd = r.connect();
         r.ring("connected", 1);
+        r.barrier("empty");
         r.call(ops::send(fd, b"hi", 0));
         r.barrier("sent");
     }

@@ -63,7 +63,6 @@ pub fn helper(args: &[String]) -> ExitCode {
     };
     let code = match kind.as_str() {
         "share" => share::helper(&mut r, extra),
-        "python" => python::helper(&mut r, extra),
         other => {
             r.note(format!("no helper `{other}`"));
             2

@@ -19,8 +19,10 @@ pub fn list() -> Vec<Scenario> {
     ]
 }
 
-/// Client: abc, urgent !, def; server: waits for the urgent byte.
+/// Once the server has looked (barrier `ready`), the client sends abc,
+/// urgent !, def; the server waits for the bytes before the mark.
 fn urgent_stream(r: &Role, fd: RawFd) {
+    r.barrier("ready");
     if r.is_server() {
         r.barrier("sent");
         r.await_bytes(fd, 3);
@@ -30,6 +32,11 @@ fn urgent_stream(r: &Role, fd: RawFd) {
         r.call(ops::send(fd, b"def", 0));
         r.barrier("sent");
     }
+}
+
+/// recv(1, flags) with MSG_OOB, which the kernel never blocks in.
+fn oob_recv(r: &Role, fd: RawFd, flags: i32) {
+    r.immediate("recv(MSG_OOB)", move || ops::recv(fd, 1, flags).0);
 }
 
 fn mark(r: &Role, fd: RawFd) {
@@ -47,8 +54,8 @@ fn urgent(r: &mut Role) {
         mark(r, fd);
         r.call(ops::recv(fd, 100, libc::MSG_DONTWAIT));
         mark(r, fd);
-        r.call(ops::recv(fd, 1, libc::MSG_OOB));
-        r.call(ops::recv(fd, 1, libc::MSG_OOB));
+        oob_recv(r, fd, libc::MSG_OOB);
+        oob_recv(r, fd, libc::MSG_OOB);
         r.call(ops::poll(&[(fd, libc::POLLIN | libc::POLLPRI)], 0));
         r.await_bytes(fd, 3);
         r.call(ops::recv(fd, 100, libc::MSG_DONTWAIT));
@@ -69,7 +76,7 @@ fn select_except(r: &mut Role) {
     urgent_stream(r, fd);
     if r.is_server() {
         r.call(ops::select(&sets, Some(0)));
-        r.call(ops::recv(fd, 1, libc::MSG_OOB));
+        oob_recv(r, fd, libc::MSG_OOB);
         r.call(ops::select(&sets, Some(0)));
     }
 }
@@ -78,9 +85,9 @@ fn peek(r: &mut Role) {
     let fd = r.open();
     urgent_stream(r, fd);
     if r.is_server() {
-        r.call(ops::recv(fd, 1, libc::MSG_OOB | libc::MSG_PEEK));
-        r.call(ops::recv(fd, 1, libc::MSG_OOB | libc::MSG_PEEK));
-        r.call(ops::recv(fd, 1, libc::MSG_OOB));
+        oob_recv(r, fd, libc::MSG_OOB | libc::MSG_PEEK);
+        oob_recv(r, fd, libc::MSG_OOB | libc::MSG_PEEK);
+        oob_recv(r, fd, libc::MSG_OOB);
         r.call(ops::recv(fd, 100, libc::MSG_DONTWAIT));
     }
 }
@@ -101,7 +108,7 @@ fn epollpri(r: &mut Role) {
     urgent_stream(r, fd);
     if let Some(ep) = ep {
         r.call(ops::epoll_wait(ep, 8, 0));
-        r.call(ops::recv(fd, 1, libc::MSG_OOB));
+        oob_recv(r, fd, libc::MSG_OOB);
         r.call(ops::epoll_wait(ep, 8, 0));
     }
 }
@@ -120,7 +127,7 @@ fn inline(r: &mut Role) {
     urgent_stream(r, fd);
     if r.is_server() {
         mark(r, fd);
-        r.call(ops::recv(fd, 1, libc::MSG_OOB));
+        oob_recv(r, fd, libc::MSG_OOB);
         r.call(ops::recv(fd, 100, libc::MSG_DONTWAIT));
         mark(r, fd);
         r.await_bytes(fd, 4);
@@ -133,7 +140,7 @@ fn sender_view(r: &mut Role) {
     if r.is_server() {
         r.barrier("sent");
         r.await_bytes(fd, 2);
-        r.call(ops::recv(fd, 1, libc::MSG_OOB));
+        oob_recv(r, fd, libc::MSG_OOB);
         r.call(ops::recv(fd, 100, libc::MSG_DONTWAIT));
         r.call(ops::send(fd, b"back", 0));
     } else {

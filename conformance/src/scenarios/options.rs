@@ -116,6 +116,7 @@ fn tcp_state(r: &Role, fd: RawFd) {
 fn tcp_info(r: &mut Role) {
     let fd = r.open();
     tcp_state(r, fd);
+    r.barrier("looked");
     if r.is_server() {
         r.barrier("shut");
         r.await_eof(fd);
@@ -271,6 +272,7 @@ fn fionread(r: &mut Role) {
     let fd = r.open();
     if r.is_server() {
         r.call(ops::ioctl_int(fd, libc::FIONREAD, "FIONREAD"));
+        r.barrier("empty");
         r.barrier("sent");
         r.await_bytes(fd, 100);
         r.call(ops::ioctl_int(fd, libc::FIONREAD, "FIONREAD"));
@@ -280,6 +282,7 @@ fn fionread(r: &mut Role) {
         r.recv_all(fd, 70);
         r.call(ops::ioctl_int(fd, libc::FIONREAD, "FIONREAD"));
     } else {
+        r.barrier("empty");
         r.send_all(fd, 100, 31, 0);
         r.barrier("sent");
     }

@@ -220,6 +220,7 @@ fn select_sets(r: &mut Role) {
     };
     if r.is_server() {
         r.call(ops::select(&all, Some(0)));
+        r.barrier("idle");
         r.barrier("sent");
         r.await_bytes(fd, 3);
         r.call(ops::select(&all, Some(0)));
@@ -229,6 +230,7 @@ fn select_sets(r: &mut Role) {
         r.await_eof(fd);
         r.call(ops::select(&all, Some(0)));
     } else {
+        r.barrier("idle");
         r.call(ops::send(fd, b"abc", 0));
         r.barrier("sent");
         r.call(ops::shutdown(fd, libc::SHUT_WR));
