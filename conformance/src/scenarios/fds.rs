@@ -244,33 +244,34 @@ fn hold_port(r: &Role) {
     r.call(ops::bind(s, &r.server_addr()));
 }
 
-fn connect_refused(r: &mut Role) {
+/// The server holds the port without listening while the client runs
+/// `client` against it.
+fn refused(r: &Role, client: fn(&Role)) {
     if r.is_server() {
         hold_port(r);
-        r.barrier("bound");
-        r.barrier("done");
-    } else {
-        r.barrier("bound");
+    }
+    r.barrier("bound");
+    if !r.is_server() {
+        client(r);
+    }
+    r.barrier("done");
+}
+
+fn connect_refused(r: &mut Role) {
+    refused(r, |r| {
         let fd = r.call(ops::socket(libc::AF_INET, libc::SOCK_STREAM)).v as RawFd;
         r.call(ops::connect(fd, &r.server_addr()));
         r.call(ops::so_error(fd));
         r.call(ops::connect(fd, &r.server_addr()));
         r.call(ops::send(fd, b"x", libc::MSG_NOSIGNAL));
         r.call(ops::recv(fd, 10, 0));
-        r.barrier("done");
-    }
+    });
 }
 
 fn connect_refused_nb(r: &mut Role) {
-    if r.is_server() {
-        hold_port(r);
-        r.barrier("bound");
-        r.barrier("done");
-    } else {
-        r.barrier("bound");
+    refused(r, |r| {
         let fd = connect_nb(r, &r.server_addr());
         r.call(ops::poll(&[(fd, libc::POLLIN | libc::POLLOUT)], 0));
         r.call(ops::recv(fd, 10, 0));
-        r.barrier("done");
-    }
+    });
 }

@@ -219,30 +219,32 @@ fn sndtimeo(r: &mut Role) {
     }
 }
 
-fn rcvlowat(r: &mut Role) {
-    let fd = r.open();
+/// SO_RCVLOWAT 10 on the server; the client sends 5 bytes, which the
+/// server waits for after the barrier `five`.
+fn lowat_five(r: &Role, fd: RawFd) {
     if r.is_server() {
-        r.call(ops::setsockopt_int(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            "SO_RCVLOWAT",
-            10,
-        ));
+        let (sol, opt) = (libc::SOL_SOCKET, libc::SO_RCVLOWAT);
+        r.call(ops::setsockopt_int(fd, sol, opt, "SO_RCVLOWAT", 10));
         r.barrier("five");
         r.await_bytes(fd, 5);
-        r.call(ops::poll(&[(fd, libc::POLLIN | libc::POLLRDNORM)], 0));
-        r.call(ops::select(
-            &ops::Sets {
-                r: vec![fd],
-                ..Default::default()
-            },
-            Some(0),
-        ));
-        r.blocking_until("more", move || ops::recv(fd, 100, 0).0);
     } else {
         r.call(ops::send(fd, b"12345", 0));
         r.barrier("five");
+    }
+}
+
+fn rcvlowat(r: &mut Role) {
+    let fd = r.open();
+    lowat_five(r, fd);
+    if r.is_server() {
+        r.call(ops::poll(&[(fd, libc::POLLIN | libc::POLLRDNORM)], 0));
+        let set = ops::Sets {
+            r: vec![fd],
+            ..Default::default()
+        };
+        r.call(ops::select(&set, Some(0)));
+        r.blocking_until("more", move || ops::recv(fd, 100, 0).0);
+    } else {
         r.barrier("more");
         r.call(ops::send(fd, b"67890", 0));
     }
@@ -250,21 +252,10 @@ fn rcvlowat(r: &mut Role) {
 
 fn rcvlowat_dontwait(r: &mut Role) {
     let fd = r.open();
+    lowat_five(r, fd);
     if r.is_server() {
-        r.call(ops::setsockopt_int(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
-            "SO_RCVLOWAT",
-            10,
-        ));
-        r.barrier("five");
-        r.await_bytes(fd, 5);
         r.call(ops::ioctl_int(fd, libc::FIONREAD, "FIONREAD"));
         r.call(ops::recv(fd, 100, libc::MSG_DONTWAIT));
-    } else {
-        r.call(ops::send(fd, b"12345", 0));
-        r.barrier("five");
     }
 }
 
