@@ -13,7 +13,7 @@ pub fn set_server_port(p: u16) {
     SERVER_PORT.store(p, Ordering::Relaxed);
 }
 
-pub fn server_port() -> u16 {
+fn server_port() -> u16 {
     SERVER_PORT.load(Ordering::Relaxed)
 }
 

@@ -5,7 +5,9 @@
 //! observable event (`ops`, `role`). The runner (`runner`) runs it plain
 //! and with both roles under `libringsock.so` and a private daemon, and
 //! compares the logs; `known` lists the scenarios that differ today and
-//! how, `suite` judges a run against it.
+//! how, `suite` judges a run against it. `runner::hosts` runs the roles
+//! on two hosts instead (the Soft-RoCE guest, scripts/softroce-vm.d/
+//! conform.sh), where the rings are RDMA verbs rings.
 
 pub mod addr;
 pub mod known;

@@ -41,12 +41,25 @@ impl Side {
 /// before a barrier) may wait before it logs that nothing came.
 pub const SETTLE: Duration = Duration::from_secs(3);
 
+/// The environment variable with the server's IPv4 address (loopback
+/// unless the roles run on two hosts).
+pub const ENV_SERVER_IP: &str = "CONFORM_SERVER_IP";
+
+/// The server's IPv4 address as the runner gave it.
+pub fn server_ip_from_env() -> Ipv4Addr {
+    std::env::var(ENV_SERVER_IP)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(Ipv4Addr::LOCALHOST)
+}
+
 /// What a role process knows.
 pub struct Role {
     pub log: Log,
     pub sync: Sync,
     pub side: Side,
     pub scenario: String,
+    pub server_ip: Ipv4Addr,
     pub port: u16,
     /// The role's log file (exec'd helpers append to it).
     pub log_path: PathBuf,
@@ -61,6 +74,10 @@ pub fn payload(len: usize, seed: u64) -> Vec<u8> {
 }
 
 impl Role {
+    pub fn is_server(&self) -> bool {
+        self.side == Side::Server
+    }
+
     /// Logs an observation and hands back the call's result.
     pub fn call<T>(&self, o: Obs<T>) -> T {
         self.log.line(o.0);
@@ -99,7 +116,7 @@ impl Role {
     // ----- connection setup -----
 
     pub fn server_addr(&self) -> (libc::sockaddr_storage, libc::socklen_t) {
-        addr::v4(Ipv4Addr::LOCALHOST, self.port)
+        addr::v4(self.server_ip, self.port)
     }
 
     pub fn server_addr6(&self) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -124,7 +141,7 @@ impl Role {
         l
     }
 
-    /// A listener on 127.0.0.1:port.
+    /// A listener on the server address and port.
     pub fn listen(&self) -> RawFd {
         self.listen_at(libc::AF_INET, &self.server_addr())
     }
@@ -134,7 +151,7 @@ impl Role {
         self.must(r, "accept")
     }
 
-    /// A blocking socket connected to 127.0.0.1:port.
+    /// A blocking socket connected to the server address and port.
     pub fn connect(&self) -> RawFd {
         self.connect_to(libc::AF_INET, &self.server_addr())
     }

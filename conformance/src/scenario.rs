@@ -1,7 +1,7 @@
 //! The scenario registry: a name, what it checks, and the code both roles
 //! run (one function; it branches on `Role::side` where the ends differ).
 
-use crate::role::{Role, Side};
+use crate::role::Role;
 use crate::scenarios;
 
 pub type Body = Box<dyn Fn(&mut Role) + Send + Sync>;
@@ -41,12 +41,6 @@ pub fn all() -> Vec<Scenario> {
 /// The scenario called `name`.
 pub fn find(name: &str) -> Option<Scenario> {
     all().into_iter().find(|s| s.name == name)
-}
-
-impl Role {
-    pub fn is_server(&self) -> bool {
-        self.side == Side::Server
-    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::known::known;
-use crate::runner::{check, Verdict};
+use crate::runner::{check, Place, Verdict};
 
 /// One scenario's result.
 pub struct Outcome {
@@ -52,6 +52,7 @@ pub fn run_all(
     bin: &Path,
     names: &[String],
     jobs: usize,
+    place: &Place,
     each: impl Fn(&Outcome) + Sync,
 ) -> Vec<Outcome> {
     let next = AtomicUsize::new(0);
@@ -62,7 +63,7 @@ pub fn run_all(
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(name) = names.get(i) else { break };
                 let t = Instant::now();
-                let verdict = check(bin, name);
+                let verdict = check(bin, name, place);
                 let o = Outcome {
                     name: name.clone(),
                     verdict,

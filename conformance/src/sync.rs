@@ -63,10 +63,6 @@ impl Sync {
         Sync { fd }
     }
 
-    pub fn fd(&self) -> RawFd {
-        self.fd
-    }
-
     /// Waits at barrier `name`; returns the other role's payload.
     pub fn barrier(&self, name: &str, ring: u32, payload: &str) -> String {
         let msg = Arrive {

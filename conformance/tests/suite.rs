@@ -9,6 +9,7 @@
 
 use std::path::PathBuf;
 
+use ringsock_conformance::runner::Place;
 use ringsock_conformance::{scenario, suite};
 
 #[test]
@@ -18,7 +19,7 @@ fn every_scenario_is_kernel_exact_or_known() {
         Ok(list) => list.split(',').map(str::to_string).collect(),
         Err(_) => scenario::all().iter().map(|s| s.name.to_string()).collect(),
     };
-    let outcomes = suite::run_all(&bin, &names, 2, |o| {
+    let outcomes = suite::run_all(&bin, &names, 2, &Place::Local, |o| {
         let mark = if o.judge().is_ok() { "ok " } else { "BAD" };
         println!("{mark} {:8} {:5.1}s {}", o.word(), o.secs, o.name);
     });

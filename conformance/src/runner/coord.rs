@@ -139,8 +139,7 @@ pub fn coordinate(
         if Instant::now() >= deadline || !problems.is_empty() {
             if problems.is_empty() {
                 problems.push(format!(
-                    "hang: killed after {:?}: {}; {}",
-                    crate::runner::DEADLINE,
+                    "hang: killed at the deadline: {}; {}",
                     ends[0].state(),
                     ends[1].state()
                 ));

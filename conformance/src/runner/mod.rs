@@ -9,6 +9,7 @@
 
 mod compare;
 mod coord;
+pub mod hosts;
 pub mod spawn;
 
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ use ringsock_integration::{free_port, links, shim, show, Conn, Ctl, TempDir};
 
 use crate::role::{exit_text, Side};
 use coord::{coordinate, End};
+use hosts::Hosts;
 use spawn::{channel, group_gone, start, RoleArgs};
 
 pub use compare::diff;
@@ -58,19 +60,51 @@ pub struct Run {
     pub stderr: String,
 }
 
+/// Where the roles run.
+pub enum Place {
+    /// Both on this host over loopback; in shim mode with a private
+    /// daemon for the run.
+    Local,
+    /// On two hosts with a daemon each (hosts.rs).
+    Hosts(Box<Hosts>),
+}
+
+impl Place {
+    /// Two hosts when the environment describes them, else this host.
+    pub fn from_env() -> Place {
+        Hosts::from_env().map_or(Place::Local, |h| Place::Hosts(Box::new(h)))
+    }
+}
+
 /// Runs scenario `name` once in `mode` with the `conform` binary `bin`.
-pub fn run(bin: &Path, name: &str, mode: Mode) -> Run {
+pub fn run(bin: &Path, name: &str, mode: Mode, place: &Place) -> Run {
     let dir = TempDir::new(&format!("conform-{name}"));
     let port = free_port();
-    let ctl = (mode == Mode::Shim).then(Ctl::start);
-    let shim_env = ctl.as_ref().map(|c| (shim(), c.sock()));
-    let args = |side| RoleArgs {
-        bin,
-        scenario: name,
-        side,
-        port,
-        dir: dir.path(),
-        shim: shim_env,
+    let ctl = (mode == Mode::Shim && matches!(place, Place::Local)).then(Ctl::start);
+    let local_shim = ctl.as_ref().map(|c| (shim(), c.sock()));
+    let (server_ip, deadline) = match place {
+        Place::Local => ("127.0.0.1", DEADLINE),
+        Place::Hosts(h) => (h.server_ip.as_str(), h.deadline),
+    };
+    let args = |side: Side| {
+        let i = side as usize;
+        RoleArgs {
+            bin,
+            scenario: name,
+            side,
+            port,
+            dir: dir.path(),
+            server_ip,
+            wrap: match place {
+                Place::Local => &[],
+                Place::Hosts(h) => &h.wrap[i],
+            },
+            shim: match (mode, place) {
+                (Mode::Plain, _) => None,
+                (Mode::Shim, Place::Local) => local_shim,
+                (Mode::Shim, Place::Hosts(h)) => Some((h.shim.as_path(), h.ctl[i].as_path())),
+            },
+        }
     };
     let (sa, sc) = (args(Side::Server), args(Side::Client));
     let (s_mine, s_theirs) = channel();
@@ -82,9 +116,11 @@ pub fn run(bin: &Path, name: &str, mode: Mode) -> Run {
         End::new(Side::Server, s_mine, s_child),
         End::new(Side::Client, c_mine, c_child),
     ];
-    let deadline = Instant::now() + DEADLINE;
-    let mut problems = coordinate(&mut ends, deadline, |barrier, n| {
-        ctl.as_ref().and_then(|c| ring_check(c, port, barrier, n))
+    let deadline = Instant::now() + deadline;
+    let mut problems = coordinate(&mut ends, deadline, |barrier, n| match (mode, place) {
+        (Mode::Plain, _) => None,
+        (Mode::Shim, Place::Local) => ctl.as_ref().and_then(|c| ring_check(c, port, barrier, n)),
+        (Mode::Shim, Place::Hosts(h)) => h.ring_check(port, barrier, n, 3 * RING_WAIT),
     });
     for e in &ends {
         if !group_gone(e.child.id(), CLEANUP) {
@@ -180,8 +216,8 @@ pub enum Verdict {
 }
 
 /// Runs `name` plain, then under the shim, and compares.
-pub fn check(bin: &Path, name: &str) -> Verdict {
-    let plain = run(bin, name, Mode::Plain);
+pub fn check(bin: &Path, name: &str, place: &Place) -> Verdict {
+    let plain = run(bin, name, Mode::Plain, place);
     if !plain.problems.is_empty() {
         return Verdict::Broken(format!(
             "{name}: the plain run failed:\n{}\n{}\nserver log:\n{}\nclient log:\n{}",
@@ -191,7 +227,7 @@ pub fn check(bin: &Path, name: &str) -> Verdict {
             plain.client.join("\n")
         ));
     }
-    let shim = run(bin, name, Mode::Shim);
+    let shim = run(bin, name, Mode::Shim, place);
     let mut report = String::new();
     for p in &shim.problems {
         report.push_str(&format!("{p}\n"));

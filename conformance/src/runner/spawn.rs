@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::role::Side;
+use crate::role::{Side, ENV_SERVER_IP};
 use crate::sync::ENV_FD;
 
 /// The descriptor number a role finds its side channel at.
@@ -23,6 +23,10 @@ pub struct RoleArgs<'a> {
     pub side: Side,
     pub port: u16,
     pub dir: &'a Path,
+    /// The address the server listens on and the client connects to.
+    pub server_ip: &'a str,
+    /// A command prefix (`ip netns exec A`), empty for none.
+    pub wrap: &'a [String],
     /// LD_PRELOAD and RINGSOCK_CTL_SOCK in shim mode.
     pub shim: Option<(&'a Path, &'a Path)>,
 }
@@ -55,9 +59,17 @@ pub fn channel() -> (OwnedFd, OwnedFd) {
     unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
 }
 
-/// Starts `conform role SIDE SCENARIO` with `chan` as its descriptor 3.
+/// Starts `conform role SIDE SCENARIO` (behind the prefix) with `chan` as
+/// its descriptor 3.
 pub fn start(a: &RoleArgs<'_>, chan: &OwnedFd) -> Child {
-    let mut cmd = Command::new(a.bin);
+    let mut cmd = match a.wrap.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(a.bin);
+            c
+        }
+        None => Command::new(a.bin),
+    };
     cmd.arg("role")
         .arg(a.side.as_str())
         .arg(a.scenario)
@@ -68,6 +80,7 @@ pub fn start(a: &RoleArgs<'_>, chan: &OwnedFd) -> Child {
         .arg("--dir")
         .arg(a.dir)
         .env(ENV_FD, SYNC_FD.to_string())
+        .env(ENV_SERVER_IP, a.server_ip)
         .env_remove("LD_PRELOAD")
         .env_remove("RINGSOCK_CTL_SOCK")
         .stdin(Stdio::null())
@@ -109,7 +122,7 @@ pub fn kill_group(pgid: u32) {
 
 /// Whether a process of group `pgid` still runs. Zombies do not count:
 /// an orphan's new parent reaps it when it will.
-pub fn group_alive(pgid: u32) -> bool {
+fn group_alive(pgid: u32) -> bool {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return false;
     };

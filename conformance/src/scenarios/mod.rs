@@ -57,6 +57,7 @@ pub fn helper(args: &[String]) -> ExitCode {
         sync: Sync::from_env(),
         side: Side::parse(side).expect("side"),
         scenario: scenario.clone(),
+        server_ip: crate::role::server_ip_from_env(),
         port,
         log_path,
         dir: PathBuf::from(dir),

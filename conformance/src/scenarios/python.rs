@@ -21,6 +21,7 @@ pub fn list() -> Vec<Scenario> {
 const SCRIPT: &str = r#"
 import asyncio, os, socket, sys
 role, port, log = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+ip = os.environ.get("CONFORM_SERVER_IP", "127.0.0.1")
 logfd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 sync = socket.socket(fileno=int(os.environ["CONFORM_SYNC_FD"]))
 
@@ -54,7 +55,7 @@ async def serve():
         writer.close()
         await writer.wait_closed()
         done.set()
-    server = await asyncio.start_server(conn, "127.0.0.1", port)
+    server = await asyncio.start_server(conn, ip, port)
     note("listening")
     barrier("listening")
     await done.wait()
@@ -63,7 +64,7 @@ async def serve():
 
 async def client():
     barrier("listening")
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection(ip, port)
     note("connected")
     barrier("connected", 1)
     writer.write(b"hello from asyncio")
