@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ringsock_integration::ctl::parse_status;
+use ringsock_integration::status::status_of;
 use ringsock_integration::{links, show, Conn};
 
 /// Two hosts, as the environment describes them.
@@ -62,18 +62,10 @@ impl Hosts {
     /// Both daemons' connections, merged (an unreadable status counts as
     /// none).
     fn status(&self) -> Vec<Conn> {
-        let mut all = Vec::new();
-        for sock in &self.ctl {
-            let out = std::process::Command::new(&self.ctl_bin)
-                .args(["status", "--json", "--socket"])
-                .arg(sock)
-                .env_remove("LD_PRELOAD")
-                .output();
-            if let Ok(out) = out {
-                all.extend(parse_status(&String::from_utf8_lossy(&out.stdout)).unwrap_or_default());
-            }
-        }
-        all
+        self.ctl
+            .iter()
+            .flat_map(|sock| status_of(&self.ctl_bin, sock).unwrap_or_default())
+            .collect()
     }
 
     /// Waits (up to `within`) until the daemons list `n` connections to
