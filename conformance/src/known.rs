@@ -40,16 +40,12 @@ pub const KNOWN: &[Known] = &[
     // Calls and options.
     k("zero_length_calls", "recv of 0 bytes on an empty socket: EAGAIN (MSG_DONTWAIT) / blocks until data vs 0 at once"),
     k("tcp_info_established", "TCP_INFO after the peer's shutdown(SHUT_WR): CLOSE_WAIT vs ESTABLISHED (no FIN on the kernel socket)"),
-    sometimes("shutdown_rd_then_peer_sends", "after shutdown(SHUT_RD) the peer's later 5 bytes: delivered vs (some runs) dropped, recv 0"),
-    sometimes("select_sets_idle_and_ready", "select after reading all the bytes: not readable vs (some runs) still readable"),
     // The reset that answers a send into a closed peer is not seen.
     k("peer_sigkill_idle", "peer SIGKILLed, then our first send: POLLERR|POLLHUP reported vs never (the next send is EPIPE on both)"),
     k("epipe_sigpipe_caught", "after the peer closed and our first send: POLLERR|POLLHUP reported vs never (the sends and SIGPIPEs agree)"),
     k("epipe_sigpipe_default_kills", "after the peer closed and our first send: POLLERR|POLLHUP reported vs never (the sender dies of SIGPIPE on both)"),
     k("epipe_msg_nosignal", "after the peer closed and our first send: POLLERR|POLLHUP reported vs never (the sends agree)"),
     k("epipe_write_sigpipe", "after the peer closed and our first write: POLLERR|POLLHUP reported vs never (the writes and SIGPIPEs agree)"),
-    // Urgent data: the connection leaves the ring for TCP.
-    sometimes("oob_urgent_byte", "abc, urgent !, def, after the bytes before the mark arrived: POLLPRI and SIOCATMARK 1 vs (a run under load) neither yet"),
     // A second process writing (fork, exec, SCM_RIGHTS): the leaving handshake.
     sometimes("fork_child_writes_exits_parent_writes", "fork: the child writes 64 and exits, the parent 64: the peer reads 128 vs (some runs) 88 bytes of other content (\"the peer did not acknowledge our leaving in time\")"),
     sometimes("fork_alternate_writes", "fork: parent and child write 10 bytes in turn: the peer reads the 40 bytes vs (most runs) 40 other bytes (leaving not acknowledged)"),

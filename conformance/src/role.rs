@@ -247,6 +247,26 @@ impl Role {
         }
     }
 
+    /// Waits (up to SETTLE) until FIONREAD says `n` bytes are queued (for a
+    /// socket whose reads return 0 before its bytes, after SHUT_RD). Logs
+    /// only when they never were.
+    pub fn await_queued(&self, fd: RawFd, n: usize) {
+        let end = Instant::now() + SETTLE;
+        loop {
+            let mut q: i32 = 0;
+            // SAFETY: FIONREAD fills one int, which q is.
+            let ok = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut q) } == 0;
+            if ok && q as usize >= n {
+                return;
+            }
+            if Instant::now() >= end {
+                self.note(format!("settle: {n} bytes never queued on {fd}"));
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Waits (up to SETTLE) until poll reports any of `events` on `fd`.
     /// Logs only when nothing came.
     pub fn await_events(&self, fd: RawFd, events: i16) {

@@ -20,11 +20,13 @@ pub fn list() -> Vec<Scenario> {
 }
 
 /// Once the server has looked (barrier `ready`), the client sends abc,
-/// urgent !, def; the server waits for the bytes before the mark.
+/// urgent !, def; the server waits for the urgent byte (POLLPRI) and the
+/// bytes before the mark.
 fn urgent_stream(r: &Role, fd: RawFd) {
     r.barrier("ready");
     if r.is_server() {
         r.barrier("sent");
+        r.await_events(fd, libc::POLLPRI);
         r.await_bytes(fd, 3);
     } else {
         r.call(ops::send(fd, b"abc", 0));
@@ -139,6 +141,7 @@ fn sender_view(r: &mut Role) {
     let fd = r.open();
     if r.is_server() {
         r.barrier("sent");
+        r.await_events(fd, libc::POLLPRI);
         r.await_bytes(fd, 2);
         oob_recv(r, fd, libc::MSG_OOB);
         r.call(ops::recv(fd, 100, libc::MSG_DONTWAIT));

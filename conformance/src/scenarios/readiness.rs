@@ -165,7 +165,8 @@ fn shutdown_rd_then_send(r: &mut Role) {
         poll1(r, fd, ALL);
         r.barrier("shut");
         r.barrier("sent");
-        r.await_bytes(fd, 5);
+        // A peek reads 0 after SHUT_RD: wait for the queued count instead.
+        r.await_queued(fd, 5);
         r.call(ops::recv(fd, 100, 0));
         r.call(ops::recv(fd, 100, 0));
         r.call(ops::send(fd, b"reply", 0));
@@ -226,6 +227,7 @@ fn select_sets(r: &mut Role) {
         r.call(ops::select(&all, Some(0)));
         r.call(ops::recv(fd, 100, 0));
         r.call(ops::select(&all, Some(0)));
+        r.barrier("read");
         r.barrier("shut");
         r.await_eof(fd);
         r.call(ops::select(&all, Some(0)));
@@ -233,6 +235,7 @@ fn select_sets(r: &mut Role) {
         r.barrier("idle");
         r.call(ops::send(fd, b"abc", 0));
         r.barrier("sent");
+        r.barrier("read");
         r.call(ops::shutdown(fd, libc::SHUT_WR));
         r.barrier("shut");
     }
