@@ -38,6 +38,7 @@ pub const KNOWN: &[Known] = &[
     k("accept_order_fifo", "the third connection's fd: 7 (client) / 8 (server) vs 8 / 9: the shim holds a low descriptor while a handshake is pending"),
     k("fd_numbers_lowest_free", "the third socket and accept: fd 7 / 8 vs 8 / 9: a low descriptor is taken by the shim (a ring memfd on the server side)"),
     // Calls and options.
+    sometimes("shutdown_rdwr_wakes_poller", "poll(POLLIN, -1) in another thread woken by this end's shutdown(SHUT_RDWR): POLLIN|POLLHUP vs (some runs) POLLIN"),
     k("zero_length_calls", "recv of 0 bytes on an empty socket: EAGAIN (MSG_DONTWAIT) / blocks until data vs 0 at once"),
     k("tcp_info_established", "TCP_INFO after the peer's shutdown(SHUT_WR): CLOSE_WAIT vs ESTABLISHED (no FIN on the kernel socket)"),
     // The reset that answers a send into a closed peer is not seen.
