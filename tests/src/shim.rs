@@ -1,9 +1,10 @@
 //! Locating (and building) `libringsock.so` and the `ringsock-ctl` binary.
 //!
-//! The test binary lives in `<target>/<profile>/deps/`; the shim is built
-//! as `<target>/<profile>/libringsock.so`. Deriving the path from the test
-//! binary's own location honours CARGO_TARGET_DIR, `--target-dir` and the
-//! profile without any build script. The first call runs
+//! A test binary lives in `<target>/<profile>/deps/`, a crate's binary
+//! (such as the conformance suite's `conform`) in `<target>/<profile>/`;
+//! the shim is built as `<target>/<profile>/libringsock.so`. Deriving the
+//! path from the running binary's own location honours CARGO_TARGET_DIR,
+//! `--target-dir` and the profile without any build script. The first call runs
 //! `cargo build -p ringsock-preload` for that target dir and profile (a
 //! no-op when up to date), using the cargo that runs the tests ($CARGO).
 
@@ -28,8 +29,12 @@ pub fn ctl_bin() -> &'static Path {
 
 fn build(package: &str, artifact: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("deps dir");
-    let profile_dir = deps.parent().expect("profile dir");
+    let dir = exe.parent().expect("exe dir");
+    let profile_dir = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().expect("profile dir")
+    } else {
+        dir
+    };
     let target = profile_dir.parent().expect("target dir");
     let profile = profile_dir
         .file_name()
