@@ -47,21 +47,6 @@ pub const KNOWN: &[Known] = &[
     k("epipe_sigpipe_default_kills", "after the peer closed and our first send: POLLERR|POLLHUP reported vs never (the sender dies of SIGPIPE on both)"),
     k("epipe_msg_nosignal", "after the peer closed and our first send: POLLERR|POLLHUP reported vs never (the sends agree)"),
     k("epipe_write_sigpipe", "after the peer closed and our first write: POLLERR|POLLHUP reported vs never (the writes and SIGPIPEs agree)"),
-    // A second process writing (fork, exec, SCM_RIGHTS): the leaving handshake.
-    sometimes("fork_child_writes_exits_parent_writes", "fork: the child writes 64 and exits, the parent 64: the peer reads 128 vs (some runs) 88 bytes of other content (\"the peer did not acknowledge our leaving in time\")"),
-    sometimes("fork_alternate_writes", "fork: parent and child write 10 bytes in turn: the peer reads the 40 bytes vs (most runs) 40 other bytes (leaving not acknowledged)"),
-    sometimes("fork_client_child_writes_parent_reads", "fork on the client: after the child wrote, the parent's read: 20 bytes vs (some runs) EBADFD"),
-    sometimes("exec_inherited_writes", "fork+exec: the exec'd image's 100 and the parent's 50 bytes vs (some runs) 150 other bytes (leaving not acknowledged)"),
-    sometimes("exec_inherited_reads_and_writes", "fork+exec: the exec'd image's 30-byte reply vs (some runs) 30 other bytes"),
-    sometimes("exec_parent_closes_exec_continues", "fork+exec, parent closed: the peer's non-blocking read: EAGAIN vs (some runs) 24 stray bytes"),
-    sometimes("exec_child_exits_parent_continues", "fork+exec: the exec'd image's 10 bytes vs (some runs) 10 other bytes, then 24 stray bytes instead of EAGAIN"),
-    sometimes("exec_in_place_writes", "exec in place: the peer reads the old and new image's 40 bytes vs (some runs) 40 other bytes"),
-    sometimes("scm_sender_keeps_receiver_writes", "SCM_RIGHTS: the receiver's 100 and the sender's 10 bytes vs (most runs) other bytes (leaving not acknowledged)"),
-    sometimes("scm_sender_keeps_both_close", "SCM_RIGHTS, the sender closed: the peer's non-blocking read: EAGAIN vs (most runs) 24 stray bytes"),
-    sometimes("scm_sender_closes_receiver_reads", "SCM_RIGHTS, the sender closed its copy: the peer's non-blocking read before sending: EAGAIN vs (some runs) 24 stray bytes"),
-    sometimes("scm_sender_closes_receiver_writes", "SCM_RIGHTS, the sender closed its copy: the receiver's 100 bytes then EOF vs (some runs) 100 other bytes, then 24 stray ones"),
-    sometimes("scm_sender_closes_receiver_exits", "SCM_RIGHTS, the sender closed its copy: the receiver's 10 bytes then EOF vs (some runs) 10 other bytes, then 24 stray ones"),
-    sometimes("scm_forked_receiver", "SCM_RIGHTS to a forked process: its 10 and the sender's 5 bytes vs (some runs) other bytes (leaving not acknowledged)"),
 ];
 
 /// The known difference of scenario `name`, if any.

@@ -89,8 +89,10 @@ pub fn start(a: &RoleArgs<'_>, chan: &OwnedFd) -> Child {
         )
         .stderr(File::create(a.err_path()).expect("stderr file"));
     if let Some((shim, ctl_sock)) = a.shim {
+        // CONFORM_SHIM_LOG (a RINGSOCK_LOG level) debugs one scenario.
+        let level = std::env::var("CONFORM_SHIM_LOG").unwrap_or_else(|_| "warn".into());
         cmd.env("LD_PRELOAD", shim)
-            .env("RINGSOCK_LOG", "warn")
+            .env("RINGSOCK_LOG", level)
             .env("RINGSOCK_CTL_SOCK", ctl_sock);
     }
     let fd = chan.as_raw_fd();

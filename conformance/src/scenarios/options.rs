@@ -198,14 +198,29 @@ fn rcvtimeo(r: &mut Role) {
 /// kernel's buffer sizes are its own).
 pub fn fill(r: &Role, fd: RawFd) {
     let chunk = vec![0x5au8; 65536];
-    for _ in 0..100_000 {
-        let (_, ret) = ops::send(fd, &chunk, libc::MSG_DONTWAIT);
-        if !ret.ok() {
-            r.note(format!("filled: send(MSG_DONTWAIT) ends with {ret}"));
-            return;
+    // Until EAGAIN, then again after a pause, until a pause frees no room:
+    // kernel TCP moves queued bytes to the receiver (and grows its
+    // buffers) after the first EAGAIN, which would let the next send in.
+    let mut last = None;
+    for _ in 0..50 {
+        let mut sent_any = false;
+        for _ in 0..100_000 {
+            let (_, ret) = ops::send(fd, &chunk, libc::MSG_DONTWAIT);
+            if !ret.ok() {
+                last = Some(ret);
+                break;
+            }
+            sent_any = true;
         }
+        if last.is_some() && !sent_any {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    r.note("filled: never got EAGAIN");
+    match last {
+        Some(ret) => r.note(format!("filled: send(MSG_DONTWAIT) ends with {ret}")),
+        None => r.note("filled: never got EAGAIN"),
+    }
 }
 
 fn sndtimeo(r: &mut Role) {

@@ -593,7 +593,10 @@ fn follow_pending(now: u64) {
         .ok()
         {
             Some((Msg::Answered { payload }, _)) => {
-                if !c.answered(&payload) {
+                if c.answered(&payload) {
+                    // A leave header may have come before the answer.
+                    c.check_socket();
+                } else {
                     keep.push(w);
                 }
             }

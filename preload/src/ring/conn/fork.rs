@@ -26,6 +26,11 @@ impl<W: Wire> RingConn<W> {
     /// publishes everything, and records the positions the child may take
     /// the side over from. `fork_finish` undoes the holding on both sides.
     pub(crate) fn fork_prepare(&self) {
+        if self.mode() == super::MODE_PENDING {
+            // The shared rule is the ring's: a side still waiting for the
+            // server's decision gets it first (bounded by the wire).
+            W::await_decision(self, false);
+        }
         self.tx.lock_raw();
         self.rx.lock_raw();
         let Some(share) = self.wire.share() else {

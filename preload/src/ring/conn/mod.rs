@@ -131,6 +131,11 @@ pub struct RingConn<W: Wire> {
     leaving: AtomicBool,
     /// When a partial leave header was first seen (0: none).
     header_since: AtomicU64,
+    /// A leave header came while we were pending: the server took the ring
+    /// and left it at once, and its decision reaches us after the header
+    /// (between hosts it travels through the daemons). Read once the
+    /// connection is on the ring.
+    header_early: AtomicBool,
     /// SO_RCVLOWAT.
     rcvlowat: AtomicUsize,
     /// A fork made this side shared with another process (`share`), and
@@ -180,6 +185,7 @@ impl<W: Wire> RingConn<W> {
             eos_owed: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
             header_since: AtomicU64::new(0),
+            header_early: AtomicBool::new(false),
             rcvlowat: AtomicUsize::new(rcvlowat),
             forked: AtomicBool::new(false),
             forked_ops: AtomicU64::new(0),
@@ -248,14 +254,24 @@ impl<W: Wire> RingConn<W> {
     /// Cheap when already decided.
     pub fn settle(&self) -> u8 {
         let m = self.mode();
-        if m == MODE_RING && self.forked.load(Ordering::Relaxed) {
-            self.notice_shared_leave();
+        if m == MODE_RING {
+            if self.header_early.load(Ordering::Relaxed)
+                && self.header_early.swap(false, Ordering::AcqRel)
+            {
+                self.check_tcp();
+            }
+            if self.forked.load(Ordering::Relaxed) {
+                self.notice_shared_leave();
+            }
             return self.mode();
         }
         if m != MODE_PENDING {
             return m;
         }
         W::poll_decision(self);
+        if self.mode() == MODE_RING {
+            return self.settle();
+        }
         self.mode()
     }
 
@@ -324,14 +340,29 @@ impl<W: Wire> RingConn<W> {
         let mut b = [0u8; leave::HEADER_BYTES];
         match sys_recv(fd, &mut b, libc::MSG_PEEK) {
             Ok(0) => self.peer_closed_socket(),
-            Ok(n) if mode == MODE_PENDING => {
-                let _ = n;
-                self.fall_back("the server answered over TCP");
-            }
+            Ok(n) if mode == MODE_PENDING => self.tcp_while_pending(&b[..n]),
             Ok(n) => self.header_arrived(&b[..n]),
             Err(Errno(libc::EAGAIN)) => {}
             Err(Errno(e)) => self.reset_by_peer(e),
         }
+    }
+
+    /// Bytes on the kernel socket before the server's decision reached us.
+    /// A leave header means the server took the ring (and left it at
+    /// once): its decision is already in the segment, or on its way
+    /// through the daemons, and the header is read on the ring. Anything
+    /// else is a server that talks TCP: where the wire decides, its
+    /// decision word is revoked first (a server that took the ring wins).
+    fn tcp_while_pending(&self, peeked: &[u8]) {
+        if leave::Leave::parse(peeked) != leave::Parsed::Garbage {
+            self.header_early.store(true, Ordering::Release);
+            self.settle();
+            return;
+        }
+        if !W::revoke(self) {
+            self.fall_back("the server answered over TCP");
+        }
+        self.settle();
     }
 
     /// The kernel socket's EOF: the peer process closed it or died. Kernel
