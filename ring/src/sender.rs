@@ -67,6 +67,11 @@ pub struct Sender<T: Transport> {
     kicked_tail: u64,
     /// Rings given to the receiver's current standing flag (`sleep::flags`).
     standing: flags::StandingKicks,
+    /// `publish` is running: a visible tail leaves its sleeper check owed.
+    quiet: bool,
+    /// A visible tail whose check for a sleeping receiver (`tail_visible`)
+    /// has not run yet: the next `flush` runs it.
+    check_owed: bool,
     closed: bool,
     failed: Option<RingError>,
     /// Payload bytes of the committed records (the stream position at
@@ -108,6 +113,8 @@ impl<T: Transport> Sender<T> {
             streaming: false,
             kicked_tail: 0,
             standing: flags::StandingKicks::default(),
+            quiet: false,
+            check_owed: false,
             closed: false,
             failed: None,
             committed_bytes: 0,
@@ -478,6 +485,10 @@ impl<T: Transport> Sender<T> {
             .store(self.synced_tail, Ordering::Relaxed);
         bump(&c.tx_stats.tail_writes, 1);
         match vis {
+            Visibility::Now if self.quiet => {
+                self.check_owed = true;
+                Ok(())
+            }
             Visibility::Now => self.tail_visible(),
             Visibility::AtCompletion => {
                 self.tail_in_flight = true;
@@ -493,6 +504,8 @@ impl<T: Transport> Sender<T> {
     /// side's store, so either the receiver sees the data or we see that it
     /// sleeps and ring its doorbell: no lost wakeup.
     fn tail_visible(&mut self) -> Result<(), RingError> {
+        // This check covers every tail before `synced_tail` too.
+        self.check_owed = false;
         if self.synced_tail <= self.kicked_tail {
             // That tail carried its kick (`sync_tail`).
             return Ok(());
@@ -537,6 +550,27 @@ impl<T: Transport> Sender<T> {
         // Whatever the commit below transmits, the stream ends here.
         let done = self.publish_all();
         self.streaming = false;
+        done?;
+        if self.check_owed {
+            self.check_owed = false;
+            self.tail_visible()?;
+        }
+        Ok(())
+    }
+
+    /// Makes every byte written so far visible to the receiver, like
+    /// `flush`, but leaves the check for a sleeping receiver (a fence and
+    /// a load of its flag, which cost a stream of small writes more than
+    /// the writes) to the next `flush`: a receiver that looks finds the
+    /// bytes at once, one that sleeps is woken by that flush.
+    /// `has_unflushed` is true until then.
+    pub fn publish(&mut self) -> Result<(), RingError> {
+        if let Some(e) = &self.failed {
+            return Err(e.clone());
+        }
+        self.quiet = true;
+        let done = self.publish_all();
+        self.quiet = false;
         done
     }
 
@@ -558,7 +592,7 @@ impl<T: Transport> Sender<T> {
 
     /// Whether bytes sit in a batch that is not visible to the receiver yet.
     pub fn has_unflushed(&self) -> bool {
-        self.open.is_some() || self.synced_tail != self.tail
+        self.open.is_some() || self.synced_tail != self.tail || self.check_owed
     }
 
     /// Whether a write would take at least one byte now.

@@ -70,6 +70,30 @@ fn data_is_published_and_sleeping_receiver_wakes() {
     });
 }
 
+/// A quiet publish makes the bytes readable at once and leaves the check
+/// for a sleeping receiver to the next flush: a receiver that reads finds
+/// them, one that went to sleep is woken by that flush.
+#[test]
+fn quiet_publish_then_flush_wakes_a_sleeper() {
+    model(|| {
+        let bell = Bell::default();
+        // Tails every 2 slots: the one-slot records wait for `publish`.
+        let c = RingConfig { alpha: 2, ..cfg(4) };
+        let (mut tx, mut rx) = heap_pair(c, Some(Box::new(bell.clone())), None).unwrap();
+        let writer = thread::spawn(move || {
+            tx.write(b"ab").unwrap();
+            tx.publish().unwrap();
+            assert!(tx.has_unflushed(), "the sleeper check is owed");
+            tx.write(b"c").unwrap();
+            tx.publish().unwrap();
+            tx.flush().unwrap();
+            assert!(!tx.has_unflushed());
+        });
+        assert_eq!(read_all(&mut rx, &bell, 3), b"abc");
+        writer.join().unwrap();
+    });
+}
+
 /// 5 one-slot records into a 4-slot ring (the last must wait for space),
 /// each side sleeping on its own bell whenever it cannot go on; every
 /// byte must arrive in order and no side may sleep for good.

@@ -48,6 +48,13 @@ pub trait Wire: Sized + Send + Sync + 'static {
     /// until none is unreported before it sleeps, and so does the flush.
     const REAPS_COMPLETIONS: bool;
 
+    /// Whether every send is visible to the peer when it returns, as on
+    /// kernel TCP over loopback (shared memory: a publish is a store).
+    /// Between hosts bytes take their time on any transport, and a stream
+    /// of small sends coalesces until the next wait or the background
+    /// flush.
+    const PUBLISHES_EACH_SEND: bool;
+
     /// Looks a spinning waiter takes back to back before it yields.
     fn spin_looks(&self) -> u32 {
         ringsock_ring::sleep::backoff::SPIN_TURNS

@@ -120,6 +120,7 @@ impl Wire for ShmWire {
     const STATUS: StatusTransport = StatusTransport::Shm;
     const FAILURES_ARE_FATAL: bool = false;
     const REAPS_COMPLETIONS: bool = false;
+    const PUBLISHES_EACH_SEND: bool = true;
 
     fn bell_fds(&self) -> [Option<RawFd>; 2] {
         [Some(self.bell.fd()), None]
