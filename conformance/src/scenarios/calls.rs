@@ -47,7 +47,7 @@ pub fn list() -> Vec<Scenario> {
         ),
         sc(
             "zero_length_calls",
-            "send and recv of 0 bytes return 0, with and without data waiting",
+            "send, read and recv of 0 bytes: recv waits for data as for one byte, read and send return 0",
             zero_length,
         ),
         sc(
@@ -175,6 +175,8 @@ fn zero_length(r: &mut Role) {
     let fd = r.open();
     if r.is_server() {
         r.call(ops::recv(fd, 0, libc::MSG_DONTWAIT));
+        // read(2) of nothing returns at once; recv(2) waits for data.
+        r.call(ops::read(fd, 0));
         r.blocking_until("send", move || ops::recv(fd, 0, 0).0);
         r.barrier("sent");
         r.await_bytes(fd, 2);

@@ -41,7 +41,16 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
     }
     let want = total_len(bufs);
     if want == 0 {
-        return 0;
+        // TCP's zero-byte read waits as a one-byte one does (EAGAIN, or
+        // blocking until data, EOF or an error) and then returns 0.
+        let mut one = [0u8; 1];
+        let r = recv(
+            fd,
+            st,
+            &mut [IoSliceMut::new(&mut one)],
+            flags | libc::MSG_PEEK,
+        );
+        return r.min(0);
     }
     let peek = flags & libc::MSG_PEEK != 0;
     if flags & libc::MSG_TRUNC != 0 {

@@ -321,6 +321,11 @@ hooks! {
     fn read(fd: c_int, buf: *mut c_void, count: size_t) -> ssize_t;
     |next| {
         if let Some(st) = ring(fd) {
+            if count == 0 {
+                // A socket's zero-byte read(2) returns at once (recv(2)'s
+                // waits).
+                return 0;
+            }
             // SAFETY: caller's buffer contract.
             return unsafe { ring_recv1(fd, &st, buf, count, 0) };
         }
@@ -343,6 +348,8 @@ hooks! {
         if let Some(st) = ring(fd) {
             // SAFETY: caller's iovec contract.
             return match unsafe { iov_mut(iov, iovcnt) } {
+                // A socket's zero-byte readv(2) returns at once.
+                Ok(b) if b.iter().all(|b| b.is_empty()) => 0,
                 Ok(b) => ring_io::recv(fd, &st, b, 0),
                 Err(e) => fail(e),
             };

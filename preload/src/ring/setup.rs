@@ -3,7 +3,7 @@
 //! decline calls, and descriptors at high numbers.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ringsock_proto::{Fds, Msg, RefuseReason};
@@ -61,6 +61,13 @@ fn default_gamma(slots: u32, medium: Medium) -> u32 {
 
 pub fn dup_cloexec(fd: RawFd) -> Result<RawFd, Errno> {
     fdspace::dup_high(fd).map_err(Errno)
+}
+
+/// A copy of a ring's memory descriptor for the daemon's status, at a
+/// high fd number (the program's next socket gets the number the kernel
+/// would give it); None when there is none to spare.
+pub fn report_fd(fd: Result<OwnedFd, ringsock_ring::RingError>) -> Option<OwnedFd> {
+    fdspace::high_or_emfile(fd.ok()?).ok()
 }
 
 /// A doorbell of ours, at a high fd number.

@@ -122,6 +122,8 @@ pub struct RingConn<W: Wire> {
     error: AtomicI32,
     /// A write after the peer closed was taken (sockio::send_after_peer_closed).
     closed_write_taken: AtomicBool,
+    /// The kernel socket's error after the peer's close was passed on.
+    socket_error_seen: AtomicBool,
     rd_shut: AtomicBool,
     wr_shut: AtomicBool,
     /// The end-of-stream mark could not be written yet (ring full).
@@ -180,6 +182,7 @@ impl<W: Wire> RingConn<W> {
             reset: AtomicBool::new(false),
             error: AtomicI32::new(0),
             closed_write_taken: AtomicBool::new(false),
+            socket_error_seen: AtomicBool::new(false),
             rd_shut: AtomicBool::new(false),
             wr_shut: AtomicBool::new(false),
             eos_owed: AtomicBool::new(false),
@@ -314,11 +317,18 @@ impl<W: Wire> RingConn<W> {
     pub fn check_tcp(&self) {
         let fd = self.tcp_fd();
         let mode = self.mode();
-        if fd < 0
-            || mode == MODE_TCP
-            || self.peer_gone.load(Ordering::Relaxed)
-            || self.leaving.load(Ordering::Acquire)
-        {
+        if fd >= 0 && mode != MODE_TCP && self.peer_gone.load(Ordering::Relaxed) {
+            // The reset that answers a send after the peer's close: waiters
+            // look again (readiness shows it), once.
+            if !self.reset.load(Ordering::Acquire)
+                && poll_one(fd, 0) & libc::POLLERR != 0
+                && !self.socket_error_seen.swap(true, Ordering::AcqRel)
+            {
+                self.wire.ring_own_bell();
+            }
+            return;
+        }
+        if fd < 0 || mode == MODE_TCP || self.leaving.load(Ordering::Acquire) {
             // (A side that sent its leave header reads the peer's answer
             // in `leave` itself.)
             return;
@@ -381,9 +391,26 @@ impl<W: Wire> RingConn<W> {
         };
         self.peer_gone.store(true, Ordering::Release);
         if unread {
-            self.reset_by_peer(libc::ECONNRESET);
+            self.reset_as_tcp_would();
         }
         self.wire.ring_own_bell();
+    }
+
+    /// The reset the peer's kernel would have sent (it closed with bytes
+    /// of ours unread): after its FIN TCP reports it as EPIPE (the socket
+    /// was in CLOSE_WAIT), before it as ECONNRESET.
+    fn reset_as_tcp_would(&self) {
+        let fin = self
+            .rx
+            .lock()
+            .as_mut()
+            .is_none_or(|rx| rx.eos_published().unwrap_or(true));
+        let errno = if fin && !self.wr_shut() {
+            libc::EPIPE
+        } else {
+            libc::ECONNRESET
+        };
+        self.reset_by_peer(errno);
     }
 
     /// The peer reset the connection (or, gone with our bytes unread,
@@ -654,8 +681,8 @@ impl<W: Wire> RingConn<W> {
         };
         // On a shared side every byte is published within the operation,
         // so the positions it leaves are the ring's.
-        let first = self.message.starts_message() || shared.is_some();
-        if first {
+        let starts = self.message.starts_message() || shared.is_some();
+        if starts {
             tx.end_stream();
         }
         let mut total = 0;
@@ -678,7 +705,12 @@ impl<W: Wire> RingConn<W> {
                 }
             }
         }
-        if first {
+        if !starts && W::PUBLISHES_EACH_SEND {
+            // The bytes are readable when the send returns; a sleeping
+            // reader is woken by the flush that follows (`Sender::publish`).
+            let _ = tx.publish();
+        }
+        if starts {
             // A message goes out now (`msgstart`); flush_locked queues what
             // it cannot finish.
             self.flush_locked(&mut guard);
@@ -698,8 +730,13 @@ impl<W: Wire> RingConn<W> {
             if e == RingError::PeerClosed {
                 // The peer closed its socket before its FIN reached us. An
                 // EPIPE at once would fail a write TCP accepts (iperf3's
-                // cookie write to a server that answered "busy" and closed).
-                return sockio::send_after_peer_closed(&self.closed_write_taken, bufs);
+                // cookie write to a server that answered "busy" and closed);
+                // the peer's kernel answers that write with a reset.
+                let r = sockio::send_after_peer_closed(&self.closed_write_taken, bufs);
+                if r.is_ok() {
+                    self.reset_as_tcp_would();
+                }
+                return r;
             }
             let errno = self.ring_failed(&e, "send");
             if errno == Errno(libc::EPIPE) && self.peer_gone() {
@@ -781,6 +818,17 @@ impl<W: Wire> RingConn<W> {
         }
         if self.error.load(Ordering::Acquire) != 0 {
             r = r | Ready::ERR;
+        }
+        if gone && !reset {
+            // After the peer's close our sends go on the kernel socket,
+            // and the reset that answers them arrives there.
+            let k = poll_one(self.tcp_fd(), 0);
+            if k & libc::POLLERR != 0 {
+                r = r | Ready::ERR;
+            }
+            if k & libc::POLLHUP != 0 {
+                r = r | Ready::HUP;
+            }
         }
         r
     }
@@ -1201,13 +1249,17 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         if self.settle() == MODE_TCP {
             return self.tcp_shutdown(how);
         }
-        if how != libc::SHUT_WR {
+        let rd = how != libc::SHUT_WR;
+        if rd {
             // Reads return what is (or later arrives) in the ring, then 0
             // where they would wait: the peer may still send, as on TCP.
             self.rd_shut.store(true, Ordering::Release);
-            self.wire.ring_own_bell();
         }
-        if how != libc::SHUT_RD && !self.wr_shut.swap(true, Ordering::AcqRel) {
+        // Both halves are set before a waiter is woken: one woken by
+        // SHUT_RDWR sees HUP, as on TCP.
+        let wr = how != libc::SHUT_RD && !self.wr_shut.swap(true, Ordering::AcqRel);
+        let mut res = Ok(());
+        if wr {
             // The kernel socket stays untouched: its FIN would read as the
             // peer process dying. The end-of-stream mark says it instead;
             // a wire without a sender yet carries it on when it gets one.
@@ -1217,12 +1269,13 @@ impl<W: Wire> AttachedConn for RingConn<W> {
                 self.flush_locked(&mut tx);
             } else if self.mode() == MODE_TCP {
                 drop(tx);
-                return self.tcp_shutdown(libc::SHUT_WR);
+                res = self.tcp_shutdown(libc::SHUT_WR);
             }
-            drop(tx);
+        }
+        if rd || wr {
             self.wire.ring_own_bell();
         }
-        Ok(())
+        res
     }
 
     fn take_error(&self) -> c_int {
@@ -1338,6 +1391,12 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             if reset {
                 self.close_with_reset();
             }
+            // Our reader is closed before the mark goes out: a peer that
+            // sees our end of stream and writes finds us closed, as TCP's
+            // FIN comes from a socket that takes no more data.
+            if let Some(rx) = self.rx.lock().as_mut() {
+                let _ = rx.close();
+            }
             if let Some(tx) = self.tx.lock().as_mut() {
                 if !reset
                     && (!self.wr_shut.swap(true, Ordering::AcqRel)
@@ -1349,9 +1408,6 @@ impl<W: Wire> AttachedConn for RingConn<W> {
                     self.eos_owed.store(false, Ordering::Release);
                 }
                 let _ = tx.flush();
-            }
-            if let Some(rx) = self.rx.lock().as_mut() {
-                let _ = rx.close();
             }
             // The mark and the closed flag must land before the wire goes
             // away with the last reference. A client still pending keeps

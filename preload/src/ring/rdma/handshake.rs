@@ -24,7 +24,7 @@ use ringsock_ring::transport::verbs::{PullKnobs, QpParams, VerbsConn};
 use super::super::conn::{Parts, RingConn};
 use super::super::setup::{
     claim, config_for, connect_started, decline, dup_cloexec, ensure_bound, log_no_resources,
-    new_bell, offer, ring_config, Medium,
+    new_bell, offer, report_fd, ring_config, Medium,
 };
 use super::super::tracked::Tracked;
 use super::super::{background, ctl};
@@ -116,7 +116,7 @@ pub fn connect(
         return (res, Decision::Tcp(TcpReason::Declined));
     }
     // The region's header and counters, for status (read-only there).
-    let stats_fd = vc.share_fd().ok();
+    let stats_fd = report_fd(vc.share_fd());
     let conn: Arc<RdmaConn> = RingConn::new(Parts {
         offer_id,
         local,
@@ -220,7 +220,7 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
             return Decision::Tcp(TcpReason::Declined);
         }
     }
-    let stats_fd = connected.share_fd().ok();
+    let stats_fd = report_fd(connected.share_fd());
     let conn: Arc<RdmaConn> = RingConn::new(Parts {
         offer_id,
         local,

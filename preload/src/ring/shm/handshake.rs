@@ -25,7 +25,7 @@ use ringsock_ring::{EventFd, Notify, Receiver, Segment, Sender, ShmTransport};
 use super::super::conn::{Parts, RingConn};
 use super::super::setup::{
     claim, config_for, connect_started, decline, dup_cloexec, ensure_bound, log_no_resources,
-    new_bell, offer, ring_config, Medium,
+    new_bell, offer, report_fd, ring_config, Medium,
 };
 use super::super::tracked::Tracked;
 use super::super::{background, ctl};
@@ -120,7 +120,7 @@ pub fn connect(
         let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
         return (res, Decision::Tcp(TcpReason::Declined));
     };
-    let report_memfd = seg.share_fd().ok();
+    let report_memfd = report_fd(seg.share_fd());
     seg.close_fd();
     let conn: Arc<ShmConn> = RingConn::new(Parts {
         offer_id,
@@ -236,7 +236,7 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         payload: Vec::new(),
     });
     drop(cbell);
-    let report_memfd = seg.share_fd().ok();
+    let report_memfd = report_fd(seg.share_fd());
     seg.close_fd();
     let conn: Arc<ShmConn> = RingConn::new(Parts {
         offer_id,
