@@ -15,6 +15,8 @@
 //!   runs between "hosts" (also used by ringsock-ctl's own tests);
 //! * `resources::holdings` and `rings_on_machine` count descriptors, ring
 //!   memfds and mappings for leak checks;
+//! * `seccomp`: filters for helpers that run the shim in a sandbox (a
+//!   few calls failing; OpenSSH's pre-authentication allow-list);
 //! * `free_port`, `wait_port`, `TempDir`, `sha256` (sha2) and the `require!`
 //!   macro, which skips a test (with a printed reason) only when a program
 //!   is not installed.
@@ -23,6 +25,7 @@ pub mod ctl;
 pub mod netns;
 pub mod proc;
 pub mod resources;
+pub mod seccomp;
 pub mod sha256;
 pub mod shim;
 pub mod status;
