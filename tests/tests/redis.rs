@@ -87,6 +87,14 @@ fn redis_benchmark_and_cli_readback() {
     assert_eq!(counts, want, "INCR replies");
     let links = assert_all_shm("redis-cli -r 20", &w.conns, port_n, 1);
     assert_eq!(links.len(), 1, "one connection expected");
+    // Named as ps names it, whatever the executable behind the name (on
+    // Debian redis-server is a symlink to redis-check-rdb).
+    assert_eq!(
+        (links[0].server.name.as_str(), links[0].client.name.as_str()),
+        ("redis-server", "redis-cli"),
+        "{}",
+        links[0]
+    );
     assert!(
         links[0].client.stat("c2s_bytes") > 0 && links[0].client.stat("s2c_bytes") > 0,
         "ring counters: {:?}",
