@@ -133,6 +133,12 @@ pub fn parse(text: &str) -> Result<Vec<Conn>, String> {
 /// `ctl status --json --socket sock` (`ctl`: the ringsock-ctl binary),
 /// parsed; Err with the output when it fails or does not parse.
 pub fn status_of(ctl: &Path, sock: &Path) -> Result<Vec<Conn>, String> {
+    let text = status_json(ctl, sock)?;
+    parse(&text).map_err(|e| format!("{e} in:\n{text}"))
+}
+
+/// The one line `ctl status --json --socket sock` prints.
+pub fn status_json(ctl: &Path, sock: &Path) -> Result<String, String> {
     let out = std::process::Command::new(ctl)
         .args(["status", "--json", "--socket"])
         .arg(sock)
@@ -147,7 +153,7 @@ pub fn status_of(ctl: &Path, sock: &Path) -> Result<Vec<Conn>, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    parse(&text).map_err(|e| format!("{e} in:\n{text}"))
+    Ok(text.into_owned())
 }
 
 /// Both ends of one connection to a server port, as reported by the two

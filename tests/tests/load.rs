@@ -10,11 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-use ringsock_integration::ctl::Seen;
 use ringsock_integration::resources::{self, Holdings};
 use ringsock_integration::{
     assert_all_shm, assert_shim_silent, free_port, links, payload, require, sha256, show,
-    wait_port, Ctl, Server, TempDir, Watched,
+    wait_port, Ctl, Server, TempDir,
 };
 
 const CONNLOOP: &str = env!("CARGO_BIN_EXE_connloop");
@@ -74,61 +73,6 @@ fn assert_machine_rings_back(base: (usize, usize), ours: &[u32], timeout: Durati
     }
 }
 
-/// `Ctl::watch`, sampling every 250 ms: with 2,000 connection ends a
-/// status request costs the daemon real work, and sampling every 10 ms
-/// slows down the very claims it is watching.
-fn watch_slowly(ctl: &Ctl, child: &mut Server, timeout: Duration) -> Watched {
-    let end = Instant::now() + timeout;
-    let mut seen = Seen::default();
-    let mut samples = 0;
-    let status = loop {
-        if let Some(s) = child.exited() {
-            break Some(s);
-        }
-        if Instant::now() >= end {
-            break child.wait(Duration::ZERO);
-        }
-        seen.add(&ctl.status());
-        samples += 1;
-        std::thread::sleep(Duration::from_millis(250));
-    };
-    let (stdout, stderr) = child.output();
-    Watched {
-        status,
-        stdout,
-        stderr,
-        conns: seen.conns,
-        samples,
-    }
-}
-
-const WRK_CHECK: &str = r#"
--- Checks every response body against the file (args[1]); `done` prints
--- the totals of all threads.
-local threads = {}
-function setup(thread)
-  table.insert(threads, thread)
-end
-function init(args)
-  local f = assert(io.open(args[1], "rb"))
-  expected = f:read("*a")
-  f:close()
-  ok = 0
-  bad = 0
-end
-function response(status, headers, body)
-  if status == 200 and body == expected then ok = ok + 1 else bad = bad + 1 end
-end
-function done(summary, latency, requests)
-  local tok, tbad = 0, 0
-  for _, t in ipairs(threads) do
-    tok = tok + t:get("ok")
-    tbad = tbad + t:get("bad")
-  end
-  io.write(string.format("checked ok %d bad %d\n", tok, tbad))
-end
-"#;
-
 /// The two heavy tests take turns: each makes the daemon answer thousands
 /// of requests, and side by side on 2 cores they measured each other's
 /// scheduling more than the shim (1,000 connections not all accepted
@@ -158,7 +102,7 @@ fn nginx_1000() {
     let prefix = TempDir::new("nginx-load");
     let body = payload(16 << 10, 21);
     let file = prefix.write("html/f.bin", &body);
-    let script = prefix.write("check.lua", WRK_CHECK.as_bytes());
+    let script = ringsock_integration::script("wrk_check.lua");
     let port = free_port();
     let p = prefix.path().display();
     // One worker holds every connection; its descriptor limit and
@@ -248,7 +192,11 @@ fn nginx_1000() {
         .arg("--")
         .arg(&file)
         .spawn();
-    let w = watch_slowly(&ctl, &mut wrk, Duration::from_secs(90));
+    let w = ctl.watch_every(
+        &mut wrk,
+        Duration::from_secs(90),
+        Duration::from_millis(250),
+    );
     w.assert_ok("wrk");
     println!("{}", w.stdout);
     assert_shim_silent("wrk", &w.stderr);
