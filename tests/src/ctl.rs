@@ -339,6 +339,23 @@ pub struct Watched {
 }
 
 impl Watched {
+    /// At least `min` connections to `port` seen with both ends on one shm
+    /// ring and no client end on anything else (`assert_all_shm`), and the
+    /// CLI agrees over the same samples (every end on shm, at least 2 x
+    /// `min` of them). Prints what it saw; returns the links.
+    pub fn assert_on_rings(&self, what: &str, port: u16, min: usize) -> Vec<Link> {
+        let l = crate::status::assert_all_shm(what, &self.conns, port, min);
+        let verdict = self.expect(port, &format!("transport=shm,ends>={}", 2 * min));
+        match l.first() {
+            Some(first) => println!(
+                "{what}: {} link(s) on rings, e.g. {first}; {verdict}",
+                l.len()
+            ),
+            None => println!("{what}: {verdict}"),
+        }
+        l
+    }
+
     /// `ringsock-ctl status --from <the samples> --port PORT --expect
     /// TERMS`: the CLI's own check of what was seen while the program ran
     /// (every report of every end counts); panics with its verdict unless

@@ -170,14 +170,19 @@ impl Baseline {
 mod tests {
     use super::*;
 
-    #[test]
-    fn sees_a_child_and_its_end() {
-        let mut child = std::process::Command::new("sleep")
+    fn sleeper() -> (std::process::Child, Tree) {
+        let child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
             .unwrap();
         let mut t = Tree::new();
         t.root(child.id());
+        (child, t)
+    }
+
+    #[test]
+    fn sees_a_child_and_its_end() {
+        let (mut child, t) = sleeper();
         assert_eq!(t.alive().len(), 1);
         assert_eq!(t.alive()[0].1, "sleep");
         child.kill().unwrap();
@@ -187,12 +192,7 @@ mod tests {
 
     #[test]
     fn a_process_left_running_is_named() {
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let mut t = Tree::new();
-        t.root(child.id());
+        let (mut child, t) = sleeper();
         let r = std::panic::catch_unwind(|| t.assert_gone("sleep", Duration::ZERO));
         child.kill().unwrap();
         child.wait().unwrap();

@@ -26,9 +26,11 @@
 //!   is not installed.
 
 pub mod ctl;
+pub mod http;
 pub mod leftovers;
 pub mod matrix;
 pub mod netns;
+pub mod nginx;
 pub mod proc;
 pub mod resources;
 pub mod seccomp;

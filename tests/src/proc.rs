@@ -330,41 +330,36 @@ pub fn free_port() -> u16 {
 /// connection would use up. Panics with the server's output if it exits or
 /// `timeout` passes first.
 pub fn wait_listening(server: &mut Server, port: u16, timeout: Duration) {
-    let end = Instant::now() + timeout;
     // Local address 0100007F:PORT or 00000000:PORT, state 0A (LISTEN).
     let want: Vec<String> = ["0100007F", "00000000"]
         .iter()
         .map(|ip| format!("{ip}:{port:04X}"))
         .collect();
-    loop {
-        server.assert_running();
+    wait_ready(server, port, timeout, || {
         let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-        let listening = table.lines().any(|l| {
+        table.lines().any(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             f.len() > 3 && f[3] == "0A" && want.iter().any(|w| w == f[1])
-        });
-        if listening {
-            return;
-        }
-        if Instant::now() >= end {
-            let (o, e) = server.output();
-            panic!(
-                "{} never listened on port {port}:\nstdout:\n{o}\nstderr:\n{e}",
-                server.label
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        })
+    });
 }
 
 /// Waits until 127.0.0.1:`port` accepts connections; panics with the
 /// server's output if it exits or `timeout` passes first.
 pub fn wait_port(server: &mut Server, port: u16, timeout: Duration) {
-    let end = Instant::now() + timeout;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    wait_ready(server, port, timeout, || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+    });
+}
+
+/// Polls `ready` until it holds; panics with `server`'s output if the
+/// server exits or `timeout` passes first.
+fn wait_ready(server: &mut Server, port: u16, timeout: Duration, ready: impl Fn() -> bool) {
+    let end = Instant::now() + timeout;
     loop {
         server.assert_running();
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+        if ready() {
             return;
         }
         if Instant::now() >= end {

@@ -6,9 +6,11 @@
 
 use std::time::Duration;
 
+use ringsock_integration::http::curl;
 use ringsock_integration::matrix::Matrix;
+use ringsock_integration::sha256::assert_file;
 use ringsock_integration::{
-    assert_all_shm, assert_shim_silent, free_port, payload, require, sha256, wait_port, TempDir,
+    assert_all_shm, assert_shim_silent, free_port, payload, require, wait_port, TempDir,
 };
 
 #[test]
@@ -43,27 +45,14 @@ fn curl_fetches_from_python_http_server_over_shm() {
 
     for (name, data) in &files {
         let dest = out_dir.path().join(name);
+        let url = format!("http://127.0.0.1:{port}/{name}");
         let w = m.run(
-            m.ctl
-                .shimmed("curl")
-                .args([
-                    "-sS",
-                    "--fail",
-                    "--max-time",
-                    "20",
-                    "--limit-rate",
-                    "4M",
-                    "-o",
-                ])
-                .arg(&dest)
-                .arg(format!("http://127.0.0.1:{port}/{name}")),
-            Duration::from_secs(25),
+            curl(m.ctl.shimmed("curl"), &url, &dest, Some("4M")),
+            Duration::from_secs(40),
         );
         w.assert_ok(&format!("curl {name}"));
         assert_shim_silent("curl", &w.stderr);
-        let got = std::fs::read(&dest).expect("curl output");
-        assert_eq!(got.len(), data.len(), "{name}: length");
-        assert_eq!(sha256::hex(&got), sha256::hex(data), "{name}: checksum");
+        assert_file(name, &dest, data);
         // A client end is on shm only if the server took the ring, so
         // curl's own end is the proof. A fetch can end before status hears
         // of it (reports wait 5 ms; curl's rate limit does not always hold

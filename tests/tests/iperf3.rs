@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use ringsock_integration::matrix::Matrix;
-use ringsock_integration::{assert_all_shm, assert_shim_silent, free_port, require, Ctl};
+use ringsock_integration::{assert_shim_silent, free_port, require, Ctl};
 
 /// Extracts end.sum_sent.bytes and end.sum_received.bytes, and fails on an
 /// "error" key, using python's json module.
@@ -46,7 +46,7 @@ fn run_direction(reverse: bool) {
     let (json, err) = (w.stdout.clone(), w.stderr.clone());
     assert_shim_silent("iperf3 client", &err);
     // The control connection and the data stream.
-    let links = assert_all_shm("iperf3", &w.conns, port_n, 2);
+    let links = w.assert_on_rings("iperf3", port_n, 2);
     let most = links
         .iter()
         .map(|l| l.client.stat("c2s_bytes") + l.client.stat("s2c_bytes"))
@@ -83,7 +83,6 @@ fn run_direction(reverse: bool) {
         .map(|x| x.parse().unwrap())
         .collect();
     assert!(v[0] > 0 && v[1] > 0, "no bytes moved: {v:?}");
-    println!("{}", w.expect(port_n, "transport=shm,ends>=4"));
     // The one-off server exits once its test is done.
     let status = server.wait(Duration::from_secs(15));
     assert!(

@@ -10,6 +10,7 @@
 
 use std::time::{Duration, Instant};
 
+use ringsock_integration::nginx;
 use ringsock_integration::resources::{self, Holdings};
 use ringsock_integration::{
     assert_all_shm, assert_shim_silent, free_port, links, payload, require, sha256, show,
@@ -110,34 +111,22 @@ fn nginx_1000() {
     // multi_accept: without it the worker (with or without the shim)
     // serves the connections it has before it accepts more, and a 3 s
     // run ends with a fifth of wrk's connections still in the backlog.
-    let conf = format!(
-        "worker_processes 1;\n\
-         worker_rlimit_nofile 16384;\n\
-         pid {p}/nginx.pid;\n\
-         error_log {p}/error.log warn;\n\
-         events {{ worker_connections 4096; multi_accept on; }}\n\
-         http {{\n\
-           access_log off;\n\
-           keepalive_requests 1000000;\n\
-           client_body_temp_path {p}/body;\n\
-           proxy_temp_path {p}/proxy;\n\
-           fastcgi_temp_path {p}/fastcgi;\n\
-           uwsgi_temp_path {p}/uwsgi;\n\
-           scgi_temp_path {p}/scgi;\n\
-           sendfile on;\n\
-           server {{ listen 127.0.0.1:{port} backlog=4096; root {p}/html; }}\n\
-         }}\n"
+    let conf = nginx::conf(
+        prefix.path(),
+        "worker_processes 1; worker_rlimit_nofile 16384;",
+        "worker_connections 4096; multi_accept on;",
+        &format!(
+            "keepalive_requests 1000000; sendfile on;\n\
+             server {{ listen 127.0.0.1:{port} backlog=4096; root {p}/html; }}"
+        ),
     );
-    let conf_path = prefix.write("nginx.conf", conf.as_bytes());
-    let mut nginx = ctl
-        .shimmed("nginx")
-        .env("RINGSOCK_CONNECT_TIMEOUT_MS", LOADED_DAEMON_MS)
-        .arg("-p")
-        .arg(prefix.path())
-        .arg("-c")
-        .arg(&conf_path)
-        .args(["-g", "daemon off; master_process on;"])
-        .spawn();
+    let mut nginx = nginx::args(
+        ctl.shimmed("nginx")
+            .env("RINGSOCK_CONNECT_TIMEOUT_MS", LOADED_DAEMON_MS),
+        prefix.path(),
+        &conf,
+    )
+    .spawn();
     wait_port(&mut nginx, port, Duration::from_secs(10));
     let end = Instant::now() + Duration::from_secs(10);
     let worker = loop {
@@ -256,11 +245,7 @@ fn nginx_1000() {
 
     let (_, _, serr) = nginx.stop();
     assert_shim_silent("nginx", &serr);
-    let log = std::fs::read_to_string(prefix.path().join("error.log")).unwrap_or_default();
-    assert!(
-        !log.contains("[alert]") && !log.contains("[crit]") && !log.contains("[emerg]"),
-        "nginx error.log:\n{log}"
-    );
+    nginx::assert_quiet_log(prefix.path());
 }
 
 fn redis_cli(ctl: &Ctl, port: u16, args: &[&str]) -> String {

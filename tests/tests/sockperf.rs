@@ -6,9 +6,7 @@
 use std::time::Duration;
 
 use ringsock_integration::matrix::Matrix;
-use ringsock_integration::{
-    assert_all_shm, assert_shim_silent, free_port, require, wait_port, Server,
-};
+use ringsock_integration::{assert_shim_silent, free_port, require, wait_port, Server};
 
 fn start(m: &mut Matrix) -> (Server, u16) {
     let port = free_port();
@@ -24,11 +22,10 @@ fn start(m: &mut Matrix) -> (Server, u16) {
     (server, port)
 }
 
-/// The connection's ends were listed on shm (the CLI's check), the server
-/// still runs and let go of it, and nothing is left once it stops.
-fn finish(m: Matrix, mut server: Server, port: u16, w: &ringsock_integration::Watched) {
+/// The server still runs and let go of the connection, and nothing is
+/// left once it stops.
+fn finish(m: Matrix, mut server: Server, port: u16) {
     server.assert_running();
-    println!("{}", w.expect(port, "transport=shm,ends=2"));
     println!("{}", m.ctl.expect(port, "ends=0", Duration::from_secs(10)));
     let errs = m.finish("sockperf", vec![server]);
     assert_shim_silent("sockperf server", &errs[0]);
@@ -86,12 +83,12 @@ fn sockperf_ping_pong_over_shm() {
         ),
         "{text}"
     );
-    let links = assert_all_shm("sockperf ping-pong", &w.conns, port, 1);
+    let links = w.assert_on_rings("sockperf ping-pong", port, 1);
     println!(
         "ping-pong: {sent} sent, {received} received, {observations} observations; {}",
         links[0]
     );
-    finish(m, server, port, &w);
+    finish(m, server, port);
 }
 
 #[test]
@@ -114,7 +111,7 @@ fn sockperf_throughput_over_shm() {
     let sent = number_after(&text, "Total of ");
     assert!(sent > 0, "nothing sent:\n{text}");
     assert!(text.contains("Message Rate is"), "{text}");
-    let links = assert_all_shm("sockperf throughput", &w.conns, port, 1);
+    let links = w.assert_on_rings("sockperf throughput", port, 1);
     let bytes = links
         .iter()
         .map(|l| l.server.stat("c2s_bytes"))
@@ -129,5 +126,5 @@ fn sockperf_throughput_over_shm() {
         "throughput: {sent} messages; {} ({bytes} B seen on the ring)",
         links[0]
     );
-    finish(m, server, port, &w);
+    finish(m, server, port);
 }

@@ -8,10 +8,11 @@
 
 use std::time::Duration;
 
+use ringsock_integration::http::curl;
 use ringsock_integration::matrix::Matrix;
+use ringsock_integration::sha256::assert_file;
 use ringsock_integration::{
-    assert_all_shm, assert_shim_silent, free_port, out_field, payload, require, script, sha256,
-    wait_port, TempDir,
+    assert_shim_silent, free_port, out_field, payload, require, script, wait_port, TempDir,
 };
 
 use crate::support::{daemon_bin, http_backend};
@@ -44,18 +45,11 @@ fn haproxy_two_threads_http_reuse_over_rings() {
     let url = format!("http://127.0.0.1:{port}/f.bin");
     let got = dir.path().join("got.bin");
     let w = m.run(
-        m.ctl
-            .shimmed("curl")
-            .args(["-sS", "--fail", "--max-time", "20", "-o"])
-            .arg(&got)
-            .arg(&url),
-        Duration::from_secs(30),
+        curl(m.ctl.shimmed("curl"), &url, &got, None),
+        Duration::from_secs(40),
     );
     w.assert_ok("curl through haproxy");
-    assert_eq!(
-        sha256::hex(&std::fs::read(&got).unwrap()),
-        sha256::hex(&body)
-    );
+    assert_file("curl through haproxy", &got, &body);
 
     let w = m.run(
         m.ctl
@@ -80,17 +74,9 @@ fn haproxy_two_threads_http_reuse_over_rings() {
         "{}",
         w.stdout
     );
-    let front = assert_all_shm("wrk -> haproxy", &w.conns, port, 16);
-    let back = assert_all_shm("haproxy -> back end", &w.conns, back_port, 1);
-    println!(
-        "haproxy: {ok} responses; {} client links, {} back-end links on rings, e.g. {} and {}",
-        front.len(),
-        back.len(),
-        front[0],
-        back[0]
-    );
-    println!("{}", w.expect(port, "transport=shm,ends>=32"));
-    println!("{}", w.expect(back_port, "transport=shm,ends>=2"));
+    println!("haproxy: {ok} responses");
+    w.assert_on_rings("wrk -> haproxy", port, 16);
+    w.assert_on_rings("haproxy -> back end", back_port, 1);
     // wrk is gone: so must be every client connection's end in haproxy
     // (its idle back-end connections may stay, reused later).
     println!("{}", m.ctl.expect(port, "ends=0", Duration::from_secs(10)));

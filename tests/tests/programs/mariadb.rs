@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ringsock_integration::matrix::Matrix;
 use ringsock_integration::{
-    assert_all_shm, assert_shim_silent, free_port, require, sha256, wait_port, Cmd, TempDir,
+    assert_shim_silent, free_port, require, sha256, wait_port, Cmd, TempDir,
 };
 
 use crate::support::{daemon_bin, is_root};
@@ -89,13 +89,7 @@ fn mariadb_mysqlslap_and_client_over_rings() {
         "{}",
         w.stdout
     );
-    let links = assert_all_shm("mysqlslap", &w.conns, port, 4);
-    println!(
-        "mysqlslap: {} connections on rings, e.g. {}",
-        links.len(),
-        links[0]
-    );
-    println!("{}", w.expect(port, "transport=shm,ends>=8"));
+    w.assert_on_rings("mysqlslap", port, 4);
 
     // 8 MiB in, as INSERTs of about 1 MiB each, and the server's checksum.
     let lines: Vec<String> = (0..200_000u64)
@@ -148,11 +142,7 @@ fn mariadb_mysqlslap_and_client_over_rings() {
     );
     w.assert_ok("mariadb SELECT");
     assert_shim_silent("mariadb", &w.stderr);
-    assert_eq!(
-        sha256::hex(w.stdout.as_bytes()),
-        sha256::hex(rows(n).as_bytes()),
-        "rows"
-    );
+    sha256::assert_same("rows", w.stdout.as_bytes(), rows(n).as_bytes());
 
     idle.assert_settled("mariadbd", Duration::from_secs(15));
     let errs = m.finish("mariadb", vec![server]);

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use ringsock_integration::matrix::Matrix;
 use ringsock_integration::{
-    assert_all_shm, assert_shim_silent, free_port, payload, require, sha256, wait_listening,
-    TempDir,
+    assert_shim_silent, free_port, payload, require, sha256, wait_listening, TempDir,
 };
 
 /// Direction of a transfer, seen from the client.
@@ -55,12 +54,8 @@ fn transfer(way: Way) {
     assert_shim_silent("ncat client", &w.stderr);
     let status = server.wait(Duration::from_secs(15));
     assert!(status.is_some_and(|s| s.success()), "ncat -l: {status:?}");
-    let got = std::fs::read(&output).expect("ncat's output");
-    assert_eq!(got.len(), data.len(), "{way:?}: length");
-    assert_eq!(sha256::hex(&got), sha256::hex(&data), "{way:?}: bytes");
-    let links = assert_all_shm(&format!("ncat {way:?}"), &w.conns, port, 1);
-    println!("ncat {way:?}: {}", links[0]);
-    println!("{}", w.expect(port, "transport=shm,ends=2"));
+    sha256::assert_file(&format!("ncat {way:?}"), &output, &data);
+    w.assert_on_rings(&format!("ncat {way:?}"), port, 1);
     let errs = m.finish("ncat", vec![server]);
     assert_shim_silent("ncat -l", &errs[0]);
 }

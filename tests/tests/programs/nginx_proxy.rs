@@ -6,10 +6,12 @@
 
 use std::time::Duration;
 
+use ringsock_integration::http::curl;
 use ringsock_integration::matrix::Matrix;
+use ringsock_integration::nginx;
+use ringsock_integration::sha256::assert_file;
 use ringsock_integration::{
-    assert_all_shm, assert_shim_silent, free_port, links, payload, require, sha256, wait_port,
-    TempDir,
+    assert_all_shm, assert_shim_silent, free_port, links, payload, require, wait_port, TempDir,
 };
 
 use crate::support::http_backend;
@@ -28,66 +30,31 @@ fn nginx_reverse_proxy_over_rings() {
     }
     let (backend, back_port) = http_backend(&mut m, &dir.path().join("www"));
     let port = free_port();
-    let p = dir.path().display();
-    let conf = format!(
-        "worker_processes 1;\n\
-         pid {p}/nginx.pid;\n\
-         error_log {p}/error.log warn;\n\
-         events {{ worker_connections 64; }}\n\
-         http {{\n\
-           access_log off;\n\
-           client_body_temp_path {p}/body;\n\
-           proxy_temp_path {p}/proxy;\n\
-           fastcgi_temp_path {p}/fastcgi;\n\
-           uwsgi_temp_path {p}/uwsgi;\n\
-           scgi_temp_path {p}/scgi;\n\
-           upstream back {{ server 127.0.0.1:{back_port}; keepalive 4; }}\n\
-           server {{\n\
-             listen 127.0.0.1:{port};\n\
-             location / {{\n\
-               proxy_pass http://back;\n\
-               proxy_http_version 1.1;\n\
-               proxy_set_header Connection \"\";\n\
-             }}\n\
-           }}\n\
-         }}\n"
+    let conf = nginx::conf(
+        dir.path(),
+        "worker_processes 1;",
+        "worker_connections 64;",
+        &format!(
+            "upstream back {{ server 127.0.0.1:{back_port}; keepalive 4; }}\n\
+             server {{ listen 127.0.0.1:{port};\n\
+               location / {{ proxy_pass http://back; proxy_http_version 1.1;\n\
+                 proxy_set_header Connection \"\"; }} }}"
+        ),
     );
-    let conf = dir.write("nginx.conf", conf.as_bytes());
-    let mut nginx = m.serve(
-        m.ctl
-            .shimmed("nginx")
-            .arg("-p")
-            .arg(dir.path())
-            .arg("-c")
-            .arg(&conf)
-            .args(["-g", "daemon off; master_process on;"]),
-    );
+    let mut nginx = m.serve(nginx::args(m.ctl.shimmed("nginx"), dir.path(), &conf));
     wait_port(&mut nginx, port, Duration::from_secs(10));
 
     let mut proxied = 0;
     for (name, data) in &files {
         let dest = dir.path().join(format!("got-{name}"));
+        let url = format!("http://127.0.0.1:{port}/{name}");
         let w = m.run(
-            m.ctl
-                .shimmed("curl")
-                .args([
-                    "-sS",
-                    "--fail",
-                    "--max-time",
-                    "30",
-                    "--limit-rate",
-                    "16M",
-                    "-o",
-                ])
-                .arg(&dest)
-                .arg(format!("http://127.0.0.1:{port}/{name}")),
+            curl(m.ctl.shimmed("curl"), &url, &dest, Some("16M")),
             Duration::from_secs(40),
         );
         w.assert_ok(&format!("curl {name}"));
         assert_shim_silent("curl", &w.stderr);
-        let got = std::fs::read(&dest).expect("curl output");
-        assert_eq!(got.len(), data.len(), "{name}: length");
-        assert_eq!(sha256::hex(&got), sha256::hex(data), "{name}: checksum");
+        assert_file(name, &dest, data);
         // The 8 MiB fetch takes half a second: seen on both hops.
         let min = usize::from(data.len() >= 8 << 20);
         for l in assert_all_shm(&format!("curl -> nginx {name}"), &w.conns, port, min) {
@@ -112,9 +79,5 @@ fn nginx_reverse_proxy_over_rings() {
     println!("{}", m.ctl.expect(port, "ends=0", Duration::from_secs(10)));
     let errs = m.finish("nginx proxy", vec![nginx, backend]);
     assert_shim_silent("nginx", &errs[0]);
-    let log = std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default();
-    assert!(
-        !log.contains("[alert]") && !log.contains("[crit]") && !log.contains("[error]"),
-        "nginx error.log:\n{log}"
-    );
+    nginx::assert_quiet_log(dir.path());
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ringsock_integration::matrix::Matrix;
 use ringsock_integration::{
-    assert_all_shm, assert_shim_silent, free_port, payload, require, script, sha256, TempDir,
+    assert_shim_silent, free_port, payload, require, script, sha256, TempDir,
 };
 
 const REQUESTS: usize = 400;
@@ -42,13 +42,7 @@ fn node_pair(lets_go: bool) {
     w.assert_ok("node client");
     assert_shim_silent("node client", &w.stderr);
     assert_eq!(w.stdout.trim(), format!("ok {REQUESTS}"));
-    let links = assert_all_shm("node", &w.conns, port, 4);
-    println!(
-        "node: {} connections on rings, e.g. {}",
-        links.len(),
-        links[0]
-    );
-    println!("{}", w.expect(port, "transport=shm,ends>=8"));
+    w.assert_on_rings("node", port, 4);
     if lets_go {
         println!("{}", m.ctl.expect(port, "ends=0", Duration::from_secs(10)));
         idle.assert_settled("node server", Duration::from_secs(10));

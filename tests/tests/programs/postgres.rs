@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use ringsock_integration::matrix::Matrix;
 use ringsock_integration::{
-    assert_all_shm, assert_shim_silent, free_port, require, sha256, wait_port, Cmd, Conn, Ctl,
-    TempDir, Watched,
+    assert_shim_silent, free_port, require, sha256, wait_port, Cmd, Conn, Ctl, TempDir, Watched,
 };
 
 use crate::support::{chown_tree, is_root, user_ids};
@@ -181,11 +180,7 @@ fn cluster(strict: bool) {
     );
     w.assert_ok("psql SELECT");
     assert_shim_silent("psql", &w.stderr);
-    assert_eq!(
-        sha256::hex(w.stdout.as_bytes()),
-        sha256::hex(rows(n).as_bytes()),
-        "rows"
-    );
+    sha256::assert_same("rows", w.stdout.as_bytes(), rows(n).as_bytes());
     on_rings("psql", &w, port, 1, strict);
 
     idle.assert_settled("postgres", Duration::from_secs(15));
@@ -209,11 +204,7 @@ fn on_rings(what: &str, w: &Watched, port: u16, min: usize, strict: bool) {
         clients[0]
     );
     if strict {
-        assert_all_shm(what, &w.conns, port, min);
-        println!(
-            "{}",
-            w.expect(port, &format!("transport=shm,ends>={}", 2 * min))
-        );
+        w.assert_on_rings(what, port, min);
     } else {
         println!("{}", w.expect(port, "transport=shm"));
     }

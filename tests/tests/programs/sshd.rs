@@ -121,8 +121,7 @@ fn copy_both_ways(no_reexec: bool) {
         down.to_str().unwrap(),
     );
     for (what, p) in [("uploaded", &remote), ("downloaded", &down)] {
-        let got = std::fs::read(p).unwrap_or_else(|e| panic!("{what} file: {e}"));
-        assert_eq!(sha256::hex(&got), sha256::hex(&data), "{what} bytes");
+        sha256::assert_file(what, p, &data);
     }
     let errs = m.finish("sshd", vec![server]);
     assert_shim_silent("sshd", &errs[0]);
