@@ -119,6 +119,10 @@ impl Env for SysEnv {
     fn is_local_ip(&mut self, ip: std::net::IpAddr) -> bool {
         crate::sys::is_local_ip(ip)
     }
+
+    fn process_name(&self, pid: u32) -> Option<String> {
+        crate::sys::process_name(pid)
+    }
 }
 
 #[cfg(test)]

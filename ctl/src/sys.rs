@@ -431,6 +431,17 @@ pub fn write_some(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     }
 }
 
+/// The name `ps` shows for process `pid`: /proc/PID/comm, which the
+/// kernel sets from the file name a program was executed by (a symlink's
+/// own name: redis-server, not the redis-check-rdb it points to) and a
+/// thread may change (prctl). None once the process is gone.
+pub fn process_name(pid: u32) -> Option<String> {
+    let comm = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
+    let name = String::from_utf8_lossy(&comm);
+    let name = name.strip_suffix('\n').unwrap_or(&name);
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
 /// Whether `ip` is an address of this host (in this network namespace):
 /// binding a socket to it succeeds. EADDRNOTAVAIL means another host; any
 /// other failure counts as local, so a doubt never sends an offer away.

@@ -161,9 +161,9 @@ fn status_shows_zero_copy_and_pull_counters() {
     assert_eq!(entries[0].ring_stats.len(), 28, "{:?}", entries[0]);
 }
 
-/// A daemon built before `StatusAll`: closes the session on that kind (as
-/// on any kind it does not know), answers `Status`. Serves `sessions`
-/// connections, then returns what it was asked.
+/// A daemon built before `StatusAll` (and `StatusNamed`): closes the
+/// session on those kinds (as on any kind it does not know), answers
+/// `Status`. Serves `sessions` connections, then returns what it was asked.
 fn old_daemon(listener: OwnedFd, sessions: usize) -> Vec<&'static str> {
     let mut asked = Vec::new();
     let mut buf = vec![0u8; MAX_FRAME_TOTAL];
@@ -193,6 +193,7 @@ fn old_daemon(listener: OwnedFd, sessions: usize) -> Vec<&'static str> {
                             pid: 77,
                             uid: 0,
                             exe: "/bin/old".into(),
+                            name: String::new(),
                             fd: 3,
                             local: "10.0.0.1:1".parse().unwrap(),
                             peer: "10.0.0.2:2".parse().unwrap(),
@@ -236,7 +237,7 @@ fn cli_falls_back_to_status_for_an_older_daemon() {
     // Bounds the fake daemon's accept and reads (a CLI that never comes
     // back fails the test instead of hanging it).
     ringsock_proto::io::set_timeouts(listener.as_raw_fd(), Duration::from_secs(10)).unwrap();
-    let server = thread::spawn(move || old_daemon(listener, 2));
+    let server = thread::spawn(move || old_daemon(listener, 3));
     let out = Command::new(BIN)
         .args(["status", "--json", "--socket"])
         .arg(&path)
@@ -250,5 +251,5 @@ fn cli_falls_back_to_status_for_an_older_daemon() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("\"wr_posted\":4242"), "{stdout}");
-    assert_eq!(asked, ["StatusAll", "Status"]);
+    assert_eq!(asked, ["StatusNamed", "StatusAll", "Status"]);
 }

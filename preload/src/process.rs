@@ -1,9 +1,14 @@
-//! Which process we are: a cached pid and a fork generation.
+//! Which process we are: a cached pid, the pid we were forked from, and a
+//! fork generation.
 //!
 //! glibc stopped caching getpid() long ago, so the shim keeps its own copy,
 //! refreshed in every child that goes through `fork`, `_Fork` or an internal
 //! glibc fork (`daemon(3)` and friends reach us through the pthread_atfork
-//! child handler registered by `init`). The fork generation is bumped around
+//! child handler registered by `init`). The child also keeps the pid it was
+//! forked from, read from memory rather than asked of the kernel: a child
+//! that sandboxes itself (sshd's pre-authentication child) may be killed for
+//! a getppid, and a child whose parent died would be told init's pid. The
+//! fork generation is bumped around
 //! every fork, in parent and child alike: a connection claimed before a fork
 //! must be claimed again afterwards (docs/design.md, "fork, exec, dup").
 //!
@@ -22,6 +27,9 @@ use crate::sys;
 
 /// 0 until first use; then the pid of the process that owns this memory.
 static PID: AtomicI32 = AtomicI32::new(0);
+/// The pid of the process this one was forked from; 0 in a process that
+/// has not been forked under the shim (the image it started with).
+static PARENT: AtomicI32 = AtomicI32::new(0);
 /// Bumped before every fork; see `claim` in fdtable/state.rs.
 static FORK_EPOCH: AtomicU64 = AtomicU64::new(1);
 
@@ -35,6 +43,18 @@ pub fn pid() -> pid_t {
     let real = sys::getpid();
     PID.store(real, Ordering::Relaxed);
     real
+}
+
+/// The pid of the process this one was forked from, as it was at the fork
+/// (no system call once forked); the kernel's parent in the image the
+/// process started with, which inherited nothing from a shimmed parent's
+/// memory.
+pub fn parent_pid() -> pid_t {
+    match PARENT.load(Ordering::Relaxed) {
+        // SAFETY: getppid takes no arguments and cannot fail.
+        0 => unsafe { libc::syscall(libc::SYS_getppid) as pid_t },
+        p => p,
+    }
 }
 
 /// The current fork generation.
@@ -53,13 +73,21 @@ pub fn owns_memory() -> bool {
 /// Called just before the real fork in the parent: connections claimed so far
 /// must be claimed again after the fork, by whichever process uses them.
 pub fn before_fork() {
+    // The child reads its parent's pid from the cache: fill it now.
+    pid();
     FORK_EPOCH.fetch_add(1, Ordering::AcqRel);
 }
 
-/// Called in the child right after a fork that gave it its own memory.
-/// Async-signal-safe: one syscall and atomics.
+/// Called in the child right after a fork that gave it its own memory (by
+/// our fork hook and by the atfork handler: the second call finds the pid
+/// already ours and keeps the parent). Async-signal-safe: one syscall and
+/// atomics.
 pub fn after_fork_child() {
-    PID.store(sys::getpid(), Ordering::Relaxed);
+    let me = sys::getpid();
+    let was = PID.swap(me, Ordering::Relaxed);
+    if was != me && was != 0 {
+        PARENT.store(was, Ordering::Relaxed);
+    }
 }
 
 extern "C" fn atfork_prepare() {
@@ -79,5 +107,39 @@ pub fn register_atfork() {
     let rc = unsafe { libc::pthread_atfork(Some(atfork_prepare), None, Some(atfork_child)) };
     if rc != 0 {
         log::warn!("pthread_atfork failed ({rc}); forks through daemon(3) keep a stale pid");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A child learns its parent's pid at the fork, keeps it when the
+    /// atfork handler runs after our fork hook, and needs no system call
+    /// to tell it.
+    #[test]
+    fn the_child_knows_its_parent_from_the_fork() {
+        let me = pid();
+        assert_eq!(me, sys::getpid());
+        before_fork();
+        // SAFETY: the child only touches atomics, makes raw syscalls and
+        // leaves with _exit (no allocation, no locks).
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            after_fork_child();
+            after_fork_child();
+            let ok = parent_pid() == me && pid() == sys::getpid() && pid() != me;
+            // SAFETY: leaving the forked test process without unwinding.
+            unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        let r = unsafe { libc::waitpid(child, &mut status, 0) };
+        assert_eq!(r, child);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child status {status:#x}"
+        );
     }
 }

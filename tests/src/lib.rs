@@ -14,25 +14,43 @@
 //! * `netns::Hosts`: two network namespaces joined by a veth pair, for
 //!   runs between "hosts" (also used by ringsock-ctl's own tests);
 //! * `resources::holdings` and `rings_on_machine` count descriptors, ring
-//!   memfds and mappings for leak checks;
-//! * `free_port`, `wait_port`, `TempDir`, `sha256` (sha2) and the `require!`
+//!   memfds and mappings for leak checks; `leftovers::Tree` and `Baseline`
+//!   check that a test's programs left no process and no ring behind;
+//! * `seccomp`: filters for helpers that run the shim in a sandbox (a
+//!   few calls failing; OpenSSH's pre-authentication allow-list);
+//! * `matrix::Matrix`: one real-program run as the program matrix checks
+//!   it (servers and clients shimmed, watched, nothing left behind);
+//! * `free_port`, `wait_port`, `wait_listening`, `TempDir`, `script`,
+//!   `sha256` (sha2) and the `require!`
 //!   macro, which skips a test (with a printed reason) only when a program
 //!   is not installed.
 
 pub mod ctl;
+pub mod http;
+pub mod leftovers;
+pub mod matrix;
 pub mod netns;
+pub mod nginx;
 pub mod proc;
 pub mod resources;
+pub mod seccomp;
 pub mod sha256;
 pub mod shim;
 pub mod status;
 pub mod tmp;
 
 pub use ctl::{Ctl, Watched};
-pub use proc::{free_port, no_daemon_sock, run, wait_port, Cmd, Server};
+pub use proc::{free_port, no_daemon_sock, run, wait_listening, wait_port, Cmd, Server};
 pub use shim::{ctl_bin, shim, which};
 pub use status::{assert_all_shm, links, show, Conn, Link};
 pub use tmp::TempDir;
+
+/// A file of tests/scripts (python and lua helpers the tests run).
+pub fn script(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/scripts")
+        .join(name)
+}
 
 /// Skips the calling test, with a reason on stdout, if any of the programs
 /// is not installed; otherwise evaluates to nothing.

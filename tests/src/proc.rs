@@ -22,6 +22,8 @@ pub fn no_daemon_sock() -> PathBuf {
 pub struct Cmd {
     cmd: Command,
     label: String,
+    /// Where a spawned program's stdout goes instead of its temp dir.
+    stdout: Option<PathBuf>,
 }
 
 impl Cmd {
@@ -51,6 +53,7 @@ impl Cmd {
         Cmd {
             cmd,
             label: program.to_string(),
+            stdout: None,
         }
     }
 
@@ -71,6 +74,21 @@ impl Cmd {
 
     pub fn current_dir(mut self, d: impl AsRef<std::path::Path>) -> Cmd {
         self.cmd.current_dir(d);
+        self
+    }
+
+    /// Reads stdin from the file at `path` (default: /dev/null).
+    pub fn stdin_from(mut self, path: impl AsRef<std::path::Path>) -> Cmd {
+        let f = File::open(path.as_ref())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.as_ref().display()));
+        self.cmd.stdin(f);
+        self
+    }
+
+    /// `spawn` only: stdout (bytes as written) goes to a new file at `path`
+    /// rather than to the output `Server::output` reads.
+    pub fn stdout_to(mut self, path: impl AsRef<std::path::Path>) -> Cmd {
+        self.stdout = Some(path.as_ref().to_path_buf());
         self
     }
 
@@ -97,7 +115,10 @@ impl Cmd {
     /// Starts it in the background; output goes to files in a temp dir.
     pub fn spawn(mut self) -> Server {
         let dir = TempDir::new("server");
-        let out = dir.path().join("stdout");
+        let out = self
+            .stdout
+            .take()
+            .unwrap_or_else(|| dir.path().join("stdout"));
         let err = dir.path().join("stderr");
         self.cmd
             .stdout(File::create(&out).expect("stdout file"))
@@ -303,14 +324,42 @@ pub fn free_port() -> u16 {
     panic!("no free port in {LOW}..{}", LOW + SPAN);
 }
 
+/// Waits until a socket listens on 127.0.0.1:`port` (or the wildcard),
+/// as /proc/net/tcp shows it, without connecting: for servers that serve
+/// one connection and exit (ncat -l, socat without fork), which a probe
+/// connection would use up. Panics with the server's output if it exits or
+/// `timeout` passes first.
+pub fn wait_listening(server: &mut Server, port: u16, timeout: Duration) {
+    // Local address 0100007F:PORT or 00000000:PORT, state 0A (LISTEN).
+    let want: Vec<String> = ["0100007F", "00000000"]
+        .iter()
+        .map(|ip| format!("{ip}:{port:04X}"))
+        .collect();
+    wait_ready(server, port, timeout, || {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        table.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[3] == "0A" && want.iter().any(|w| w == f[1])
+        })
+    });
+}
+
 /// Waits until 127.0.0.1:`port` accepts connections; panics with the
 /// server's output if it exits or `timeout` passes first.
 pub fn wait_port(server: &mut Server, port: u16, timeout: Duration) {
-    let end = Instant::now() + timeout;
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    wait_ready(server, port, timeout, || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+    });
+}
+
+/// Polls `ready` until it holds; panics with `server`'s output if the
+/// server exits or `timeout` passes first.
+fn wait_ready(server: &mut Server, port: u16, timeout: Duration, ready: impl Fn() -> bool) {
+    let end = Instant::now() + timeout;
     loop {
         server.assert_running();
-        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+        if ready() {
             return;
         }
         if Instant::now() >= end {

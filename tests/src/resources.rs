@@ -26,6 +26,9 @@ pub fn is_ring(path: &str) -> bool {
 pub struct Holdings {
     /// Open descriptors of any kind.
     pub fds: usize,
+    /// Open descriptors that are sockets (the shim's duplicates of ring
+    /// connections' kernel sockets among them).
+    pub sockets: usize,
     /// Open descriptors that are ring memfds.
     pub ring_fds: usize,
     /// Mappings of ring memfds (a ring maps once per process).
@@ -37,7 +40,7 @@ pub struct Holdings {
 /// Reads what `pid` holds; `None` once the process is gone.
 pub fn holdings(pid: u32) -> Option<Holdings> {
     let proc_dir = format!("/proc/{pid}");
-    let (fds, ring_fds) = count_fds(Path::new(&proc_dir).join("fd").as_path())?;
+    let (fds, sockets, ring_fds) = count_fds(Path::new(&proc_dir).join("fd").as_path())?;
     let maps = fs::read_to_string(format!("{proc_dir}/maps")).ok()?;
     let ring_maps = maps.lines().filter(|l| is_ring(l)).count();
     let status = fs::read_to_string(format!("{proc_dir}/status")).ok()?;
@@ -49,24 +52,30 @@ pub fn holdings(pid: u32) -> Option<Holdings> {
         .unwrap_or(0);
     Some(Holdings {
         fds,
+        sockets,
         ring_fds,
         ring_maps,
         rss_kib,
     })
 }
 
-fn count_fds(dir: &Path) -> Option<(usize, usize)> {
+/// (all, sockets, ring memfds) among the descriptors listed in `dir`.
+fn count_fds(dir: &Path) -> Option<(usize, usize, usize)> {
     let mut all = 0;
+    let mut sockets = 0;
     let mut rings = 0;
     for entry in fs::read_dir(dir).ok()?.flatten() {
         all += 1;
         if let Ok(target) = fs::read_link(entry.path()) {
-            if is_ring(&target.to_string_lossy()) {
+            let t = target.to_string_lossy();
+            if is_ring(&t) {
                 rings += 1;
+            } else if t.starts_with("socket:") {
+                sockets += 1;
             }
         }
     }
-    Some((all, rings))
+    Some((all, sockets, rings))
 }
 
 /// The kernel page size (KiB) of each ring mapping of `pid`, from

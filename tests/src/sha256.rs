@@ -11,6 +11,19 @@ pub fn hex(data: &[u8]) -> String {
         .collect()
 }
 
+/// Panics unless `got` is `want`, by length and then by checksum (a
+/// message that names the difference without dumping megabytes).
+pub fn assert_same(what: &str, got: &[u8], want: &[u8]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    assert_eq!(hex(got), hex(want), "{what}: checksum");
+}
+
+/// Panics unless the file at `path` holds exactly `want`.
+pub fn assert_file(what: &str, path: &std::path::Path, want: &[u8]) {
+    let got = std::fs::read(path).unwrap_or_else(|e| panic!("{what}: {}: {e}", path.display()));
+    assert_same(what, &got, want);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,8 @@ pub struct Conn {
     pub pid: u32,
     pub fd: i32,
     pub exe: String,
+    /// What `ps` calls the process ("" when the daemon could not tell).
+    pub name: String,
     pub local: SocketAddr,
     pub peer: SocketAddr,
     /// `shm`, `rdma` or `tcp`.
@@ -39,9 +41,18 @@ impl Conn {
         self.stats.get(name).copied().unwrap_or(0)
     }
 
-    /// The process name (last path component of its executable).
+    /// The last path component of its executable.
     pub fn exe_name(&self) -> &str {
         self.exe.rsplit('/').next().unwrap_or("")
+    }
+
+    /// The process as `ps` names it, else its executable's name.
+    pub fn process(&self) -> &str {
+        if self.name.is_empty() {
+            self.exe_name()
+        } else {
+            &self.name
+        }
     }
 }
 
@@ -51,7 +62,7 @@ impl std::fmt::Display for Conn {
             f,
             "pid {} ({}) fd {} {} -> {} {}",
             self.pid,
-            self.exe_name(),
+            self.process(),
             self.fd,
             self.local,
             self.peer,
@@ -79,6 +90,8 @@ struct RawConn {
     pid: u32,
     fd: i32,
     exe: String,
+    #[serde(default)]
+    name: String,
     local: SocketAddr,
     peer: SocketAddr,
     transport: String,
@@ -100,6 +113,7 @@ impl From<RawConn> for Conn {
             pid: c.pid,
             fd: c.fd,
             exe: c.exe,
+            name: c.name,
             local: c.local,
             peer: c.peer,
             transport: c.transport,
@@ -119,6 +133,12 @@ pub fn parse(text: &str) -> Result<Vec<Conn>, String> {
 /// `ctl status --json --socket sock` (`ctl`: the ringsock-ctl binary),
 /// parsed; Err with the output when it fails or does not parse.
 pub fn status_of(ctl: &Path, sock: &Path) -> Result<Vec<Conn>, String> {
+    let text = status_json(ctl, sock)?;
+    parse(&text).map_err(|e| format!("{e} in:\n{text}"))
+}
+
+/// The one line `ctl status --json --socket sock` prints.
+pub fn status_json(ctl: &Path, sock: &Path) -> Result<String, String> {
     let out = std::process::Command::new(ctl)
         .args(["status", "--json", "--socket"])
         .arg(sock)
@@ -133,7 +153,7 @@ pub fn status_of(ctl: &Path, sock: &Path) -> Result<Vec<Conn>, String> {
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    parse(&text).map_err(|e| format!("{e} in:\n{text}"))
+    Ok(text.into_owned())
 }
 
 /// Both ends of one connection to a server port, as reported by the two
@@ -251,6 +271,7 @@ mod tests {
             pid,
             fd: 3,
             exe: "x".into(),
+            name: String::new(),
             local: local.parse().unwrap(),
             peer: peer.parse().unwrap(),
             transport: "shm".into(),
@@ -286,13 +307,16 @@ mod tests {
     #[test]
     fn reads_what_the_cli_writes() {
         let text = r#"{"connections":[{"session":16,"pid":4242,"uid":0,"fd":11,"exe":"/usr/bin/a\"b\u00e9",
-            "local":"127.0.0.1:6379","peer":"[::1]:40000","transport":"shm","reason":"",
+            "name":"ab","local":"127.0.0.1:6379","peer":"[::1]:40000","transport":"shm","reason":"",
             "ring":{"id":7,"stats":{"c2s_bytes":18446744073709551615,"mapped":1}}},
             {"session":17,"pid":1,"uid":0,"fd":3,"exe":"","local":"127.0.0.1:1","peer":"127.0.0.1:2",
             "transport":"tcp","reason":"no listener","ring":null}]}"#;
         let c = parse(text).unwrap();
         assert_eq!(c.len(), 2);
         assert_eq!((c[0].pid, c[0].exe.as_str()), (4242, "/usr/bin/a\"bé"));
+        // Named by the daemon; a listing without names falls back to the
+        // executable.
+        assert_eq!((c[0].process(), c[1].process()), ("ab", ""));
         assert_eq!(c[0].peer, "[::1]:40000".parse().unwrap());
         assert_eq!((c[0].ring, c[0].stat("c2s_bytes")), (Some(7), u64::MAX));
         assert_eq!((c[1].ring, c[1].stat("mapped")), (None, 0));

@@ -1,11 +1,13 @@
 //! iperf3 client and server under the shim with a daemon, 1 s in each
-//! direction: bytes moved, and the control and data connections are on
-//! shared-memory rings. And a busy server: every further client hears
-//! iperf3's own "busy" answer, as on kernel TCP.
+//! direction (program-matrix runs): bytes moved, the control and data
+//! connections on shared-memory rings at both ends, nothing left behind.
+//! And a busy server: every further client hears iperf3's own "busy"
+//! answer, as on kernel TCP.
 
 use std::time::Duration;
 
-use ringsock_integration::{assert_all_shm, assert_shim_silent, free_port, require, Ctl};
+use ringsock_integration::matrix::Matrix;
+use ringsock_integration::{assert_shim_silent, free_port, require, Ctl};
 
 /// Extracts end.sum_sent.bytes and end.sum_received.bytes, and fails on an
 /// "error" key, using python's json module.
@@ -17,29 +19,34 @@ print(int(d["end"]["sum_sent"]["bytes"]), int(d["end"]["sum_received"]["bytes"])
 "#;
 
 fn run_direction(reverse: bool) {
-    let ctl = Ctl::start();
+    let mut m = Matrix::new();
     let port_n = free_port();
     let port = port_n.to_string();
     // No wait_port probe: it would count as the one-off (-1) server's
     // client. The server says when it listens.
-    let mut server = ctl
-        .shimmed("iperf3")
-        .args(["-s", "-1", "--forceflush", "-B", "127.0.0.1", "-p", &port])
-        .spawn();
+    let mut server = m.serve(m.ctl.shimmed("iperf3").args([
+        "-s",
+        "-1",
+        "--forceflush",
+        "-B",
+        "127.0.0.1",
+        "-p",
+        &port,
+    ]));
     server.wait_line("Server listening", Duration::from_secs(10));
-    let mut client = ctl
-        .shimmed("iperf3")
-        .args(["-c", "127.0.0.1", "-p", &port, "-t", "1", "-J"]);
+    let mut client =
+        m.ctl
+            .shimmed("iperf3")
+            .args(["-c", "127.0.0.1", "-p", &port, "-t", "1", "-J"]);
     if reverse {
         client = client.arg("-R");
     }
-    let mut client = client.spawn();
-    let w = ctl.watch(&mut client, Duration::from_secs(20));
+    let w = m.run(client, Duration::from_secs(20));
     w.assert_ok(&format!("iperf3 -c (reverse={reverse})"));
     let (json, err) = (w.stdout.clone(), w.stderr.clone());
     assert_shim_silent("iperf3 client", &err);
     // The control connection and the data stream.
-    let links = assert_all_shm("iperf3", &w.conns, port_n, 2);
+    let links = w.assert_on_rings("iperf3", port_n, 2);
     let most = links
         .iter()
         .map(|l| l.client.stat("c2s_bytes") + l.client.stat("s2c_bytes"))
@@ -76,9 +83,14 @@ fn run_direction(reverse: bool) {
         .map(|x| x.parse().unwrap())
         .collect();
     assert!(v[0] > 0 && v[1] > 0, "no bytes moved: {v:?}");
-    let _ = server.wait(Duration::from_secs(5));
-    let (_, _, serr) = server.stop();
-    assert_shim_silent("iperf3 server", &serr);
+    // The one-off server exits once its test is done.
+    let status = server.wait(Duration::from_secs(15));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "iperf3 -s -1: {status:?}"
+    );
+    let errs = m.finish("iperf3", vec![server]);
+    assert_shim_silent("iperf3 server", &errs[0]);
 }
 
 #[test]

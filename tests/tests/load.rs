@@ -10,11 +10,11 @@
 
 use std::time::{Duration, Instant};
 
-use ringsock_integration::ctl::Seen;
+use ringsock_integration::nginx;
 use ringsock_integration::resources::{self, Holdings};
 use ringsock_integration::{
     assert_all_shm, assert_shim_silent, free_port, links, payload, require, sha256, show,
-    wait_port, Ctl, Server, TempDir, Watched,
+    wait_port, Ctl, Server, TempDir,
 };
 
 const CONNLOOP: &str = env!("CARGO_BIN_EXE_connloop");
@@ -74,61 +74,6 @@ fn assert_machine_rings_back(base: (usize, usize), ours: &[u32], timeout: Durati
     }
 }
 
-/// `Ctl::watch`, sampling every 250 ms: with 2,000 connection ends a
-/// status request costs the daemon real work, and sampling every 10 ms
-/// slows down the very claims it is watching.
-fn watch_slowly(ctl: &Ctl, child: &mut Server, timeout: Duration) -> Watched {
-    let end = Instant::now() + timeout;
-    let mut seen = Seen::default();
-    let mut samples = 0;
-    let status = loop {
-        if let Some(s) = child.exited() {
-            break Some(s);
-        }
-        if Instant::now() >= end {
-            break child.wait(Duration::ZERO);
-        }
-        seen.add(&ctl.status());
-        samples += 1;
-        std::thread::sleep(Duration::from_millis(250));
-    };
-    let (stdout, stderr) = child.output();
-    Watched {
-        status,
-        stdout,
-        stderr,
-        conns: seen.conns,
-        samples,
-    }
-}
-
-const WRK_CHECK: &str = r#"
--- Checks every response body against the file (args[1]); `done` prints
--- the totals of all threads.
-local threads = {}
-function setup(thread)
-  table.insert(threads, thread)
-end
-function init(args)
-  local f = assert(io.open(args[1], "rb"))
-  expected = f:read("*a")
-  f:close()
-  ok = 0
-  bad = 0
-end
-function response(status, headers, body)
-  if status == 200 and body == expected then ok = ok + 1 else bad = bad + 1 end
-end
-function done(summary, latency, requests)
-  local tok, tbad = 0, 0
-  for _, t in ipairs(threads) do
-    tok = tok + t:get("ok")
-    tbad = tbad + t:get("bad")
-  end
-  io.write(string.format("checked ok %d bad %d\n", tok, tbad))
-end
-"#;
-
 /// The two heavy tests take turns: each makes the daemon answer thousands
 /// of requests, and side by side on 2 cores they measured each other's
 /// scheduling more than the shim (1,000 connections not all accepted
@@ -158,7 +103,7 @@ fn nginx_1000() {
     let prefix = TempDir::new("nginx-load");
     let body = payload(16 << 10, 21);
     let file = prefix.write("html/f.bin", &body);
-    let script = prefix.write("check.lua", WRK_CHECK.as_bytes());
+    let script = ringsock_integration::script("wrk_check.lua");
     let port = free_port();
     let p = prefix.path().display();
     // One worker holds every connection; its descriptor limit and
@@ -166,34 +111,22 @@ fn nginx_1000() {
     // multi_accept: without it the worker (with or without the shim)
     // serves the connections it has before it accepts more, and a 3 s
     // run ends with a fifth of wrk's connections still in the backlog.
-    let conf = format!(
-        "worker_processes 1;\n\
-         worker_rlimit_nofile 16384;\n\
-         pid {p}/nginx.pid;\n\
-         error_log {p}/error.log warn;\n\
-         events {{ worker_connections 4096; multi_accept on; }}\n\
-         http {{\n\
-           access_log off;\n\
-           keepalive_requests 1000000;\n\
-           client_body_temp_path {p}/body;\n\
-           proxy_temp_path {p}/proxy;\n\
-           fastcgi_temp_path {p}/fastcgi;\n\
-           uwsgi_temp_path {p}/uwsgi;\n\
-           scgi_temp_path {p}/scgi;\n\
-           sendfile on;\n\
-           server {{ listen 127.0.0.1:{port} backlog=4096; root {p}/html; }}\n\
-         }}\n"
+    let conf = nginx::conf(
+        prefix.path(),
+        "worker_processes 1; worker_rlimit_nofile 16384;",
+        "worker_connections 4096; multi_accept on;",
+        &format!(
+            "keepalive_requests 1000000; sendfile on;\n\
+             server {{ listen 127.0.0.1:{port} backlog=4096; root {p}/html; }}"
+        ),
     );
-    let conf_path = prefix.write("nginx.conf", conf.as_bytes());
-    let mut nginx = ctl
-        .shimmed("nginx")
-        .env("RINGSOCK_CONNECT_TIMEOUT_MS", LOADED_DAEMON_MS)
-        .arg("-p")
-        .arg(prefix.path())
-        .arg("-c")
-        .arg(&conf_path)
-        .args(["-g", "daemon off; master_process on;"])
-        .spawn();
+    let mut nginx = nginx::args(
+        ctl.shimmed("nginx")
+            .env("RINGSOCK_CONNECT_TIMEOUT_MS", LOADED_DAEMON_MS),
+        prefix.path(),
+        &conf,
+    )
+    .spawn();
     wait_port(&mut nginx, port, Duration::from_secs(10));
     let end = Instant::now() + Duration::from_secs(10);
     let worker = loop {
@@ -248,7 +181,11 @@ fn nginx_1000() {
         .arg("--")
         .arg(&file)
         .spawn();
-    let w = watch_slowly(&ctl, &mut wrk, Duration::from_secs(90));
+    let w = ctl.watch_every(
+        &mut wrk,
+        Duration::from_secs(90),
+        Duration::from_millis(250),
+    );
     w.assert_ok("wrk");
     println!("{}", w.stdout);
     assert_shim_silent("wrk", &w.stderr);
@@ -308,11 +245,7 @@ fn nginx_1000() {
 
     let (_, _, serr) = nginx.stop();
     assert_shim_silent("nginx", &serr);
-    let log = std::fs::read_to_string(prefix.path().join("error.log")).unwrap_or_default();
-    assert!(
-        !log.contains("[alert]") && !log.contains("[crit]") && !log.contains("[emerg]"),
-        "nginx error.log:\n{log}"
-    );
+    nginx::assert_quiet_log(prefix.path());
 }
 
 fn redis_cli(ctl: &Ctl, port: u16, args: &[&str]) -> String {

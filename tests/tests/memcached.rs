@@ -1,13 +1,14 @@
-//! memcached under the shim, loaded by memcslap and checked by a python
-//! client speaking the text protocol (both under the shim), with a daemon:
-//! right answers, and the connections are on shared-memory rings while they
-//! run (the python client keeps its connection open for half a second).
+//! memcached with 4 worker threads under the shim, loaded by memcslap and
+//! checked by a python client speaking the text protocol (both under the
+//! shim), with a daemon (a program-matrix run): right answers, the
+//! connections on shared-memory rings at both ends while they run (the
+//! python client keeps its connection open for half a second), the server
+//! lets go of them, and nothing is left behind.
 
 use std::time::Duration;
 
-use ringsock_integration::{
-    assert_all_shm, assert_shim_silent, free_port, require, wait_port, Ctl,
-};
+use ringsock_integration::matrix::Matrix;
+use ringsock_integration::{assert_all_shm, assert_shim_silent, free_port, require, wait_port};
 
 const CLIENT: &str = r#"
 import socket, sys, time
@@ -43,35 +44,34 @@ fn memcached_python_client_readback() {
 
 fn run(with_memcslap: bool) {
     require!("memcached");
-    let ctl = Ctl::start();
+    let mut m = Matrix::new();
     let port = free_port();
-    let mut server = ctl
-        .shimmed("memcached")
-        .args([
-            "-l",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            "0",
-            "-u",
-            "root",
-            "-t",
-            "2",
-        ])
-        .spawn();
+    let mut server = m.serve(m.ctl.shimmed("memcached").args([
+        "-l",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "0",
+        "-u",
+        "root",
+        "-t",
+        "4",
+    ]));
     wait_port(&mut server, port, Duration::from_secs(10));
+    let idle = m.baseline();
 
     if !with_memcslap {
         println!("memcslap skipped");
     } else if ringsock_integration::which("memcslap").is_some() {
         for test in ["set", "get"] {
-            let mut slap = ctl
-                .shimmed("memcslap")
-                .arg(format!("--servers=127.0.0.1:{port}"))
-                .args(["--concurrency=4", "--execute-number=2000", "--test", test])
-                .spawn();
-            let w = ctl.watch(&mut slap, Duration::from_secs(30));
+            let w = m.run(
+                m.ctl
+                    .shimmed("memcslap")
+                    .arg(format!("--servers=127.0.0.1:{port}"))
+                    .args(["--concurrency=4", "--execute-number=2000", "--test", test]),
+                Duration::from_secs(30),
+            );
             w.assert_ok(&format!("memcslap {test}"));
             let (out, err) = (&w.stdout, &w.stderr);
             assert_shim_silent("memcslap", err);
@@ -97,17 +97,21 @@ fn run(with_memcslap: bool) {
         println!("memcslap not installed: running the python client only");
     }
     if ringsock_integration::which("python3").is_some() {
-        let mut client = ctl
-            .shimmed("python3")
-            .args(["-c", CLIENT, &port.to_string()])
-            .spawn();
-        let w = ctl.watch(&mut client, Duration::from_secs(15));
+        let w = m.run(
+            m.ctl
+                .shimmed("python3")
+                .args(["-c", CLIENT, &port.to_string()]),
+            Duration::from_secs(15),
+        );
         w.assert_ok("python client");
         assert_shim_silent("python client", &w.stderr);
         assert!(w.stdout.contains("memcached ok"), "{}", w.stdout);
         let links = assert_all_shm("python client", &w.conns, port, 1);
         println!("python client: {}", links[0]);
+        println!("{}", w.expect(port, "transport=shm,ends=2"));
     }
-    let (_, _, serr) = server.stop();
-    assert_shim_silent("memcached", &serr);
+    println!("{}", m.ctl.expect(port, "ends=0", Duration::from_secs(10)));
+    idle.assert_settled("memcached", Duration::from_secs(10));
+    let errs = m.finish("memcached", vec![server]);
+    assert_shim_silent("memcached", &errs[0]);
 }

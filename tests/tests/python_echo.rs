@@ -1,7 +1,8 @@
 //! python3 client and server, both under the shim with a daemon: sendall/
 //! recv (threads), socket.makefile lines and asyncio streams (non-blocking)
-//! carry 4 MiB each way with matching sha256, and every one of those
-//! connections is on a shared-memory ring while it is open.
+//! carry 4 MiB each way with matching sha256, every one of those
+//! connections is on a shared-memory ring while it is open, and once both
+//! programs are gone nothing is left with the daemon.
 
 mod common;
 
@@ -21,4 +22,7 @@ fn python_echo_4mib_both_ways_over_shm() {
     }
     assert_shim_silent("client", &cerr);
     assert_shim_silent("server", &serr);
+    // Both programs are gone (reaped by python_echo): nothing may be left
+    // with the daemon.
+    ctl.assert_clean("python echo", ringsock_integration::matrix::GONE);
 }

@@ -1,28 +1,34 @@
 //! sockperf server and client (ping-pong, throughput) under the shim with a
-//! daemon: sane output (messages counted, observations, no drops, no
-//! errors) and the connection on a shared-memory ring.
+//! daemon (a program-matrix run): sane output (messages counted,
+//! observations, no drops, no errors), the connection on a shared-memory
+//! ring at both ends, and nothing left behind.
 
 use std::time::Duration;
 
-use ringsock_integration::{
-    assert_all_shm, assert_shim_silent, free_port, require, wait_port, Ctl, Server,
-};
+use ringsock_integration::matrix::Matrix;
+use ringsock_integration::{assert_shim_silent, free_port, require, wait_port, Server};
 
-fn start(ctl: &Ctl) -> (Server, u16) {
+fn start(m: &mut Matrix) -> (Server, u16) {
     let port = free_port();
-    let mut server = ctl
-        .shimmed("sockperf")
-        .args([
-            "server",
-            "--tcp",
-            "-i",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-        ])
-        .spawn();
+    let mut server = m.serve(m.ctl.shimmed("sockperf").args([
+        "server",
+        "--tcp",
+        "-i",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+    ]));
     wait_port(&mut server, port, Duration::from_secs(10));
     (server, port)
+}
+
+/// The server still runs and let go of the connection, and nothing is
+/// left once it stops.
+fn finish(m: Matrix, mut server: Server, port: u16) {
+    server.assert_running();
+    println!("{}", m.ctl.expect(port, "ends=0", Duration::from_secs(10)));
+    let errs = m.finish("sockperf", vec![server]);
+    assert_shim_silent("sockperf server", &errs[0]);
 }
 
 /// The number right after the first `key` (in `text`) that a number
@@ -50,15 +56,16 @@ fn sanity(text: &str) {
 #[test]
 fn sockperf_ping_pong_over_shm() {
     require!("sockperf");
-    let ctl = Ctl::start();
-    let (mut server, port) = start(&ctl);
-    let mut client = ctl
-        .shimmed("sockperf")
-        .args(["ping-pong", "--tcp", "-i", "127.0.0.1", "-p"])
-        .arg(port.to_string())
-        .args(["-t", "2", "-m", "64"])
-        .spawn();
-    let w = ctl.watch(&mut client, Duration::from_secs(30));
+    let mut m = Matrix::new();
+    let (server, port) = start(&mut m);
+    let w = m.run(
+        m.ctl
+            .shimmed("sockperf")
+            .args(["ping-pong", "--tcp", "-i", "127.0.0.1", "-p"])
+            .arg(port.to_string())
+            .args(["-t", "2", "-m", "64"]),
+        Duration::from_secs(30),
+    );
     w.assert_ok("sockperf ping-pong");
     let text = format!("{}{}", w.stdout, w.stderr);
     assert_shim_silent("sockperf ping-pong", &w.stderr);
@@ -76,27 +83,27 @@ fn sockperf_ping_pong_over_shm() {
         ),
         "{text}"
     );
-    let links = assert_all_shm("sockperf ping-pong", &w.conns, port, 1);
+    let links = w.assert_on_rings("sockperf ping-pong", port, 1);
     println!(
         "ping-pong: {sent} sent, {received} received, {observations} observations; {}",
         links[0]
     );
-    let (_, _, serr) = server.stop();
-    assert_shim_silent("sockperf server", &serr);
+    finish(m, server, port);
 }
 
 #[test]
 fn sockperf_throughput_over_shm() {
     require!("sockperf");
-    let ctl = Ctl::start();
-    let (mut server, port) = start(&ctl);
-    let mut client = ctl
-        .shimmed("sockperf")
-        .args(["throughput", "--tcp", "-i", "127.0.0.1", "-p"])
-        .arg(port.to_string())
-        .args(["-t", "2", "-m", "1024"])
-        .spawn();
-    let w = ctl.watch(&mut client, Duration::from_secs(30));
+    let mut m = Matrix::new();
+    let (server, port) = start(&mut m);
+    let w = m.run(
+        m.ctl
+            .shimmed("sockperf")
+            .args(["throughput", "--tcp", "-i", "127.0.0.1", "-p"])
+            .arg(port.to_string())
+            .args(["-t", "2", "-m", "1024"]),
+        Duration::from_secs(30),
+    );
     w.assert_ok("sockperf throughput");
     let text = format!("{}{}", w.stdout, w.stderr);
     assert_shim_silent("sockperf throughput", &w.stderr);
@@ -104,7 +111,7 @@ fn sockperf_throughput_over_shm() {
     let sent = number_after(&text, "Total of ");
     assert!(sent > 0, "nothing sent:\n{text}");
     assert!(text.contains("Message Rate is"), "{text}");
-    let links = assert_all_shm("sockperf throughput", &w.conns, port, 1);
+    let links = w.assert_on_rings("sockperf throughput", port, 1);
     let bytes = links
         .iter()
         .map(|l| l.server.stat("c2s_bytes"))
@@ -119,7 +126,5 @@ fn sockperf_throughput_over_shm() {
         "throughput: {sent} messages; {} ({bytes} B seen on the ring)",
         links[0]
     );
-    server.assert_running();
-    let (_, _, serr) = server.stop();
-    assert_shim_silent("sockperf server", &serr);
+    finish(m, server, port);
 }

@@ -37,6 +37,9 @@ pub const MAX_RING_STATS: usize = 32;
 pub const MAX_RING_STATS_V1: usize = 16;
 /// Longest counter name.
 pub const MAX_STAT_NAME: usize = 32;
+/// Longest process name in a `StatusNamedReply` entry: the kernel's comm
+/// is at most 15 bytes.
+pub const MAX_PROCESS_NAME: usize = 16;
 
 /// How a reported connection carries its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -214,6 +217,10 @@ pub struct StatusEntry {
     pub uid: u32,
     /// From `Hello` (informative only).
     pub exe: String,
+    /// What `ps` calls the process (its /proc/PID/comm, which a symlink it
+    /// was started through names), read by the daemon as it answers; empty
+    /// in replies to `Status` and `StatusAll`, and when it cannot be read.
+    pub name: String,
     pub fd: i32,
     pub local: SocketAddr,
     pub peer: SocketAddr,
@@ -297,6 +304,12 @@ pub enum Msg {
     StatusAll {
         after: Option<StatusCursor>,
     },
+    /// As `StatusAll`, answered with `StatusNamedReply`, whose entries carry
+    /// the process `name`. A kind of its own for the same reason; the CLI
+    /// falls back to `StatusAll` when the daemon drops the session.
+    StatusNamed {
+        after: Option<StatusCursor>,
+    },
 
     // ---- replies (daemon -> process) ----
     HelloOk {
@@ -332,6 +345,12 @@ pub enum Msg {
     Expired,
     /// `next` is set when more entries follow: send `Status { after: next }`.
     StatusReply {
+        entries: Vec<StatusEntry>,
+        next: Option<StatusCursor>,
+    },
+    /// The reply to `StatusNamed`: as `StatusReply`, every entry with its
+    /// `name`.
+    StatusNamedReply {
         entries: Vec<StatusEntry>,
         next: Option<StatusCursor>,
     },
@@ -395,6 +414,7 @@ pub mod kind {
     pub const CONN_CLOSED: u16 = 0x000b;
     pub const STATUS: u16 = 0x000c;
     pub const STATUS_ALL: u16 = 0x000d;
+    pub const STATUS_NAMED: u16 = 0x000e;
 
     pub const HELLO_OK: u16 = 0x8001;
     pub const OK: u16 = 0x8002;
@@ -408,6 +428,7 @@ pub mod kind {
     pub const DECLINED: u16 = 0x800a;
     pub const EXPIRED: u16 = 0x800b;
     pub const STATUS_REPLY: u16 = 0x800c;
+    pub const STATUS_NAMED_REPLY: u16 = 0x800d;
 
     pub const REMOTE_OFFER: u16 = 0x4001;
     pub const REMOTE_CANCEL: u16 = 0x4002;
@@ -444,6 +465,7 @@ impl Msg {
             Msg::ConnClosed { .. } => CONN_CLOSED,
             Msg::Status { .. } => STATUS,
             Msg::StatusAll { .. } => STATUS_ALL,
+            Msg::StatusNamed { .. } => STATUS_NAMED,
             Msg::HelloOk { .. } => HELLO_OK,
             Msg::Ok => OK,
             Msg::Error { .. } => ERROR,
@@ -456,6 +478,7 @@ impl Msg {
             Msg::Declined { .. } => DECLINED,
             Msg::Expired => EXPIRED,
             Msg::StatusReply { .. } => STATUS_REPLY,
+            Msg::StatusNamedReply { .. } => STATUS_NAMED_REPLY,
             Msg::RemoteOffer { .. } => REMOTE_OFFER,
             Msg::RemoteCancel { .. } => REMOTE_CANCEL,
             Msg::RemoteOfferOk { .. } => REMOTE_OFFER_OK,
@@ -561,7 +584,9 @@ impl Msg {
                 e.addr(local);
                 e.addr(peer);
             }
-            Msg::Status { after } | Msg::StatusAll { after } => encode_cursor(e, after),
+            Msg::Status { after } | Msg::StatusAll { after } | Msg::StatusNamed { after } => {
+                encode_cursor(e, after)
+            }
             Msg::HelloOk {
                 daemon_version,
                 host_id,
@@ -585,7 +610,8 @@ impl Msg {
             }
             Msg::Answered { payload } => e.bytes("payload", payload, MAX_PAYLOAD)?,
             Msg::Declined { reason } => e.string("reason", reason, MAX_REASON)?,
-            Msg::StatusReply { entries, next } => {
+            Msg::StatusReply { entries, next } | Msg::StatusNamedReply { entries, next } => {
+                let named = matches!(self, Msg::StatusNamedReply { .. });
                 if entries.len() > MAX_STATUS_PAGE {
                     return Err(ProtoError::FieldTooLong {
                         field: "entries",
@@ -596,7 +622,7 @@ impl Msg {
                 // Bounded by MAX_STATUS_PAGE above.
                 e.u16(entries.len() as u16);
                 for entry in entries {
-                    encode_entry(e, entry)?;
+                    encode_entry(e, entry, named)?;
                 }
                 encode_cursor(e, next);
             }
@@ -693,6 +719,9 @@ impl Msg {
             kind::STATUS_ALL => Msg::StatusAll {
                 after: decode_cursor(&mut d)?,
             },
+            kind::STATUS_NAMED => Msg::StatusNamed {
+                after: decode_cursor(&mut d)?,
+            },
             kind::HELLO_OK => Msg::HelloOk {
                 daemon_version: d.string("daemon_version", MAX_VERSION)?,
                 host_id: d.u64("host_id")?,
@@ -722,15 +751,18 @@ impl Msg {
                 reason: d.string("reason", MAX_REASON)?,
             },
             kind::EXPIRED => Msg::Expired,
-            kind::STATUS_REPLY => {
+            kind::STATUS_REPLY | kind::STATUS_NAMED_REPLY => {
+                let named = kind == kind::STATUS_NAMED_REPLY;
                 let n = d.count("entries", MAX_STATUS_PAGE, MIN_ENTRY_SIZE)?;
                 let mut entries = Vec::with_capacity(n);
                 for _ in 0..n {
-                    entries.push(decode_entry(&mut d)?);
+                    entries.push(decode_entry(&mut d, named)?);
                 }
-                Msg::StatusReply {
-                    entries,
-                    next: decode_cursor(&mut d)?,
+                let next = decode_cursor(&mut d)?;
+                if named {
+                    Msg::StatusNamedReply { entries, next }
+                } else {
+                    Msg::StatusReply { entries, next }
                 }
             }
             kind::REMOTE_OFFER => Msg::RemoteOffer {
@@ -789,6 +821,7 @@ pub fn kind_name(k: u16) -> &'static str {
         CONN_CLOSED => "ConnClosed",
         STATUS => "Status",
         STATUS_ALL => "StatusAll",
+        STATUS_NAMED => "StatusNamed",
         HELLO_OK => "HelloOk",
         OK => "Ok",
         ERROR => "Error",
@@ -801,6 +834,7 @@ pub fn kind_name(k: u16) -> &'static str {
         DECLINED => "Declined",
         EXPIRED => "Expired",
         STATUS_REPLY => "StatusReply",
+        STATUS_NAMED_REPLY => "StatusNamedReply",
         REMOTE_OFFER => "RemoteOffer",
         REMOTE_CANCEL => "RemoteCancel",
         REMOTE_OFFER_OK => "RemoteOfferOk",
@@ -856,11 +890,16 @@ fn decode_cursor(d: &mut Decoder<'_>) -> Result<Option<StatusCursor>, ProtoError
     }
 }
 
-fn encode_entry(e: &mut Encoder<'_>, s: &StatusEntry) -> Result<(), ProtoError> {
+/// One entry; `named`: with the process name after the exe (the
+/// `StatusNamedReply` layout).
+fn encode_entry(e: &mut Encoder<'_>, s: &StatusEntry, named: bool) -> Result<(), ProtoError> {
     e.u64(s.session);
     e.u32(s.pid);
     e.u32(s.uid);
     e.string("exe", &s.exe, MAX_EXE)?;
+    if named {
+        e.string("name", &s.name, MAX_PROCESS_NAME)?;
+    }
     e.i32(s.fd);
     e.addr(&s.local);
     e.addr(&s.peer);
@@ -883,11 +922,16 @@ fn encode_entry(e: &mut Encoder<'_>, s: &StatusEntry) -> Result<(), ProtoError> 
     Ok(())
 }
 
-fn decode_entry(d: &mut Decoder<'_>) -> Result<StatusEntry, ProtoError> {
+fn decode_entry(d: &mut Decoder<'_>, named: bool) -> Result<StatusEntry, ProtoError> {
     let session = d.u64("session")?;
     let pid = d.u32("pid")?;
     let uid = d.u32("uid")?;
     let exe = d.string("exe", MAX_EXE)?;
+    let name = if named {
+        d.string("name", MAX_PROCESS_NAME)?
+    } else {
+        String::new()
+    };
     let fd = d.i32("fd")?;
     let local = d.addr("local")?;
     let peer = d.addr("peer")?;
@@ -907,6 +951,7 @@ fn decode_entry(d: &mut Decoder<'_>) -> Result<StatusEntry, ProtoError> {
         pid,
         uid,
         exe,
+        name,
         fd,
         local,
         peer,

@@ -34,6 +34,8 @@ fn cursor() -> impl Strategy<Value = Option<StatusCursor>> {
     )
 }
 
+/// An entry as `StatusReply` carries it (no name); `StatusNamedReply`
+/// entries get one in `reply()`.
 fn entry() -> impl Strategy<Value = StatusEntry> {
     (
         (any::<u64>(), any::<u32>(), any::<u32>(), text(MAX_EXE)),
@@ -56,6 +58,7 @@ fn entry() -> impl Strategy<Value = StatusEntry> {
                     pid,
                     uid,
                     exe,
+                    name: String::new(),
                     fd,
                     local,
                     peer,
@@ -110,6 +113,7 @@ fn request() -> impl Strategy<Value = Msg> {
         }),
         cursor().prop_map(|after| Msg::Status { after }),
         cursor().prop_map(|after| Msg::StatusAll { after }),
+        cursor().prop_map(|after| Msg::StatusNamed { after }),
     ]
 }
 
@@ -151,6 +155,13 @@ fn reply() -> impl Strategy<Value = Msg> {
         Just(Msg::Expired),
         (vec(entry(), 0..=4), cursor())
             .prop_map(|(entries, next)| Msg::StatusReply { entries, next }),
+        (vec((entry(), text(MAX_PROCESS_NAME)), 0..=4), cursor()).prop_map(|(named, next)| {
+            let entries = named
+                .into_iter()
+                .map(|(e, name)| StatusEntry { name, ..e })
+                .collect();
+            Msg::StatusNamedReply { entries, next }
+        }),
     ]
 }
 

@@ -16,7 +16,8 @@ fn entry(i: u64) -> StatusEntry {
         session: i,
         pid: 42,
         uid: 1000,
-        exe: "/usr/bin/redis-server".into(),
+        exe: "/usr/bin/redis-check-rdb".into(),
+        name: String::new(),
         fd: 7,
         local: a("127.0.0.1:6379"),
         peer: a("[::1]:40000"),
@@ -76,6 +77,7 @@ fn examples() -> Vec<Msg> {
         Msg::StatusAll {
             after: Some(StatusCursor { session: 3, fd: -1 }),
         },
+        Msg::StatusNamed { after: None },
         Msg::HelloOk {
             daemon_version: "0.1.0".into(),
             host_id: 0xfeed,
@@ -104,6 +106,10 @@ fn examples() -> Vec<Msg> {
         Msg::StatusReply {
             entries: vec![entry(1), entry(2)],
             next: Some(StatusCursor { session: 2, fd: 7 }),
+        },
+        Msg::StatusNamedReply {
+            entries: vec![named(1), entry(2)],
+            next: None,
         },
         Msg::RemoteOffer {
             offer_ref: 5,
@@ -145,8 +151,8 @@ fn every_kind_round_trips() {
         assert_ne!(kind_name(m.kind()), "unknown");
         kinds.insert(m.kind());
     }
-    // 12 requests + 12 replies + 8 ctl-to-ctl: the list above misses none.
-    assert_eq!(kinds.len(), 33);
+    // 14 requests + 13 replies + 8 ctl-to-ctl: the list above misses none.
+    assert_eq!(kinds.len(), 35);
 }
 
 #[test]
@@ -187,6 +193,7 @@ fn fd_arity() {
     assert_eq!(fd_range(kind::CLAIM_OK), (0, MAX_FDS - 1));
     assert_eq!(fd_range(kind::STATUS), (0, 0));
     assert_eq!(fd_range(kind::STATUS_ALL), (0, 0));
+    assert_eq!(fd_range(kind::STATUS_NAMED), (0, 0));
     assert!(Msg::Claim.check_fds(0).is_err());
     assert!(Msg::Claim.check_fds(1).is_ok());
     assert!(Msg::Ok.check_fds(1).is_err());
@@ -216,6 +223,7 @@ fn a_full_page_of_maximal_entries_fits_in_a_frame() {
         pid: u32::MAX,
         uid: u32::MAX,
         exe: "é".repeat(MAX_EXE / 2),
+        name: "n".repeat(MAX_PROCESS_NAME),
         fd: i32::MAX,
         local: a("[ffff::1%4294967295]:65535"),
         peer: a("[ffff::2%4294967295]:65535"),
@@ -229,7 +237,7 @@ fn a_full_page_of_maximal_entries_fits_in_a_frame() {
             })
             .collect(),
     };
-    let page = Msg::StatusReply {
+    let page = Msg::StatusNamedReply {
         entries: vec![max_entry; MAX_STATUS_PAGE],
         next: Some(StatusCursor {
             session: u64::MAX,
@@ -239,6 +247,42 @@ fn a_full_page_of_maximal_entries_fits_in_a_frame() {
     let bytes = encode(&page).unwrap();
     assert!(bytes.len() <= MAX_FRAME_TOTAL);
     assert_eq!(decode(&bytes).unwrap(), page);
+}
+
+/// `entry(i)` with the name `ps` gives the process.
+fn named(i: u64) -> StatusEntry {
+    StatusEntry {
+        name: "redis-server".into(),
+        ..entry(i)
+    }
+}
+
+#[test]
+fn only_the_named_reply_carries_names() {
+    let cursor = Some(StatusCursor { session: 2, fd: 7 });
+    let plain = Msg::StatusReply {
+        entries: vec![named(1)],
+        next: cursor,
+    };
+    // What a CLI that asked `StatusAll` decodes: no name, nothing else lost.
+    assert_eq!(
+        decode(&encode(&plain).unwrap()).unwrap(),
+        Msg::StatusReply {
+            entries: vec![entry(1)],
+            next: cursor,
+        }
+    );
+    let long = Msg::StatusNamedReply {
+        entries: vec![StatusEntry {
+            name: "n".repeat(MAX_PROCESS_NAME + 1),
+            ..entry(1)
+        }],
+        next: None,
+    };
+    assert!(matches!(
+        encode(&long),
+        Err(ProtoError::FieldTooLong { field: "name", .. })
+    ));
 }
 
 /// An entry with `n` counters, each with a distinct value.

@@ -106,6 +106,11 @@ impl Env for FakeEnv {
         fd
     }
 
+    /// `p` repeated pid % 40 times: some longer than an entry carries.
+    fn process_name(&self, pid: u32) -> Option<String> {
+        Some("p".repeat(pid as usize % 40))
+    }
+
     /// 192.0.2.0/24 (TEST-NET-1) stands for other hosts.
     fn is_local_ip(&mut self, ip: std::net::IpAddr) -> bool {
         !matches!(ip, std::net::IpAddr::V4(v4) if v4.octets()[..3] == [192, 0, 2])

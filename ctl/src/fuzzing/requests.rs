@@ -206,16 +206,17 @@ pub(super) fn message(s: &mut Script<'_>, mem: &Memory) -> (Msg, Option<SessionI
         },
         _ => {
             // One byte as before: bit 0 a cursor, bit 1 the request for
-            // every counter (existing corpus entries keep their shape).
+            // every counter, bit 2 for names too (existing corpus entries
+            // keep their shape).
             let b = s.u8();
             let after = (b & 1 == 1).then(|| StatusCursor {
                 session: s.u64() % 4,
                 fd: i32::from(s.u8()),
             });
-            if b & 2 == 0 {
-                Msg::Status { after }
-            } else {
-                Msg::StatusAll { after }
+            match b & 6 {
+                0 => Msg::Status { after },
+                2 => Msg::StatusAll { after },
+                _ => Msg::StatusNamed { after },
             }
         }
     };

@@ -12,7 +12,8 @@ use ringsock_proto::addr::canonical;
 use ringsock_proto::client::truncate_utf8;
 use ringsock_proto::{
     frame, ErrorCode, Msg, ProtoError, RefuseReason, RingStat, StatusCursor, StatusEntry,
-    MAX_ERROR_TEXT, MAX_RING_STATS, MAX_RING_STATS_V1, MAX_STATUS_PAGE, MAX_STAT_NAME,
+    MAX_ERROR_TEXT, MAX_PROCESS_NAME, MAX_RING_STATS, MAX_RING_STATS_V1, MAX_STATUS_PAGE,
+    MAX_STAT_NAME,
 };
 
 use crate::registry::{
@@ -62,6 +63,11 @@ pub trait Env {
     /// A descriptor of the offer table the processes read, for a
     /// `HelloOk` (`ringsock_proto::offers`); none where there is no table.
     fn offer_table(&mut self) -> Option<Self::Fd> {
+        None
+    }
+    /// What `ps` calls process `pid` of this daemon's pid namespace (its
+    /// comm), if it can be read. Fakes know no names.
+    fn process_name(&self, _pid: u32) -> Option<String> {
         None
     }
 }
@@ -341,8 +347,9 @@ impl<E: Env> Handler<E> {
                 self.reg.report_closed(id, fd, local, peer),
                 format_args!("report of fd {fd}"),
             ),
-            Msg::Status { after } => Reply::plain(self.status(after, MAX_RING_STATS_V1)),
-            Msg::StatusAll { after } => Reply::plain(self.status(after, MAX_RING_STATS)),
+            Msg::Status { after } => Reply::plain(self.status(after, Listing::V1)),
+            Msg::StatusAll { after } => Reply::plain(self.status(after, Listing::All)),
+            Msg::StatusNamed { after } => Reply::plain(self.status(after, Listing::Named)),
             // Replies were refused above; listed to keep the match total.
             reply => return Err(Fault::NotARequest(reply.name())),
         })
@@ -507,9 +514,16 @@ impl<E: Env> Handler<E> {
         }
     }
 
-    /// One page of the listing, at most `max_stats` counters per entry
-    /// (the first ones: providers list the counters older CLIs knew first).
-    fn status(&self, after: Option<StatusCursor>, max_stats: usize) -> Msg {
+    /// One page of the listing in the shape `listing` asks for. Replies to
+    /// `Status` carry at most `MAX_RING_STATS_V1` counters per entry (the
+    /// first ones: providers list the counters older CLIs knew first); only
+    /// `StatusNamed` gets process names, read now: a process renames itself
+    /// (prctl, exec) while its session lives.
+    fn status(&self, after: Option<StatusCursor>, listing: Listing) -> Msg {
+        let max_stats = match listing {
+            Listing::V1 => MAX_RING_STATS_V1,
+            Listing::All | Listing::Named => MAX_RING_STATS,
+        };
         let (rows, next) = self.reg.status_page(after, MAX_STATUS_PAGE);
         let entries = rows
             .into_iter()
@@ -518,6 +532,16 @@ impl<E: Env> Handler<E> {
                 pid: r.pid,
                 uid: r.uid,
                 exe: r.exe.to_owned(),
+                // A pid the kernel did not give us (another pid namespace)
+                // names nothing in our /proc.
+                name: match listing {
+                    Listing::Named if r.pid_from_kernel => self
+                        .env
+                        .process_name(r.pid)
+                        .map(|n| truncate_utf8(&n, MAX_PROCESS_NAME).to_owned())
+                        .unwrap_or_default(),
+                    _ => String::new(),
+                },
                 fd: r.fd,
                 local: r.report.local,
                 peer: r.report.peer,
@@ -532,8 +556,19 @@ impl<E: Env> Handler<E> {
                     .unwrap_or_default(),
             })
             .collect();
-        Msg::StatusReply { entries, next }
+        match listing {
+            Listing::Named => Msg::StatusNamedReply { entries, next },
+            Listing::V1 | Listing::All => Msg::StatusReply { entries, next },
+        }
     }
+}
+
+/// Which listing request is answered.
+#[derive(Clone, Copy)]
+enum Listing {
+    V1,
+    All,
+    Named,
 }
 
 /// Same-host security rule: an offer is only for the address of a socket

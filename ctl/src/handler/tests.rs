@@ -372,6 +372,59 @@ fn status_cuts_counters_to_what_the_request_kind_allows() {
 }
 
 #[test]
+fn only_status_named_names_processes_and_only_those_the_kernel_named() {
+    let mut t = T::new();
+    // A session whose pid the kernel could not give (another pid
+    // namespace): its Hello pid names nothing here.
+    const N: SessionId = 3;
+    t.h.open_session(
+        N,
+        Cred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        },
+    );
+    let hello = Msg::Hello {
+        pid: 7,
+        exe: "/usr/bin/redis-check-rdb".into(),
+    };
+    assert!(matches!(t.req(N, hello, vec![]).msg, Msg::HelloOk { .. }));
+    for (id, fd) in [(C, 9), (S, 10), (N, 11)] {
+        let report = Msg::ConnReport {
+            fd,
+            local: a("127.0.0.1:5000"),
+            peer: a("127.0.0.1:80"),
+            transport: Transport::Tcp,
+            reason: "no listener".into(),
+            ring: None,
+        };
+        assert_eq!(t.req(id, report, vec![]).msg, Msg::Ok);
+    }
+    let names = |m: Msg| match m {
+        Msg::StatusReply { entries, .. } | Msg::StatusNamedReply { entries, .. } => entries
+            .into_iter()
+            .map(|e| (e.pid, e.name))
+            .collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    // The fake names pid 10 with 10 p's and pid 20 with 20, cut to the
+    // longest name an entry carries.
+    assert_eq!(
+        names(t.req(C, Msg::StatusNamed { after: None }, vec![]).msg),
+        [
+            (10, "p".repeat(10)),
+            (20, "p".repeat(MAX_PROCESS_NAME)),
+            (7, String::new())
+        ]
+    );
+    for old in [Msg::Status { after: None }, Msg::StatusAll { after: None }] {
+        let listed = names(t.req(C, old, vec![]).msg);
+        assert!(listed.iter().all(|(_, n)| n.is_empty()), "{listed:?}");
+    }
+}
+
+#[test]
 fn fixed_scripts() {
     run_script(&[]);
     run_script(&[0; 64]);

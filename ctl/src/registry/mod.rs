@@ -149,6 +149,9 @@ pub enum PeerEvent<F> {
 pub struct Row<'a, R> {
     pub session: SessionId,
     pub pid: u32,
+    /// `pid` is SO_PEERCRED's (a pid of the daemon's namespace), not the
+    /// one the process claimed in Hello.
+    pub pid_from_kernel: bool,
     pub uid: u32,
     pub exe: &'a str,
     pub fd: i32,
@@ -667,6 +670,7 @@ impl<F, R> Registry<F, R> {
                 rows.push(Row {
                     session: sid,
                     pid: self.pid_of(sid),
+                    pid_from_kernel: s.cred.pid != 0,
                     uid: s.cred.uid,
                     exe: s.hello.as_ref().map_or("", |h| h.exe.as_str()),
                     fd,

@@ -8,14 +8,31 @@ use ringsock_proto::{Client, Error, Msg, StatusEntry};
 /// How long status waits on an unresponsive daemon.
 const TIMEOUT: Duration = Duration::from_secs(3);
 
-/// Every entry, page after page, with every counter (`StatusAll`); from a
-/// daemon that predates `StatusAll` (it closes the session on the unknown
-/// kind) the old way, with at most `MAX_RING_STATS_V1` counters per entry.
+/// Every entry, page after page, with every counter and the process names
+/// (`StatusNamed`); from a daemon that predates it (it closes the session
+/// on the unknown kind) without names (`StatusAll`), and from one older
+/// still with at most `MAX_RING_STATS_V1` counters per entry (`Status`).
 pub fn fetch(socket: &Path) -> Result<Vec<StatusEntry>, Error> {
-    match fetch_pages(socket, true) {
-        Err(Fetch::Refused(_)) => fetch_pages(socket, false).map_err(Fetch::into_error),
-        r => r.map_err(Fetch::into_error),
+    let mut asked = [Request::Named, Request::All, Request::V1]
+        .into_iter()
+        .peekable();
+    loop {
+        let req = asked
+            .next()
+            .expect("the list ends with a request that is answered");
+        match fetch_pages(socket, req) {
+            Err(Fetch::Refused(_)) if asked.peek().is_some() => {}
+            r => return r.map_err(Fetch::into_error),
+        }
     }
+}
+
+/// The listing requests, newest first.
+#[derive(Clone, Copy)]
+enum Request {
+    Named,
+    All,
+    V1,
 }
 
 /// Why a listing failed: `Refused` when the daemon hung up on the very
@@ -34,16 +51,16 @@ impl Fetch {
     }
 }
 
-fn fetch_pages(socket: &Path, every_counter: bool) -> Result<Vec<StatusEntry>, Fetch> {
+fn fetch_pages(socket: &Path, request: Request) -> Result<Vec<StatusEntry>, Fetch> {
     let mut c = Client::connect(socket, Some(TIMEOUT)).map_err(Fetch::Other)?;
     c.hello("ringsock-ctl status").map_err(Fetch::Other)?;
     let mut all = Vec::new();
     let mut after = None;
     loop {
-        let req = if every_counter {
-            Msg::StatusAll { after }
-        } else {
-            Msg::Status { after }
+        let req = match request {
+            Request::Named => Msg::StatusNamed { after },
+            Request::All => Msg::StatusAll { after },
+            Request::V1 => Msg::Status { after },
         };
         let reply = match c.call(&req, &[]) {
             Ok((m, _)) => m,
@@ -51,7 +68,7 @@ fn fetch_pages(socket: &Path, every_counter: bool) -> Result<Vec<StatusEntry>, F
             Err(e) => return Err(Fetch::Other(e)),
         };
         match reply {
-            Msg::StatusReply { entries, next } => {
+            Msg::StatusReply { entries, next } | Msg::StatusNamedReply { entries, next } => {
                 all.extend(entries);
                 match next {
                     Some(n) if Some(n) != after => after = Some(n),

@@ -1,8 +1,10 @@
 //! `status --json`: `{"connections":[...]}`, one object per connection
 //! end, fields in this order: `session`, `pid`, `uid`, `fd`, `exe`,
-//! `local`, `peer`, `transport`, `reason`, `ring`; `ring` is null or
-//! `{"id": n|null, "stats": {name: value...}}` with the counters in the
-//! daemon's order. Scripts and tests read these names: they do not change.
+//! `name`, `local`, `peer`, `transport`, `reason`, `ring`; `name` is what
+//! `ps` calls the process ("" when the daemon could not tell); `ring` is
+//! null or `{"id": n|null, "stats": {name: value...}}` with the counters in
+//! the daemon's order. Scripts and tests read these names: they do not
+//! change. Listings saved before `name` existed read back without it.
 //!
 //! The same shape is read back (`status --from`): one listing per line,
 //! as a sampler appends them to a file.
@@ -25,6 +27,8 @@ struct Connection {
     uid: u32,
     fd: i32,
     exe: String,
+    #[serde(default)]
+    name: String,
     local: SocketAddr,
     peer: SocketAddr,
     #[serde(with = "transport_name")]
@@ -99,6 +103,7 @@ impl From<&StatusEntry> for Connection {
             uid: e.uid,
             fd: e.fd,
             exe: e.exe.clone(),
+            name: e.name.clone(),
             local: e.local,
             peer: e.peer,
             transport: e.transport,
@@ -119,6 +124,7 @@ impl From<Connection> for StatusEntry {
             pid: c.pid,
             uid: c.uid,
             exe: c.exe,
+            name: c.name,
             fd: c.fd,
             local: c.local,
             peer: c.peer,
@@ -160,7 +166,8 @@ mod tests {
         assert_eq!(
             render(&[entry()]),
             "{\"connections\":[{\"session\":16,\"pid\":42,\"uid\":0,\"fd\":7,\
-             \"exe\":\"/usr/bin/redis-\\\"server\",\"local\":\"127.0.0.1:6379\",\
+             \"exe\":\"/usr/bin/redis-\\\"server\",\"name\":\"redis-server\",\
+             \"local\":\"127.0.0.1:6379\",\
              \"peer\":\"[::1]:5000\",\"transport\":\"shm\",\"reason\":\"line\\nbreak\",\
              \"ring\":{\"id\":3,\"stats\":{\"memfd_size\":4096}}}]}\n"
         );
@@ -206,6 +213,9 @@ mod tests {
             assert!(parse(bad).is_err(), "{bad}");
         }
         let good = render(&[entry()]);
+        // A line saved before names were listed.
+        let old = good.replace("\"name\":\"redis-server\",", "");
+        assert_eq!(parse(&old).unwrap()[0].name, "");
         let other = good.replace("\"shm\"", "\"carrier-pigeon\"");
         assert!(parse(&other)
             .unwrap_err()

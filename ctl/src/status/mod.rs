@@ -129,6 +129,7 @@ pub(crate) mod tests {
             pid: 42,
             uid: 0,
             exe: "/usr/bin/redis-\"server".into(),
+            name: "redis-server".into(),
             fd: 7,
             local: "127.0.0.1:6379".parse().unwrap(),
             peer: "[::1]:5000".parse().unwrap(),

@@ -74,8 +74,13 @@ fn ring_text(e: &StatusEntry) -> String {
     }
 }
 
-fn exe_name(exe: &str) -> &str {
-    match exe.rsplit('/').next() {
+/// What `ps` calls the process; from a daemon that does not say, the
+/// last component of its executable's path.
+fn process_name(e: &StatusEntry) -> &str {
+    if !e.name.is_empty() {
+        return &e.name;
+    }
+    match e.exe.rsplit('/').next() {
         Some(n) if !n.is_empty() => n,
         _ => "-",
     }
@@ -106,7 +111,7 @@ pub fn table(entries: &[StatusEntry]) -> String {
         .map(|e| {
             [
                 e.pid.to_string(),
-                printable(exe_name(&e.exe)),
+                printable(process_name(e)),
                 e.fd.to_string(),
                 e.local.to_string(),
                 e.peer.to_string(),
@@ -159,10 +164,23 @@ mod tests {
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 2);
         assert!(lines[0].starts_with("PID  PROCESS"));
-        assert!(lines[1].contains("redis-\"server"));
+        assert!(lines[1].starts_with("42   redis-server  7"), "{t}");
         assert!(lines[1].contains("line?break"));
         assert!(lines[1].ends_with("#3 memfd_size=4096"));
         assert!(table(&[]).contains("no connections"));
+    }
+
+    #[test]
+    fn without_a_name_the_executable_names_the_process() {
+        let mut e = entry();
+        e.name.clear();
+        assert!(table(&[e.clone()])
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains("redis-\"server"));
+        e.name = "tab\tname".into();
+        assert!(table(&[e]).contains("tab?name"));
     }
 
     #[test]

@@ -8,11 +8,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+pub use ringsock_integration::script;
 use ringsock_integration::{free_port, show, wait_port, Cmd, Conn, Ctl, TempDir};
-
-pub fn script(name: &str) -> String {
-    format!("{}/tests/scripts/{name}", env!("CARGO_MANIFEST_DIR"))
-}
 
 /// The words after `key` on the last line that starts with it.
 pub fn field<'a>(out: &'a str, key: &str) -> Vec<&'a str> {
