@@ -443,6 +443,30 @@ pub fn shutdown(fd: RawFd, how: i32) -> Obs<Ret> {
     (format!("shutdown({fd}, {name}) = {r}"), r)
 }
 
+/// read(2) through libc's generic syscall(SYS_read, ...).
+pub fn sys_read(fd: RawFd, len: usize) -> Obs<Got> {
+    let mut buf = vec![0u8; len];
+    // SAFETY: reading into a live buffer of the length given.
+    let r = Ret::of(unsafe { libc::syscall(libc::SYS_read, fd, buf.as_mut_ptr(), len) });
+    let g = got(r, buf);
+    (format!("syscall(SYS_read, {fd}, {len}) = {g}"), g)
+}
+
+/// write(2) through libc's generic syscall(SYS_write, ...).
+pub fn sys_write(fd: RawFd, data: &[u8]) -> Obs<Ret> {
+    // SAFETY: writing from a live buffer of the length given.
+    let r = Ret::of(unsafe { libc::syscall(libc::SYS_write, fd, data.as_ptr(), data.len()) });
+    (format!("syscall(SYS_write, {fd}, {}) = {r}", data.len()), r)
+}
+
+/// close(2) through libc's generic syscall(SYS_close, ...), as libuv
+/// closes descriptors.
+pub fn sys_close(fd: RawFd) -> Obs<Ret> {
+    // SAFETY: closing a descriptor the scenario owns.
+    let r = Ret::of(unsafe { libc::syscall(libc::SYS_close, fd) });
+    (format!("syscall(SYS_close, {fd}) = {r}"), r)
+}
+
 pub fn close(fd: RawFd) -> Obs<Ret> {
     // SAFETY: closing a descriptor the scenario owns.
     let r = Ret::of(i64::from(unsafe { libc::close(fd) }));

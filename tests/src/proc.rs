@@ -28,7 +28,8 @@ pub struct Cmd {
 
 impl Cmd {
     /// `program` with the shim preloaded (default knobs: log level warn, so
-    /// a healthy run prints nothing of ours). Its RINGSOCK_CTL_SOCK names a
+    /// a healthy run prints nothing of ours; RINGSOCK_TEST_LOG in the test's
+    /// environment sets another level, to debug one test). Its RINGSOCK_CTL_SOCK names a
     /// path where no daemon ever answers (so a daemon running on the host
     /// cannot change the result): every connection stays TCP unless
     /// `.ctl(&ctl)` points it at a test's own daemon.
@@ -36,7 +37,10 @@ impl Cmd {
         let mut c = Cmd::plain(program);
         c.cmd
             .env("LD_PRELOAD", shim())
-            .env("RINGSOCK_LOG", "warn")
+            .env(
+                "RINGSOCK_LOG",
+                std::env::var("RINGSOCK_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .env("RINGSOCK_CTL_SOCK", no_daemon_sock());
         c
     }

@@ -31,6 +31,11 @@ pub fn list() -> Vec<Scenario> {
             read_write,
         ),
         sc(
+            "generic_syscall_read_write_close",
+            "syscall(SYS_write), syscall(SYS_read) and syscall(SYS_close) on the connection: data both ways, then EOF",
+            generic_syscall,
+        ),
+        sc(
             "msg_trunc_discards",
             "recv(MSG_TRUNC) on TCP discards the bytes without copying them and returns the length",
             msg_trunc,
@@ -124,6 +129,22 @@ fn read_write(r: &mut Role) {
     } else {
         r.call(ops::write(fd, b"hello"));
         r.call(ops::read(fd, 100));
+    }
+}
+
+fn generic_syscall(r: &mut Role) {
+    let fd = r.open();
+    if r.is_server() {
+        r.await_bytes(fd, 5);
+        r.call(ops::sys_read(fd, 100));
+        r.call(ops::sys_write(fd, b"world"));
+        r.call(ops::sys_close(fd));
+    } else {
+        r.call(ops::sys_write(fd, b"hello"));
+        r.await_bytes(fd, 5);
+        r.call(ops::sys_read(fd, 100));
+        r.await_eof(fd);
+        r.call(ops::sys_read(fd, 100));
     }
 }
 

@@ -11,6 +11,7 @@ pub mod memory;
 pub mod poll;
 pub mod process;
 pub mod socket;
+pub mod syscall;
 
 /// Resolves every hook's next symbol (called by the constructor, so that no
 /// first call at an awkward moment has to enter the dynamic linker).

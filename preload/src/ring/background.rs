@@ -109,7 +109,7 @@ fn wake() {
         if fd >= 0 {
             let one = 1u64;
             // SAFETY: 8-byte write from a local to our eventfd.
-            unsafe { libc::syscall(libc::SYS_write, fd, &one as *const u64, 8) };
+            unsafe { crate::sys_call!(libc::SYS_write, fd, &one as *const u64, 8) };
         }
     }
 }
@@ -154,7 +154,7 @@ fn park(seen: u64, timeout_ns: Option<u64>, long: bool) {
         // SAFETY: three valid pollfds (a negative fd is ignored by the
         // kernel) and a valid or null timeout.
         unsafe {
-            libc::syscall(
+            crate::sys_call!(
                 libc::SYS_ppoll,
                 pfds.as_mut_ptr(),
                 3,
@@ -168,7 +168,7 @@ fn park(seen: u64, timeout_ns: Option<u64>, long: bool) {
     if pfds[0].revents != 0 {
         let mut v = 0u64;
         // SAFETY: 8-byte read into a local from our non-blocking eventfd.
-        unsafe { libc::syscall(libc::SYS_read, efd, &mut v as *mut u64, 8) };
+        unsafe { crate::sys_call!(libc::SYS_read, efd, &mut v as *mut u64, 8) };
     }
     if pfds[1].revents != 0 {
         // Replies sent ahead, or the daemon closed the session: either way
@@ -194,7 +194,7 @@ fn ensure_thread() {
     }
     // SAFETY: plain eventfd creation.
     let efd = unsafe {
-        libc::syscall(
+        crate::sys_call!(
             libc::SYS_eventfd2,
             0,
             libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,
@@ -326,6 +326,18 @@ pub fn note_ring(fd: RawFd, conn: Arc<dyn Tracked>, memfd: Option<OwnedFd>) {
     report(Report::Ring(conn, fd, memfd));
 }
 
+/// A forked child took over a ring its parent reported: status lists it
+/// under the child (without the ring's memfd, which went to the daemon
+/// with the parent's report: the row shows no counters).
+pub fn note_taken_over(conn: Arc<dyn Tracked>) {
+    let st = conn.report_state();
+    if st.reporter_pid.load(Ordering::Acquire) == process::pid() {
+        return;
+    }
+    let fd = st.fd.load(Ordering::Relaxed);
+    report(Report::Ring(conn, fd, None));
+}
+
 /// A client started waiting for the server's decision.
 pub fn note_pending(conn: &Arc<dyn Tracked>) {
     {
@@ -408,7 +420,9 @@ fn send_report(r: Report) {
     let (msg, memfd) = match r {
         Report::RingClosed(conn) => {
             let st = conn.report_state();
-            if !st.reported.load(Ordering::Acquire) {
+            if !st.reported.load(Ordering::Acquire)
+                || st.reporter_pid.load(Ordering::Acquire) != process::pid()
+            {
                 return;
             }
             (
@@ -426,6 +440,7 @@ fn send_report(r: Report) {
             }
             let st = conn.report_state();
             st.reported.store(true, Ordering::Release);
+            st.reporter_pid.store(process::pid(), Ordering::Release);
             // A client offered from a wildcard address; by now the kernel
             // has picked the real one.
             let local = match sockaddr::query(fd, false) {

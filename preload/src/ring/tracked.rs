@@ -18,6 +18,9 @@ pub struct ReportState {
     /// The daemon was told about this connection (so it must hear of its
     /// end).
     pub reported: AtomicBool,
+    /// The process that reported it (a forked child that takes the
+    /// connection over reports it again, as its own).
+    pub reporter_pid: AtomicI32,
     /// The local address it was reported with (a client offered from the
     /// wildcard address; the kernel picked the real one later).
     pub local: Mutex<Option<SocketAddr>>,
@@ -36,6 +39,7 @@ impl ReportState {
         ReportState {
             fd: AtomicI32::new(-1),
             reported: AtomicBool::new(false),
+            reporter_pid: AtomicI32::new(0),
             local: Mutex::new(None),
             born_ns: AtomicU64::new(sys::monotonic_ns()),
             offer_pid: process::pid(),

@@ -65,12 +65,11 @@ fn node_http_server_and_client_over_rings() {
     node_pair(false);
 }
 
-/// libuv closes a socket with `syscall(SYS_close, fd)`, past the shim's
-/// close hook: the shim keeps the connection (its duplicate of the kernel
-/// socket in CLOSE-WAIT, the ring mapped, the status report) until the fd
-/// number is used again, and the peer never sees the close.
+/// libuv closes a socket with `syscall(SYS_close, fd)`: the shim follows
+/// the close there too, so the server lets go of every connection (its
+/// duplicate of the kernel socket, the ring, the status report) and the
+/// peer sees the close.
 #[test]
-#[ignore = "libuv closes sockets with syscall(SYS_close), which the shim does not see"]
 fn node_server_lets_go_of_closed_connections() {
     node_pair(true);
 }

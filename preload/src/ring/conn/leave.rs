@@ -23,8 +23,9 @@
 
 use std::sync::atomic::Ordering;
 
+use super::lock::OpGuard;
 use super::tcp::poll_one_for;
-use super::{RingConn, Wire, MODE_PENDING, MODE_RING, MODE_TCP};
+use super::{RingConn, RxSlot, TxSlot, Wire, MODE_PENDING, MODE_RING, MODE_TCP};
 use crate::attached::Errno;
 use crate::ring::sockio::{lock, send_all_bounded, sys_recv};
 use crate::sys;
@@ -159,7 +160,7 @@ impl<W: Wire> RingConn<W> {
         }
         if shut {
             // SAFETY: shutdown on our own duplicate of the socket.
-            unsafe { libc::syscall(libc::SYS_shutdown, fd, libc::SHUT_WR) };
+            unsafe { crate::sys_call!(libc::SYS_shutdown, fd, libc::SHUT_WR) };
         }
         log::info!(
             "{} -> {}: left the ring at {} bytes in, {} out",
@@ -272,17 +273,32 @@ impl<W: Wire> RingConn<W> {
     }
 
     /// Bytes at the start of the kernel socket of a ring connection: a
-    /// leave header (or its first part), else garbage.
-    pub(super) fn header_arrived(&self, peeked: &[u8]) {
-        match Leave::parse(peeked) {
+    /// leave header (or its first part), else garbage. Looked at again
+    /// under both ring locks: threads that saw the same bytes (the
+    /// program's and the background thread's) act on them once, and none
+    /// takes what follows a header another consumed for garbage.
+    pub(super) fn header_arrived(&self) {
+        let tx = self.tx.lock();
+        let rx = self.rx.lock();
+        if self.mode() != MODE_RING {
+            return;
+        }
+        let fd = self.tcp_fd();
+        let mut b = [0u8; HEADER_BYTES];
+        let n = match sys_recv(fd, &mut b, libc::MSG_PEEK) {
+            Ok(n) if n > 0 => n,
+            _ => return,
+        };
+        match Leave::parse(&b[..n]) {
             Parsed::Leave(l) => {
-                let mut b = [0u8; HEADER_BYTES];
-                if sys_recv(self.tcp_fd(), &mut b, 0) != Ok(HEADER_BYTES) {
+                if sys_recv(fd, &mut b, 0) != Ok(HEADER_BYTES) {
+                    drop(rx);
+                    drop(tx);
                     self.fail_hard(libc::ECONNRESET);
                     return;
                 }
                 self.header_since.store(0, Ordering::Release);
-                self.stay(l);
+                self.stay(l, tx, rx);
             }
             Parsed::Partial => {
                 let now = sys::monotonic_ns();
@@ -290,6 +306,8 @@ impl<W: Wire> RingConn<W> {
                 if since == 0 {
                     self.header_since.store(now, Ordering::Release);
                 } else if now - since > HEADER_WAIT_NS {
+                    drop(rx);
+                    drop(tx);
                     log::error!(
                         "{} -> {}: an incomplete leave header on the socket; resetting",
                         self.local,
@@ -299,6 +317,8 @@ impl<W: Wire> RingConn<W> {
                 }
             }
             Parsed::Garbage => {
+                drop(rx);
+                drop(tx);
                 log::error!(
                     "{} -> {}: unexpected TCP data on a ring connection; resetting it",
                     self.local,
@@ -312,12 +332,7 @@ impl<W: Wire> RingConn<W> {
     /// The peer left: read its ring to where it ended, acknowledge by
     /// closing our end of it, and send again on the socket what it did not
     /// take from ours. From here every call goes to the kernel socket.
-    fn stay(&self, l: Leave) {
-        let mut tx = self.tx.lock();
-        let mut rx = self.rx.lock();
-        if self.mode() != MODE_RING {
-            return;
-        }
+    fn stay(&self, l: Leave, mut tx: OpGuard<'_, TxSlot<W>>, mut rx: OpGuard<'_, RxSlot<W>>) {
         if let super::fork::Entered::Shared(s) = self.enter_shared() {
             // Every process holding a shared side follows (`share`).
             s.left.store(1, Ordering::Release);

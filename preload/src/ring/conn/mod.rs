@@ -351,7 +351,7 @@ impl<W: Wire> RingConn<W> {
         match sys_recv(fd, &mut b, libc::MSG_PEEK) {
             Ok(0) => self.peer_closed_socket(),
             Ok(n) if mode == MODE_PENDING => self.tcp_while_pending(&b[..n]),
-            Ok(n) => self.header_arrived(&b[..n]),
+            Ok(_) => self.header_arrived(),
             Err(Errno(libc::EAGAIN)) => {}
             Err(Errno(e)) => self.reset_by_peer(e),
         }
@@ -436,7 +436,7 @@ impl<W: Wire> RingConn<W> {
             let fd = self.tcp_fd();
             if fd >= 0 {
                 // SAFETY: shutdown on our own duplicate of the socket.
-                unsafe { libc::syscall(libc::SYS_shutdown, fd, libc::SHUT_RDWR) };
+                unsafe { crate::sys_call!(libc::SYS_shutdown, fd, libc::SHUT_RDWR) };
             }
         }
         self.wire.ring_own_bell();
@@ -940,7 +940,7 @@ impl<W: Wire> RingConn<W> {
         let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
         // SAFETY: l and len describe a linger struct of our own.
         let r = unsafe {
-            libc::syscall(
+            crate::sys_call!(
                 libc::SYS_getsockopt,
                 self.tcp_fd(),
                 libc::SOL_SOCKET,
@@ -962,7 +962,7 @@ impl<W: Wire> RingConn<W> {
         };
         // SAFETY: l describes a linger struct of our own.
         unsafe {
-            libc::syscall(
+            crate::sys_call!(
                 libc::SYS_setsockopt,
                 self.tcp_fd(),
                 libc::SOL_SOCKET,
@@ -1294,6 +1294,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             if let Some(me) = self.this() {
                 let tracked: Arc<dyn Tracked> = me;
                 super::watch::ensure(&tracked);
+                background::note_taken_over(tracked);
             }
         }
         Ok(())
@@ -1423,10 +1424,9 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         if fd >= 0 {
             sys::close(fd);
         }
-        if kind != ReleaseKind::Stale {
-            if let Some(me) = self.this() {
-                background::note_closed(me);
-            }
+        // Status forgets the connection whichever way its last fd went.
+        if let Some(me) = self.this() {
+            background::note_closed(me);
         }
     }
 
