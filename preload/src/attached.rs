@@ -245,6 +245,13 @@ pub trait AttachedConn: Send + Sync {
         1
     }
 
+    /// The TCP state TCP_INFO reports (`libc::TCP_*`), where the ring's
+    /// end-of-stream marks decide it rather than the kernel socket's;
+    /// `None`: the kernel socket answers.
+    fn tcp_state(&self) -> Option<u8> {
+        None
+    }
+
     /// SIOCATMARK: `Some(false)` while bytes of the stream that precede the
     /// kernel socket's (in the ring) are unread; `None`: the kernel socket
     /// answers.

@@ -12,7 +12,7 @@ pub fn list() -> Vec<Scenario> {
     vec![
         sc("sockopt_basics", "SO_TYPE, SO_DOMAIN, SO_PROTOCOL, SO_ACCEPTCONN, SO_ERROR, TCP_NODELAY, SO_KEEPALIVE get and set", sockopt_basics),
         sc("sockopt_buffers", "SO_SNDBUF/SO_RCVBUF set then read back (the kernel doubles them)", sockopt_buffers),
-        sc("tcp_info_established", "getsockopt(TCP_INFO) says ESTABLISHED on both ends, CLOSE_WAIT after the peer's FIN", tcp_info),
+        sc("tcp_info_established", "getsockopt(TCP_INFO)'s state through both half-closes: ESTABLISHED, FIN_WAIT2 / CLOSE_WAIT, TIME_WAIT / CLOSE", tcp_info),
         sc("so_linger_get_set", "SO_LINGER default, set {1,5}, read back", so_linger),
         sc("so_rcvtimeo_expires", "SO_RCVTIMEO: a recv with nothing coming blocks, then fails with EAGAIN", rcvtimeo),
         sc("so_sndtimeo_full", "SO_SNDTIMEO: a send on a full connection blocks, then fails with EAGAIN", sndtimeo),
@@ -89,26 +89,39 @@ fn sockopt_buffers(r: &mut Role) {
 
 /// tcpi_state of TCP_INFO by name.
 fn tcp_state(r: &Role, fd: RawFd) {
-    // SAFETY: all-zero is a valid tcp_info.
-    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: info and len are ours and sized as declared.
-    let ret = ops::Ret::of(i64::from(unsafe {
-        libc::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut info as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    }));
+    let look = || {
+        // SAFETY: all-zero is a valid tcp_info.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: info and len are ours and sized as declared.
+        let ret = ops::Ret::of(i64::from(unsafe {
+            libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        }));
+        (ret, info)
+    };
+    // FIN_WAIT1 and LAST_ACK last until the peer's ACK of our FIN, which
+    // the kernel may delay: look again (bounded) until it came.
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let (mut ret, mut info) = look();
+    while matches!(info.tcpi_state, 4 | 9) && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        (ret, info) = look();
+    }
     let state = match info.tcpi_state {
-        1 => "ESTABLISHED",
-        7 => "CLOSE",
-        8 => "CLOSE_WAIT",
-        4 => "FIN_WAIT1",
-        5 => "FIN_WAIT2",
-        _ => "other",
+        1 => "ESTABLISHED".to_string(),
+        4 => "FIN_WAIT1".to_string(),
+        5 => "FIN_WAIT2".to_string(),
+        6 => "TIME_WAIT".to_string(),
+        7 => "CLOSE".to_string(),
+        8 => "CLOSE_WAIT".to_string(),
+        9 => "LAST_ACK".to_string(),
+        n => format!("{n}"),
     };
     r.note(format!("getsockopt({fd}, TCP_INFO) = {ret} state={state}"));
 }
@@ -121,9 +134,20 @@ fn tcp_info(r: &mut Role) {
         r.barrier("shut");
         r.await_eof(fd);
         tcp_state(r, fd);
+        r.barrier("seen");
+        r.barrier("looked again");
+        r.call(ops::shutdown(fd, libc::SHUT_WR));
+        r.barrier("both");
+        tcp_state(r, fd);
     } else {
         r.call(ops::shutdown(fd, libc::SHUT_WR));
         r.barrier("shut");
+        r.barrier("seen");
+        tcp_state(r, fd);
+        r.barrier("looked again");
+        r.await_eof(fd);
+        r.barrier("both");
+        tcp_state(r, fd);
     }
 }
 

@@ -132,8 +132,9 @@ hooks! {
         next()
     }
 
-    /// Ring: SO_ERROR comes from the connection; the rest from the kernel
-    /// socket underneath.
+    /// Ring: SO_ERROR comes from the connection, and TCP_INFO's state from
+    /// the ring's end-of-stream marks; the rest from the kernel socket
+    /// underneath.
     fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
     |next| {
         if level == libc::SOL_SOCKET && name == libc::SO_ERROR && !val.is_null() && !len.is_null() {
@@ -153,7 +154,19 @@ hooks! {
             }
             // No ring error: the kernel socket's SO_ERROR is the answer.
         }
-        next()
+        let r = next();
+        if r == 0 && level == libc::IPPROTO_TCP && name == libc::TCP_INFO && !val.is_null() && !len.is_null() {
+            // SAFETY: len is valid per getsockopt's contract (just filled).
+            let filled = unsafe { *len } as usize;
+            if filled >= 1 {
+                if let Some(state) = ring(fd).and_then(|st| st.conn().and_then(|c| c.tcp_state())) {
+                    // SAFETY: the kernel filled at least one byte of val, the
+                    // first of struct tcp_info: tcpi_state.
+                    unsafe { val.cast::<u8>().write(state) };
+                }
+            }
+        }
+        r
     }
 
     /// Mirrors SO_RCVTIMEO/SO_SNDTIMEO of tracked sockets (ring waits honour

@@ -20,6 +20,8 @@
 //! * `tracked` — what the thread needs of a connection, whatever its wire;
 //! * `sockio` — plain calls on the kernel socket under a connection, and
 //!   the errno mapping of ring failures;
+//! * `policy` — which destinations' connections are short, and go over
+//!   plain TCP instead;
 //! * `msgstart` — which sends start a message and go out unbatched;
 //! * `plock` — a lock that survives fork;
 //! * `local` — which destinations are on this host (only those get

@@ -1048,6 +1048,13 @@ impl<W: Wire> Tracked for RingConn<W> {
     }
 }
 
+/// TCP states as TCP_INFO's `tcpi_state` numbers them (include/net/tcp_states.h).
+mod tcp_state {
+    pub const FIN_WAIT2: u8 = 5;
+    pub const CLOSE: u8 = 7;
+    pub const CLOSE_WAIT: u8 = 8;
+}
+
 impl<W: Wire> AttachedConn for RingConn<W> {
     fn try_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
         match self.settle() {
@@ -1454,6 +1461,28 @@ impl<W: Wire> AttachedConn for RingConn<W> {
 
     fn rcvlowat(&self) -> usize {
         self.rcvlowat.load(Ordering::Relaxed)
+    }
+
+    fn tcp_state(&self) -> Option<u8> {
+        if self.settle() == MODE_TCP {
+            return None;
+        }
+        let fin = self
+            .rx
+            .lock()
+            .as_mut()
+            .is_some_and(|rx| rx.eos_published().unwrap_or(false));
+        let ours = self.wr_shut() && !self.eos_owed.load(Ordering::Acquire);
+        // On loopback the peer's ACK comes at once: FIN_WAIT1 and LAST_ACK
+        // pass before a program can look.
+        Some(match (fin, ours) {
+            (false, false) => return None,
+            (true, false) => tcp_state::CLOSE_WAIT,
+            (false, true) => tcp_state::FIN_WAIT2,
+            // Both ways shut: an open socket is CLOSE whichever went first
+            // (the kernel keeps TIME_WAIT in a separate socket).
+            (true, true) => tcp_state::CLOSE,
+        })
     }
 
     fn at_mark(&self) -> Option<bool> {
