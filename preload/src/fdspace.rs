@@ -30,7 +30,7 @@ fn base() -> i32 {
     };
     // SAFETY: getrlimit writes one struct.
     let r = unsafe {
-        crate::sys_call!(
+        crate::sys::sys_call!(
             libc::SYS_getrlimit,
             libc::RLIMIT_NOFILE,
             &mut lim as *mut libc::rlimit,
@@ -44,7 +44,7 @@ fn base() -> i32 {
 /// or `fd` itself if the range is full.
 pub fn high(fd: RawFd) -> RawFd {
     // SAFETY: fcntl on a descriptor the caller owns.
-    let n = unsafe { crate::sys_call!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, base()) };
+    let n = unsafe { crate::sys::sys_call!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, base()) };
     if n < 0 {
         return fd;
     }
@@ -64,7 +64,7 @@ pub fn high_owned(fd: OwnedFd) -> OwnedFd {
 pub fn high_or_emfile(fd: OwnedFd) -> Result<OwnedFd, i32> {
     let raw = fd.as_raw_fd();
     // SAFETY: fcntl on a descriptor we own.
-    let n = unsafe { crate::sys_call!(libc::SYS_fcntl, raw, libc::F_DUPFD_CLOEXEC, base()) };
+    let n = unsafe { crate::sys::sys_call!(libc::SYS_fcntl, raw, libc::F_DUPFD_CLOEXEC, base()) };
     if n < 0 {
         return Err(libc::EMFILE);
     }
@@ -77,7 +77,7 @@ pub fn high_or_emfile(fd: OwnedFd) -> Result<OwnedFd, i32> {
 /// EMFILE when the range is full.
 pub fn dup_high(fd: RawFd) -> Result<RawFd, i32> {
     // SAFETY: fcntl on a descriptor the caller holds.
-    let n = unsafe { crate::sys_call!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, base()) };
+    let n = unsafe { crate::sys::sys_call!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, base()) };
     if n >= 0 {
         Ok(n as RawFd)
     } else {

@@ -52,7 +52,7 @@ pub fn pid() -> pid_t {
 pub fn parent_pid() -> pid_t {
     match PARENT.load(Ordering::Relaxed) {
         // SAFETY: getppid takes no arguments and cannot fail.
-        0 => unsafe { crate::sys_call!(libc::SYS_getppid) as pid_t },
+        0 => unsafe { crate::sys::sys_call!(libc::SYS_getppid) as pid_t },
         p => p,
     }
 }

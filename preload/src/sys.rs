@@ -26,20 +26,20 @@ pub fn set_errno(e: c_int) {
 /// shim must see the truth in a vfork child).
 pub fn getpid() -> pid_t {
     // SAFETY: getpid takes no arguments and cannot fail.
-    unsafe { crate::sys_call!(libc::SYS_getpid) as pid_t }
+    unsafe { crate::sys::sys_call!(libc::SYS_getpid) as pid_t }
 }
 
 /// gettid(2).
 pub fn gettid() -> pid_t {
     // SAFETY: gettid takes no arguments and cannot fail.
-    unsafe { crate::sys_call!(libc::SYS_gettid) as pid_t }
+    unsafe { crate::sys::sys_call!(libc::SYS_gettid) as pid_t }
 }
 
 /// Sends `sig` to the calling thread only, as the kernel does for SIGPIPE.
 pub fn raise_on_this_thread(sig: c_int) {
     // SAFETY: tgkill with our own pid/tid and a valid signal number.
     unsafe {
-        crate::sys_call!(
+        crate::sys::sys_call!(
             libc::SYS_tgkill,
             getpid() as c_long,
             gettid() as c_long,
@@ -54,7 +54,7 @@ pub fn raise_on_this_thread(sig: c_int) {
 pub fn write_all(fd: c_int, mut buf: &[u8]) {
     while !buf.is_empty() {
         // SAFETY: buf is a valid, initialised slice for its whole length.
-        let n = unsafe { crate::sys_call!(libc::SYS_write, fd, buf.as_ptr(), buf.len()) };
+        let n = unsafe { crate::sys::sys_call!(libc::SYS_write, fd, buf.as_ptr(), buf.len()) };
         if n < 0 {
             if errno() == libc::EINTR {
                 continue;
@@ -76,7 +76,7 @@ pub fn open(path: &[u8], flags: c_int, mode: libc::mode_t) -> Result<c_int, c_in
     }
     // SAFETY: path is NUL-terminated (checked above) and outlives the call.
     let fd = unsafe {
-        crate::sys_call!(
+        crate::sys::sys_call!(
             libc::SYS_openat,
             libc::AT_FDCWD,
             path.as_ptr(),
@@ -94,7 +94,7 @@ pub fn open(path: &[u8], flags: c_int, mode: libc::mode_t) -> Result<c_int, c_in
 /// fcntl(2) without going through libc's (hooked) `fcntl`.
 pub fn fcntl(fd: c_int, cmd: c_int, arg: c_long) -> Result<c_int, c_int> {
     // SAFETY: fcntl with an integer argument touches no memory of ours.
-    let r = unsafe { crate::sys_call!(libc::SYS_fcntl, fd, cmd, arg) };
+    let r = unsafe { crate::sys::sys_call!(libc::SYS_fcntl, fd, cmd, arg) };
     if r < 0 {
         Err(errno())
     } else {
@@ -111,7 +111,7 @@ pub fn cloexec(fd: c_int) -> bool {
 pub fn close(fd: c_int) {
     // SAFETY: closing an fd the caller owns.
     unsafe {
-        crate::sys_call!(libc::SYS_close, fd);
+        crate::sys::sys_call!(libc::SYS_close, fd);
     }
 }
 
@@ -121,7 +121,7 @@ pub fn rcvlowat(fd: c_int) -> usize {
     let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
     // SAFETY: v and len describe an int of our own.
     let r = unsafe {
-        crate::sys_call!(
+        crate::sys::sys_call!(
             libc::SYS_getsockopt,
             fd,
             libc::SOL_SOCKET,
@@ -153,7 +153,7 @@ pub fn inode_of(fd: c_int) -> Option<u64> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: `st` is a writable stat buffer; fstat fills it on success,
     // which is checked before it is read.
-    let rc = unsafe { crate::sys_call!(libc::SYS_fstat, fd, st.as_mut_ptr()) };
+    let rc = unsafe { crate::sys::sys_call!(libc::SYS_fstat, fd, st.as_mut_ptr()) };
     if rc != 0 {
         return None;
     }
@@ -214,7 +214,6 @@ pub unsafe fn syscall6(n: c_long, args: [c_long; 6]) -> c_long {
 
 /// `syscall(NUMBER, args...)` through `syscall6`, each argument cast to a
 /// register's width (integers and pointers alike).
-#[macro_export]
 macro_rules! sys_call {
     ($n:expr $(, $a:expr)* $(,)?) => {
         $crate::sys::syscall6(
@@ -223,6 +222,7 @@ macro_rules! sys_call {
         )
     };
 }
+pub(crate) use sys_call;
 
 /// The argument registers a call does not use, zeroed.
 #[inline]

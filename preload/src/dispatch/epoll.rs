@@ -297,13 +297,13 @@ fn key_of(st: &FdRef) -> u64 {
 fn eventfd_write(fd: c_int) {
     let one = 1u64;
     // SAFETY: 8 bytes from a valid u64 to our eventfd.
-    unsafe { crate::sys_call!(libc::SYS_write, fd, &one as *const u64, 8) };
+    unsafe { crate::sys::sys_call!(libc::SYS_write, fd, &one as *const u64, 8) };
 }
 
 fn eventfd_drain(fd: c_int) {
     let mut v = 0u64;
     // SAFETY: 8 bytes into a valid u64 from our non-blocking eventfd.
-    unsafe { crate::sys_call!(libc::SYS_read, fd, &mut v as *mut u64, 8) };
+    unsafe { crate::sys::sys_call!(libc::SYS_read, fd, &mut v as *mut u64, 8) };
 }
 
 /// Whether readiness `now` (requested bits) is something to report for a

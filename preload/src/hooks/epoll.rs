@@ -51,7 +51,7 @@ fn ms_to_deadline(ms: c_int) -> Option<u64> {
 hooks! {
     /// Pass-through.
     fn epoll_create(size: c_int) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_epoll_create1, if size > 0 { 0 } else { -1 }) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_epoll_create1, if size > 0 { 0 } else { -1 }) as c_int)
     |next| {
         next()
     }
@@ -119,7 +119,7 @@ hooks! {
 
     /// epoll_pwait2(2): a timespec timeout.
     fn epoll_pwait2(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: *const timespec, mask: *const sigset_t) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_epoll_pwait2, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_epoll_pwait2, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
     |next| {
         if let Some(st) = ring_epoll(epfd) {
             if let Some(set) = set_of(&st) {

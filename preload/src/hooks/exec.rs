@@ -32,7 +32,7 @@ extern "C" {
 hooks! {
     /// execve(2).
     fn execve(path: *const c_char, argv: Argv, envp: Argv) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_execve, path, argv, envp) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_execve, path, argv, envp) as c_int)
     {
         lifecycle::leave_before_exec();
         // SAFETY: our C caller's arguments, unchanged, under its contract.
@@ -41,7 +41,7 @@ hooks! {
 
     /// execv(3).
     fn execv(path: *const c_char, argv: Argv) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_execve, path, argv, environ) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_execve, path, argv, environ) as c_int)
     {
         lifecycle::leave_before_exec();
         // SAFETY: our C caller's arguments, unchanged, under its contract.
@@ -50,7 +50,7 @@ hooks! {
 
     /// execvp(3).
     fn execvp(file: *const c_char, argv: Argv) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_execve, file, argv, environ) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_execve, file, argv, environ) as c_int)
     {
         lifecycle::leave_before_exec();
         // SAFETY: our C caller's arguments, unchanged, under its contract.
@@ -59,7 +59,7 @@ hooks! {
 
     /// execvpe(3).
     fn execvpe(file: *const c_char, argv: Argv, envp: Argv) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_execve, file, argv, envp) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_execve, file, argv, envp) as c_int)
     {
         lifecycle::leave_before_exec();
         // SAFETY: our C caller's arguments, unchanged, under its contract.
@@ -68,7 +68,7 @@ hooks! {
 
     /// execveat(2).
     fn execveat(dirfd: c_int, path: *const c_char, argv: Argv, envp: Argv, flags: c_int) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_execveat, dirfd, path, argv, envp, flags) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_execveat, dirfd, path, argv, envp, flags) as c_int)
     {
         lifecycle::leave_before_exec();
         // SAFETY: our C caller's arguments, unchanged, under its contract.
@@ -77,7 +77,7 @@ hooks! {
 
     /// fexecve(3).
     fn fexecve(fd: c_int, argv: Argv, envp: Argv) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_execveat, fd, c"".as_ptr(), argv, envp, libc::AT_EMPTY_PATH) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_execveat, fd, c"".as_ptr(), argv, envp, libc::AT_EMPTY_PATH) as c_int)
     {
         lifecycle::leave_before_exec();
         // SAFETY: our C caller's arguments, unchanged, under its contract.

@@ -64,7 +64,7 @@ hooks! {
     /// close_range(2): as close for every tracked fd in the range (unless
     /// CLOSE_RANGE_CLOEXEC, which closes nothing now).
     fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_close_range, first, last, flags) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_close_range, first, last, flags) as c_int)
     |next| {
         let cloexec_only = flags as c_uint & libc::CLOSE_RANGE_CLOEXEC != 0;
         if !cloexec_only && first <= last && process::owns_memory() {
@@ -76,7 +76,7 @@ hooks! {
 
     /// closefrom(3).
     fn closefrom(lowfd: c_int) -> ();
-        fallback({ crate::sys_call!(libc::SYS_close_range, lowfd.max(0), c_uint::MAX, 0); })
+        fallback({ crate::sys::sys_call!(libc::SYS_close_range, lowfd.max(0), c_uint::MAX, 0); })
     |next| {
         if process::owns_memory() {
             shim_log::on_range_closed(lowfd.max(0) as c_uint, c_uint::MAX);
@@ -98,7 +98,7 @@ hooks! {
     /// dup2(2): `new` now refers to `old`'s state; what `new` was is
     /// released as if closed.
     fn dup2(old: c_int, new: c_int) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_dup2, old, new) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_dup2, old, new) as c_int)
     |next| {
         let r = next();
         if r >= 0 && old != new {
@@ -110,7 +110,7 @@ hooks! {
 
     /// dup3(2).
     fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_dup3, old, new, flags) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_dup3, old, new, flags) as c_int)
     |next| {
         let r = next();
         if r >= 0 {
@@ -131,7 +131,7 @@ hooks! {
     /// fcntl64: the name glibc's headers redirect fcntl to under
     /// _FILE_OFFSET_BITS=64 (glibc >= 2.28).
     fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_fcntl, fd, cmd, arg) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_fcntl, fd, cmd, arg) as c_int)
     |next| {
         let r = next();
         after_fcntl(fd, cmd, arg, r);

@@ -392,7 +392,7 @@ hooks! {
 
     /// recvfrom(2); on a ring the address is the kernel socket's peer.
     fn recvfrom(fd: c_int, buf: *mut c_void, len: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
-        fallback(crate::sys_call!(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as ssize_t)
+        fallback(crate::sys::sys_call!(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as ssize_t)
     |next| {
         if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
             // SAFETY: caller's buffer contract.
@@ -408,7 +408,7 @@ hooks! {
 
     /// sendto(2); the address is ignored on a connected ring, as on TCP.
     fn sendto(fd: c_int, buf: *const c_void, len: size_t, flags: c_int, addr: *const sockaddr, alen: socklen_t) -> ssize_t;
-        fallback(crate::sys_call!(libc::SYS_sendto, fd, buf, len, flags, addr, alen) as ssize_t)
+        fallback(crate::sys::sys_call!(libc::SYS_sendto, fd, buf, len, flags, addr, alen) as ssize_t)
     |next| {
         if let Some(st) = ring(fd).filter(|st| flags & libc::MSG_OOB == 0 || !ready_for_oob(st)) {
             // SAFETY: caller's buffer contract.
@@ -445,7 +445,7 @@ hooks! {
     /// entries after the first non-blocking; the timeout is checked after
     /// each entry, as the kernel does.
     fn recvmmsg(fd: c_int, vec: *mut mmsghdr, vlen: c_uint, flags: c_int, timeout: *mut libc::timespec) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_recvmmsg, fd, vec, vlen, flags, timeout) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_recvmmsg, fd, vec, vlen, flags, timeout) as c_int)
     |next| {
         if let Some(st) = ring(fd) {
             if vec.is_null() {
@@ -487,7 +487,7 @@ hooks! {
 
     /// sendmmsg(2): on a ring, one sendmsg per entry.
     fn sendmmsg(fd: c_int, vec: *mut mmsghdr, vlen: c_uint, flags: c_int) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_sendmmsg, fd, vec, vlen, flags) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_sendmmsg, fd, vec, vlen, flags) as c_int)
     |next| {
         if let Some(st) = ring(fd) {
             if vec.is_null() {
@@ -515,7 +515,7 @@ hooks! {
 
     /// sendfile(2) (64-bit off_t on LP64).
     fn sendfile(out_fd: c_int, in_fd: c_int, offset: *mut off_t, count: size_t) -> ssize_t;
-        fallback(crate::sys_call!(libc::SYS_sendfile, out_fd, in_fd, offset, count) as ssize_t)
+        fallback(crate::sys::sys_call!(libc::SYS_sendfile, out_fd, in_fd, offset, count) as ssize_t)
     |next| {
         if let Some(st) = ring(out_fd) {
             // SAFETY: off_t and off64_t are the same type on LP64 Linux.
@@ -526,7 +526,7 @@ hooks! {
 
     /// sendfile64: what programs built with _FILE_OFFSET_BITS=64 call.
     fn sendfile64(out_fd: c_int, in_fd: c_int, offset: *mut off64_t, count: size_t) -> ssize_t;
-        fallback(crate::sys_call!(libc::SYS_sendfile, out_fd, in_fd, offset, count) as ssize_t)
+        fallback(crate::sys::sys_call!(libc::SYS_sendfile, out_fd, in_fd, offset, count) as ssize_t)
     |next| {
         if let Some(st) = ring(out_fd) {
             // SAFETY: caller's offset contract.
@@ -538,7 +538,7 @@ hooks! {
     /// Fortified read: libc's version calls its internal read, bypassing
     /// our `read`, so ring fds must be caught here.
     fn __read_chk(fd: c_int, buf: *mut c_void, nbytes: size_t, buflen: size_t) -> ssize_t;
-        fallback(chk_fallback(nbytes, buflen, || crate::sys_call!(libc::SYS_read, fd, buf, nbytes) as ssize_t))
+        fallback(chk_fallback(nbytes, buflen, || crate::sys::sys_call!(libc::SYS_read, fd, buf, nbytes) as ssize_t))
     |next| {
         if nbytes <= buflen {
             if let Some(st) = ring(fd) {
@@ -551,7 +551,7 @@ hooks! {
 
     /// Fortified recv.
     fn __recv_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, flags: c_int) -> ssize_t;
-        fallback(chk_fallback(len, buflen, || crate::sys_call!(libc::SYS_recvfrom, fd, buf, len, flags, 0usize, 0usize) as ssize_t))
+        fallback(chk_fallback(len, buflen, || crate::sys::sys_call!(libc::SYS_recvfrom, fd, buf, len, flags, 0usize, 0usize) as ssize_t))
     |next| {
         if len <= buflen {
             if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {
@@ -564,7 +564,7 @@ hooks! {
 
     /// Fortified recvfrom.
     fn __recvfrom_chk(fd: c_int, buf: *mut c_void, len: size_t, buflen: size_t, flags: c_int, addr: *mut sockaddr, alen: *mut socklen_t) -> ssize_t;
-        fallback(chk_fallback(len, buflen, || crate::sys_call!(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as ssize_t))
+        fallback(chk_fallback(len, buflen, || crate::sys::sys_call!(libc::SYS_recvfrom, fd, buf, len, flags, addr, alen) as ssize_t))
     |next| {
         if len <= buflen {
             if let Some(st) = ring(fd).filter(|_| !kernel_flags(flags)) {

@@ -61,7 +61,7 @@ fn advice_changes_pages(advice: c_int) -> bool {
 hooks! {
     /// munmap(2).
     fn munmap(addr: *mut c_void, len: size_t) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_munmap, addr, len) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_munmap, addr, len) as c_int)
     |next| {
         drop_range(addr, len);
         next()
@@ -69,7 +69,7 @@ hooks! {
 
     /// mremap(2); the fifth argument is read only with MREMAP_FIXED.
     fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new_addr: *mut c_void) -> *mut c_void;
-        fallback(crate::sys_call!(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void)
+        fallback(crate::sys::sys_call!(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void)
     |next| {
         drop_range(old, old_len);
         if flags & libc::MREMAP_FIXED != 0 {
@@ -80,7 +80,7 @@ hooks! {
 
     /// madvise(2).
     fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_madvise, addr, len, advice) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_madvise, addr, len, advice) as c_int)
     |next| {
         if advice_changes_pages(advice) {
             drop_range(addr, len);
@@ -90,7 +90,7 @@ hooks! {
 
     /// mmap(2): MAP_FIXED replaces whatever was mapped there.
     fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
-        fallback(crate::sys_call!(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void)
+        fallback(crate::sys::sys_call!(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void)
     |next| {
         if flags & libc::MAP_FIXED != 0 {
             drop_range(addr, len);
@@ -100,7 +100,7 @@ hooks! {
 
     /// mmap64 (the same function under glibc's LFS name).
     fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void;
-        fallback(crate::sys_call!(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void)
+        fallback(crate::sys::sys_call!(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void)
     |next| {
         if flags & libc::MAP_FIXED != 0 {
             drop_range(addr, len);
@@ -110,7 +110,7 @@ hooks! {
 
     /// brk(2): a lower break unmaps the heap above it.
     fn brk(addr: *mut c_void) -> c_int;
-        fallback(if crate::sys_call!(libc::SYS_brk, addr) as usize == addr as usize { 0 } else { -1 })
+        fallback(if crate::sys::sys_call!(libc::SYS_brk, addr) as usize == addr as usize { 0 } else { -1 })
     |next| {
         if regcache::entries() > 0 {
             // SAFETY: sbrk(0) only reads the current break.
@@ -140,7 +140,7 @@ hooks! {
     /// shmdt(2): the segment's size is not known here, so every cached
     /// registration goes (shmdt is rare).
     fn shmdt(addr: *const c_void) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_shmdt, addr) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_shmdt, addr) as c_int)
     |next| {
         if regcache::entries() > 0 {
             regcache::invalidate_all();

@@ -118,7 +118,7 @@ hooks! {
 
     /// Fortified poll: libc's checks the array size, then polls internally.
     fn __poll_chk(fds: *mut pollfd, nfds: nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_poll, fds, nfds, timeout) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_poll, fds, nfds, timeout) as c_int)
     |next| {
         let fits = fdslen / std::mem::size_of::<pollfd>() >= nfds as usize;
         if fits {
@@ -132,7 +132,7 @@ hooks! {
 
     /// Fortified ppoll.
     fn __ppoll_chk(fds: *mut pollfd, nfds: nfds_t, timeout: *const timespec, mask: *const sigset_t, fdslen: size_t) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_ppoll, fds, nfds, timeout, mask, 8usize) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_ppoll, fds, nfds, timeout, mask, 8usize) as c_int)
     |next| {
         let fits = fdslen / std::mem::size_of::<pollfd>() >= nfds as usize;
         if fits {
@@ -149,7 +149,7 @@ hooks! {
 
     /// select(2); like Linux, updates the timeout with the time left.
     fn select(nfds: c_int, rd: *mut fd_set, wr: *mut fd_set, ex: *mut fd_set, timeout: *mut timeval) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_select, nfds, rd, wr, ex, timeout) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_select, nfds, rd, wr, ex, timeout) as c_int)
     |next| {
         if fdtable::rings_alive() > 0 {
             let deadline = if timeout.is_null() {
@@ -250,6 +250,6 @@ unsafe fn pselect_raw(
         let tp = t
             .as_mut()
             .map_or(std::ptr::null_mut(), |t| t as *mut timespec);
-        crate::sys_call!(libc::SYS_pselect6, nfds, rd, wr, ex, tp, arg) as c_int
+        crate::sys::sys_call!(libc::SYS_pselect6, nfds, rd, wr, ex, tp, arg) as c_int
     }
 }

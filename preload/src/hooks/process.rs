@@ -26,7 +26,7 @@ use crate::{lifecycle, process};
 hooks! {
     /// fork(2) through glibc (atfork handlers run as usual).
     fn fork() -> pid_t;
-        fallback(crate::sys_call!(libc::SYS_fork) as pid_t)
+        fallback(crate::sys::sys_call!(libc::SYS_fork) as pid_t)
     |next| {
         process::before_fork();
         let pid = next();
@@ -39,7 +39,7 @@ hooks! {
     /// _Fork(3) (glibc >= 2.34): fork without atfork handlers, async-signal-
     /// safe; our additions are atomics and one raw syscall.
     fn _Fork() -> pid_t;
-        fallback(crate::sys_call!(libc::SYS_fork) as pid_t)
+        fallback(crate::sys::sys_call!(libc::SYS_fork) as pid_t)
     |next| {
         process::before_fork();
         // _Fork runs no atfork handler: hold the rings here.
@@ -60,7 +60,7 @@ hooks! {
     /// the macro's closure, and no C caller looks at the return.
     fn _exit(status: c_int) -> ();
         fallback({
-            crate::sys_call!(libc::SYS_exit_group, status);
+            crate::sys::sys_call!(libc::SYS_exit_group, status);
         })
     |next| {
         lifecycle::drain_at_exit();
@@ -70,7 +70,7 @@ hooks! {
     /// _Exit(3): the same as _exit.
     fn _Exit(status: c_int) -> ();
         fallback({
-            crate::sys_call!(libc::SYS_exit_group, status);
+            crate::sys::sys_call!(libc::SYS_exit_group, status);
         })
     |next| {
         lifecycle::drain_at_exit();

@@ -68,7 +68,7 @@ hooks! {
 
     /// Accepted connections of a tracked listener become candidates.
     fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
-        fallback(crate::sys_call!(libc::SYS_accept, fd, addr, len) as c_int)
+        fallback(crate::sys::sys_call!(libc::SYS_accept, fd, addr, len) as c_int)
     |next| {
         let nfd = next();
         after_accept(fd, nfd, 0);

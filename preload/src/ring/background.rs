@@ -109,7 +109,7 @@ fn wake() {
         if fd >= 0 {
             let one = 1u64;
             // SAFETY: 8-byte write from a local to our eventfd.
-            unsafe { crate::sys_call!(libc::SYS_write, fd, &one as *const u64, 8) };
+            unsafe { crate::sys::sys_call!(libc::SYS_write, fd, &one as *const u64, 8) };
         }
     }
 }
@@ -154,7 +154,7 @@ fn park(seen: u64, timeout_ns: Option<u64>, long: bool) {
         // SAFETY: three valid pollfds (a negative fd is ignored by the
         // kernel) and a valid or null timeout.
         unsafe {
-            crate::sys_call!(
+            crate::sys::sys_call!(
                 libc::SYS_ppoll,
                 pfds.as_mut_ptr(),
                 3,
@@ -168,7 +168,7 @@ fn park(seen: u64, timeout_ns: Option<u64>, long: bool) {
     if pfds[0].revents != 0 {
         let mut v = 0u64;
         // SAFETY: 8-byte read into a local from our non-blocking eventfd.
-        unsafe { crate::sys_call!(libc::SYS_read, efd, &mut v as *mut u64, 8) };
+        unsafe { crate::sys::sys_call!(libc::SYS_read, efd, &mut v as *mut u64, 8) };
     }
     if pfds[1].revents != 0 {
         // Replies sent ahead, or the daemon closed the session: either way
@@ -194,7 +194,7 @@ fn ensure_thread() {
     }
     // SAFETY: plain eventfd creation.
     let efd = unsafe {
-        crate::sys_call!(
+        crate::sys::sys_call!(
             libc::SYS_eventfd2,
             0,
             libc::EFD_NONBLOCK | libc::EFD_CLOEXEC,

@@ -113,8 +113,9 @@ pub fn ensure_bound(fd: RawFd, dest: &SocketAddr) -> Option<SocketAddr> {
     let any = wildcard(dest, &local);
     let (ss, sl) = sockaddr::from_std(&any);
     // SAFETY: ss/sl describe a valid sockaddr of our own.
-    let r =
-        unsafe { crate::sys_call!(libc::SYS_bind, fd, &ss as *const libc::sockaddr_storage, sl) };
+    let r = unsafe {
+        crate::sys::sys_call!(libc::SYS_bind, fd, &ss as *const libc::sockaddr_storage, sl)
+    };
     if r < 0 {
         log::debug!("fd {fd}: bind before offer failed (errno {})", sys::errno());
         return None;

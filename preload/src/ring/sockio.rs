@@ -44,7 +44,7 @@ pub fn poll_one(fd: RawFd, events: i16) -> i16 {
     };
     // SAFETY: one valid pollfd, zero timeout; raw syscall (never our hook).
     let r = unsafe {
-        crate::sys_call!(
+        crate::sys::sys_call!(
             libc::SYS_ppoll,
             &mut p as *mut libc::pollfd,
             1,
@@ -67,7 +67,7 @@ pub fn poll_one(fd: RawFd, events: i16) -> i16 {
 pub fn sys_recv(fd: RawFd, buf: &mut [u8], flags: c_int) -> Result<usize, Errno> {
     // SAFETY: buf is valid for its length.
     let n = unsafe {
-        crate::sys_call!(
+        crate::sys::sys_call!(
             libc::SYS_recvfrom,
             fd,
             buf.as_mut_ptr(),
@@ -88,7 +88,7 @@ pub fn sys_recv(fd: RawFd, buf: &mut [u8], flags: c_int) -> Result<usize, Errno>
 pub fn sys_send(fd: RawFd, buf: &[u8]) -> Result<usize, Errno> {
     // SAFETY: buf is valid for its length.
     let n = unsafe {
-        crate::sys_call!(
+        crate::sys::sys_call!(
             libc::SYS_sendto,
             fd,
             buf.as_ptr(),
@@ -123,7 +123,7 @@ pub fn send_all_bounded(fd: RawFd, mut buf: &[u8]) -> Result<(), Errno> {
                 };
                 // SAFETY: one valid pollfd; 10 ms timeout.
                 unsafe {
-                    crate::sys_call!(
+                    crate::sys::sys_call!(
                         libc::SYS_ppoll,
                         &mut p as *mut libc::pollfd,
                         1,
@@ -255,7 +255,7 @@ pub fn tcp_wait_fds(tcp: RawFd, interest: Ready) -> WaitFds {
 pub fn fionread(fd: RawFd) -> usize {
     let mut n: c_int = 0;
     // SAFETY: FIONREAD writes one int.
-    unsafe { crate::sys_call!(libc::SYS_ioctl, fd, libc::FIONREAD, &mut n as *mut c_int) };
+    unsafe { crate::sys::sys_call!(libc::SYS_ioctl, fd, libc::FIONREAD, &mut n as *mut c_int) };
     n.max(0) as usize
 }
 

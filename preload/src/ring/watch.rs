@@ -39,7 +39,8 @@ fn epoll_fd() -> RawFd {
     }
     map.clear();
     // SAFETY: plain epoll creation.
-    let fd = unsafe { crate::sys_call!(libc::SYS_epoll_create1, libc::EPOLL_CLOEXEC) } as RawFd;
+    let fd =
+        unsafe { crate::sys::sys_call!(libc::SYS_epoll_create1, libc::EPOLL_CLOEXEC) } as RawFd;
     let fd = if fd >= 0 {
         crate::fdspace::high(fd)
     } else {
@@ -76,7 +77,7 @@ pub fn watch(conn: &Arc<dyn Tracked>, socket: RawFd) {
     };
     // SAFETY: ev is a valid event; the fds are ours.
     let r = unsafe {
-        crate::sys_call!(
+        crate::sys::sys_call!(
             libc::SYS_epoll_ctl,
             ep,
             libc::EPOLL_CTL_ADD,
@@ -118,7 +119,7 @@ pub fn unwatch(conn: &dyn Tracked, socket: RawFd) {
         if socket >= 0 {
             // SAFETY: removing our own registration.
             unsafe {
-                crate::sys_call!(
+                crate::sys::sys_call!(
                     libc::SYS_epoll_ctl,
                     ep,
                     libc::EPOLL_CTL_DEL,
@@ -140,7 +141,7 @@ pub fn serve() {
     loop {
         // SAFETY: evs has room for 32 events; zero timeout.
         let n = unsafe {
-            crate::sys_call!(
+            crate::sys::sys_call!(
                 libc::SYS_epoll_wait,
                 ep,
                 evs.as_mut_ptr(),

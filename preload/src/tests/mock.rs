@@ -51,13 +51,13 @@ fn eventfd() -> RawFd {
 fn ring(fd: RawFd) {
     let one = 1u64;
     // SAFETY: writing 8 bytes to our eventfd.
-    unsafe { crate::sys_call!(libc::SYS_write, fd, &one as *const u64, 8) };
+    unsafe { crate::sys::sys_call!(libc::SYS_write, fd, &one as *const u64, 8) };
 }
 
 fn drain(fd: RawFd) {
     let mut v = 0u64;
     // SAFETY: reading 8 bytes from our non-blocking eventfd.
-    unsafe { crate::sys_call!(libc::SYS_read, fd, &mut v as *mut u64, 8) };
+    unsafe { crate::sys::sys_call!(libc::SYS_read, fd, &mut v as *mut u64, 8) };
 }
 
 impl Pipe {

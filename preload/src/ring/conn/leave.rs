@@ -160,7 +160,7 @@ impl<W: Wire> RingConn<W> {
         }
         if shut {
             // SAFETY: shutdown on our own duplicate of the socket.
-            unsafe { crate::sys_call!(libc::SYS_shutdown, fd, libc::SHUT_WR) };
+            unsafe { crate::sys::sys_call!(libc::SYS_shutdown, fd, libc::SHUT_WR) };
         }
         log::info!(
             "{} -> {}: left the ring at {} bytes in, {} out",

@@ -34,7 +34,7 @@ pub struct OpGuard<'a, T> {
 fn futex(word: &AtomicU32, op: i32, val: u32) {
     // SAFETY: the futex word is a live AtomicU32 of ours; no timeout.
     unsafe {
-        crate::sys_call!(
+        crate::sys::sys_call!(
             libc::SYS_futex,
             word.as_ptr(),
             op | libc::FUTEX_PRIVATE_FLAG,

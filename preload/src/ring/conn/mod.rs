@@ -436,7 +436,7 @@ impl<W: Wire> RingConn<W> {
             let fd = self.tcp_fd();
             if fd >= 0 {
                 // SAFETY: shutdown on our own duplicate of the socket.
-                unsafe { crate::sys_call!(libc::SYS_shutdown, fd, libc::SHUT_RDWR) };
+                unsafe { crate::sys::sys_call!(libc::SYS_shutdown, fd, libc::SHUT_RDWR) };
             }
         }
         self.wire.ring_own_bell();
@@ -940,7 +940,7 @@ impl<W: Wire> RingConn<W> {
         let mut len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
         // SAFETY: l and len describe a linger struct of our own.
         let r = unsafe {
-            crate::sys_call!(
+            crate::sys::sys_call!(
                 libc::SYS_getsockopt,
                 self.tcp_fd(),
                 libc::SOL_SOCKET,
@@ -962,7 +962,7 @@ impl<W: Wire> RingConn<W> {
         };
         // SAFETY: l describes a linger struct of our own.
         unsafe {
-            crate::sys_call!(
+            crate::sys::sys_call!(
                 libc::SYS_setsockopt,
                 self.tcp_fd(),
                 libc::SOL_SOCKET,

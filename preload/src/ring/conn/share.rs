@@ -68,7 +68,7 @@ fn alive(pid: u64) -> bool {
     // SAFETY: signal 0 only checks existence.
     pid != 0
         && unsafe {
-            crate::sys_call!(libc::SYS_kill, pid as i32, 0) == 0 || sys::errno() == libc::EPERM
+            crate::sys::sys_call!(libc::SYS_kill, pid as i32, 0) == 0 || sys::errno() == libc::EPERM
         }
 }
 

@@ -56,7 +56,7 @@ impl<W: Wire> RingConn<W> {
         }
         if self.shut_wr_owed.swap(false, Ordering::AcqRel) && fd >= 0 {
             // SAFETY: shutdown on our own duplicate of the socket.
-            unsafe { crate::sys_call!(libc::SYS_shutdown, fd, libc::SHUT_WR) };
+            unsafe { crate::sys::sys_call!(libc::SYS_shutdown, fd, libc::SHUT_WR) };
         }
         true
     }
@@ -158,7 +158,7 @@ impl<W: Wire> RingConn<W> {
             return self.tcp_shutdown(libc::SHUT_RD);
         }
         // SAFETY: shutdown on our duplicate of the socket.
-        let r = unsafe { crate::sys_call!(libc::SYS_shutdown, self.tcp_fd(), how) };
+        let r = unsafe { crate::sys::sys_call!(libc::SYS_shutdown, self.tcp_fd(), how) };
         if r < 0 {
             Err(Errno(sys::errno()))
         } else {
@@ -179,7 +179,7 @@ pub(super) fn poll_one_for(fd: i32, events: i16, ms: i64) -> i16 {
     };
     // SAFETY: one valid pollfd; bounded timeout; raw syscall.
     let r = unsafe {
-        crate::sys_call!(
+        crate::sys::sys_call!(
             libc::SYS_ppoll,
             &mut p as *mut libc::pollfd,
             1,

@@ -281,7 +281,7 @@ impl Wire for RdmaWire {
             c.check_tcp();
             // SAFETY: plain sleep of 1 ms.
             unsafe {
-                crate::sys_call!(
+                crate::sys::sys_call!(
                     libc::SYS_nanosleep,
                     &libc::timespec {
                         tv_sec: 0,

@@ -111,7 +111,7 @@ fn user_word(side: Side) -> usize {
 
 fn pid_alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks existence.
-    unsafe { crate::sys_call!(libc::SYS_kill, pid, 0) == 0 || sys::errno() == libc::EPERM }
+    unsafe { crate::sys::sys_call!(libc::SYS_kill, pid, 0) == 0 || sys::errno() == libc::EPERM }
 }
 
 impl Wire for ShmWire {
@@ -200,7 +200,7 @@ impl Wire for ShmWire {
             ];
             // SAFETY: two valid pollfds; 5 ms timeout; raw syscall.
             unsafe {
-                crate::sys_call!(
+                crate::sys::sys_call!(
                     libc::SYS_ppoll,
                     p.as_mut_ptr(),
                     2,
