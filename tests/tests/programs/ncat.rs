@@ -36,13 +36,16 @@ fn transfer(way: Way) {
         .ctl
         .shimmed("ncat")
         .args(["127.0.0.1", &port, client_mode]);
+    // The sender pauses 1 ms between its 8 KiB writes: the connection
+    // lives a few seconds, long enough for status to see both ends on a
+    // busy machine.
     match way {
         Way::Upload => {
             server = server.stdout_to(&output);
-            client = client.stdin_from(&input);
+            client = client.stdin_from(&input).args(["--delay", "1ms"]);
         }
         Way::Download => {
-            server = server.stdin_from(&input);
+            server = server.stdin_from(&input).args(["--delay", "1ms"]);
             client = client.stdout_to(&output);
         }
     }

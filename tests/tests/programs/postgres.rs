@@ -90,6 +90,28 @@ fn cluster(strict: bool) {
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"]),
     );
     wait_port(&mut server, port, Duration::from_secs(60));
+    // Listening is not ready: the server refuses connections ("the
+    // database system is starting up") until its start-up finished.
+    let ready_by = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let ok = std::process::Command::new(&psql)
+            .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
+            .args(["-X", "-q", "-d", "postgres", "-c", "select 1"])
+            .env_remove("LD_PRELOAD")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            break;
+        }
+        server.assert_running();
+        assert!(
+            std::time::Instant::now() < ready_by,
+            "postgres did not accept connections within 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let psql_cmd = |ctl: &Ctl| {
         ctl.shimmed(psql.to_str().unwrap())
             .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres"])
