@@ -665,7 +665,7 @@ impl<W: Wire> RingConn<W> {
             drop(guard);
             return self.try_send(bufs);
         }
-        let shared = match self.enter_shared() {
+        let shared = match self.enter_shared(Some(&mut guard)) {
             fork::Entered::Alone => None,
             fork::Entered::Shared(s) => Some(s),
             fork::Entered::Left => {
@@ -1077,7 +1077,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             drop(guard);
             return self.tcp_recv(bufs, peek);
         }
-        let shared = match self.enter_shared() {
+        let shared = match self.enter_shared(None) {
             fork::Entered::Alone => None,
             fork::Entered::Shared(s) => Some(s),
             fork::Entered::Left => {
@@ -1292,7 +1292,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     fn claim(&self) -> Result<(), Errno> {
         // A side a fork made shared is taken over, or left, by the shared
         // rule (`share`); the wire's own rule is for the rest.
-        match self.enter_shared() {
+        match self.enter_shared(None) {
             fork::Entered::Shared(s) => s.unlock(),
             fork::Entered::Left => return Ok(()),
             fork::Entered::Alone => W::claim(self)?,
@@ -1373,7 +1373,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
                 .share()
                 .is_some_and(|s| s.holders.load(Ordering::Acquire) == 0)
             {
-                match self.enter_shared() {
+                match self.enter_shared(None) {
                     fork::Entered::Shared(s) => {
                         shared = Some(s);
                         ends = true;
