@@ -650,6 +650,20 @@ impl<W: Wire> RingConn<W> {
         Err(Errno(libc::EAGAIN))
     }
 
+    /// `event_seq` from the ring ends themselves, where the wire keeps no
+    /// cheaper count: the stream position the peer's bytes reached (bytes
+    /// consumed plus readable) and the head it handed back, both only
+    /// growing, so their sum changes with every arrival of data or space.
+    fn ring_seq(&self) -> u64 {
+        let tx = self.tx.lock();
+        let mut rx = self.rx.lock();
+        let head = tx.as_ref().map_or(0, |t| t.head_seen());
+        let arrived = rx.as_mut().map_or(0, |r| {
+            r.bytes_consumed() + r.available().unwrap_or(0) as u64
+        });
+        arrived.wrapping_add(head)
+    }
+
     /// Writes up to `budget` bytes of `bufs` into the ring, seen in mode
     /// `seen` (Pending or Ring); a call that finds the mode changed under
     /// the sender's lock starts over (a fall-back or a leave moves the
@@ -1235,7 +1249,8 @@ impl<W: Wire> AttachedConn for RingConn<W> {
 
     fn event_seq(&self) -> u64 {
         let flags = u64::from(self.mode()) << 60 | u64::from(self.peer_gone()) << 62;
-        self.wire.event_seq().map_or(0, |seq| seq ^ flags)
+        let seq = self.wire.event_seq().unwrap_or_else(|| self.ring_seq());
+        seq ^ flags
     }
 
     fn available(&self) -> usize {
