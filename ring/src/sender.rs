@@ -618,6 +618,12 @@ impl<T: Transport> Sender<T> {
         }
     }
 
+    /// The head the receiver last handed back (slots, only grows), as seen
+    /// at the last look (`writable`, `write`, `poll`).
+    pub fn head_seen(&self) -> u64 {
+        self.local_head
+    }
+
     /// Slots in use (published or not), for status.
     pub fn occupancy(&self) -> u64 {
         self.tail - self.local_head

@@ -6,10 +6,11 @@
 # the shim, where every barrier that asks for rings must find both ends on
 # transport "rdma" in the two daemons' status (runner/hosts.rs).
 #
-# Not part of scripts/test. The differences it finds are reported, not
-# judged (conformance/src/known.rs describes shared-memory rings on one
-# host); the script fails when a plain run fails (a scenario broken on
-# this topology) or a shim run is not on rdma.
+# Part of scripts/test. `conform run` between two hosts only reports
+# (conformance/src/known.rs describes shared-memory rings on one host);
+# this script judges: it fails when a plain run fails (a scenario broken
+# on this topology), a shim run differs from the plain run, or a shim run
+# is not on rdma.
 #
 #   cargo build --release -p ringsock-preload -p ringsock-ctl -p ringsock-conformance
 #   scripts/softroce-vm --timeout 900 scripts/softroce-vm.d/conform.sh \
@@ -25,7 +26,8 @@ sockopt_basics poll_rdhup_on_fin poll_hup_after_both_shut
 select_blocks_until_data epoll_level_triggered epoll_edge_new_arrival
 epoll_blocks_until_data peer_close_unread_data peer_exit_after_write
 peer_close_while_recv_blocked fork_child_closes_parent_continues
-exec_inherited_reads"
+fork_child_writes_exits_parent_writes exec_inherited_reads
+exec_inherited_writes exec_in_place_reads_and_writes"
 
 t0=$(cut -d' ' -f1 /proc/uptime)
 . /guest.d/twohosts.sh
@@ -48,14 +50,19 @@ conform run --jobs 1 $SUBSET > /tmp/conform.out 2>&1
 rc=$?
 cat /tmp/conform.out
 offring=$(grep -c '^not on rdma' /tmp/conform.out)
+# One line per scenario: "ok  same ...", "ok  differs ...", "BAD broken ...".
+differing=$(grep -cE '^(ok |BAD) (differs|broken) ' /tmp/conform.out)
+judged=$(grep -cE '^(ok |BAD) [a-z]+ ' /tmp/conform.out)
+# shellcheck disable=SC2086
+wanted=$(echo $SUBSET | wc -w)
 
 step "logs"
 for h in A B; do echo "--- ctl $h (last 6 lines)"; tail -n 6 /tmp/ctl$h.log; done
 stop $ctlpidA $ctlpidB
 t1=$(cut -d' ' -f1 /proc/uptime)
 echo "GUEST-SECONDS from=$t0 to=$t1"
-echo "CONFORM-CHECK run rc=$rc, $offring barrier(s) not on rdma"
-if [ $rc -eq 0 ] && [ "$offring" -eq 0 ]; then
+echo "CONFORM-CHECK run rc=$rc, $judged of $wanted scenario(s) judged, $differing differ or broken, $offring barrier(s) not on rdma"
+if [ $rc -eq 0 ] && [ "$offring" -eq 0 ] && [ "$differing" -eq 0 ] && [ "$judged" -eq "$wanted" ]; then
   echo "CONFORM-CHECK PASSED"
   exit 0
 fi

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use super::leave::Leave;
 use super::share::Share;
-use super::{RingConn, Wire, MODE_RING, MODE_TCP};
+use super::{RingConn, TxSlot, Wire, MODE_RING, MODE_TCP};
 use crate::process;
 use crate::ring::sockio::send_all_bounded;
 
@@ -74,8 +74,10 @@ impl<W: Wire> RingConn<W> {
 
     /// Enters a ring operation on a side a fork made shared: takes the op
     /// lock and makes sure this process is the side's user, taking it over
-    /// or leaving the ring (see `share`).
-    pub(super) fn enter_shared(&self) -> Entered<'_> {
+    /// or leaving the ring (see `share`). `held` is the sender slot when
+    /// the caller holds its lock: a leave waits for the peer's answer
+    /// through it (the lock is not taken twice).
+    pub(super) fn enter_shared(&self, held: Option<&mut TxSlot<W>>) -> Entered<'_> {
         if !self.forked.load(Ordering::Relaxed) {
             return Entered::Alone;
         }
@@ -97,7 +99,7 @@ impl<W: Wire> RingConn<W> {
                 // state is the user's, copied by that fork.
                 share.user.store(me, Ordering::Release);
             } else {
-                self.leave_shared(&share);
+                self.leave_shared(&share, held);
                 share.unlock();
                 return Entered::Left;
             }
@@ -142,8 +144,9 @@ impl<W: Wire> RingConn<W> {
     }
 
     /// Leaves the ring for a side whose user is another process, with the
-    /// positions it published (under the op lock, which the caller holds).
-    fn leave_shared(&self, share: &Share<'_>) {
+    /// positions it published (under the op lock, which the caller holds;
+    /// `held` as for `enter_shared`).
+    fn leave_shared(&self, share: &Share<'_>, held: Option<&mut TxSlot<W>>) {
         let header = Leave {
             consumed: share.consumed.load(Ordering::Acquire),
             end: share.written.load(Ordering::Acquire),
@@ -168,7 +171,7 @@ impl<W: Wire> RingConn<W> {
             self.fail_hard(libc::ECONNRESET);
             return;
         }
-        self.await_ack();
+        self.await_ack(held);
         self.leaving.store(false, Ordering::Release);
     }
 

@@ -116,7 +116,7 @@ impl<W: Wire> RingConn<W> {
             return;
         }
         // Every process holding a shared side follows (`share`).
-        let shared = match self.enter_shared() {
+        let shared = match self.enter_shared(Some(&mut tx)) {
             super::fork::Entered::Alone => None,
             super::fork::Entered::Shared(s) => Some(s),
             super::fork::Entered::Left => return,
@@ -173,7 +173,7 @@ impl<W: Wire> RingConn<W> {
         drop(tx);
         super::super::watch::unwatch(self, fd);
         if hand_over {
-            self.await_ack();
+            self.await_ack(None);
             self.leaving.store(false, Ordering::Release);
         }
         self.wire.ring_own_bell();
@@ -186,14 +186,17 @@ impl<W: Wire> RingConn<W> {
         if !self.leaving.load(Ordering::Acquire) {
             return true;
         }
-        let settled = self.tx.lock().as_ref().is_none_or(|tx| tx.peer_closed()) || {
+        // (The sender's guard ends with this statement: `crossed` below
+        // takes the lock again.)
+        let acked = self.tx.lock().as_ref().is_none_or(|tx| tx.peer_closed());
+        let settled = acked || {
             let fd = self.tcp_fd();
             let mut b = [0u8; HEADER_BYTES];
             match sys_recv(fd, &mut b, libc::MSG_PEEK) {
                 Ok(n) if n > 0 => match Leave::parse(&b[..n]) {
                     Parsed::Leave(l) => {
                         let _ = sys_recv(fd, &mut b, 0);
-                        self.crossed(l);
+                        self.crossed(l, None, sys::monotonic_ns() + limit_ns());
                         true
                     }
                     Parsed::Garbage => true,
@@ -211,12 +214,18 @@ impl<W: Wire> RingConn<W> {
 
     /// After our header went out: waits for the peer to close its end of
     /// our ring (it drained it and will send only plain bytes), or for its
-    /// own header (it left at the same moment), or for its end.
-    pub(super) fn await_ack(&self) {
+    /// own header (it left at the same moment), or for its end. `held`:
+    /// the sender slot when the caller holds its lock, else the slot is
+    /// only ever tried (a caller may hold the receiver's lock, which comes
+    /// after the sender's), never waited for.
+    pub(super) fn await_ack(&self, mut held: Option<&mut TxSlot<W>>) {
         let fd = self.tcp_fd();
         let deadline = sys::monotonic_ns() + limit_ns();
         loop {
-            if self.tx.lock().as_ref().is_none_or(|tx| tx.peer_closed()) {
+            let acked = self.with_tx(&mut held, |tx| {
+                tx.as_ref().is_none_or(|tx| tx.peer_closed())
+            });
+            if acked == Some(true) {
                 return;
             }
             let mut b = [0u8; HEADER_BYTES];
@@ -226,7 +235,7 @@ impl<W: Wire> RingConn<W> {
                 Ok(n) => match Leave::parse(&b[..n]) {
                     Parsed::Leave(l) => {
                         let _ = sys_recv(fd, &mut b, 0);
-                        self.crossed(l);
+                        self.crossed(l, held, deadline);
                         return;
                     }
                     // Plain bytes: the peer stays, and they are ours.
@@ -248,14 +257,39 @@ impl<W: Wire> RingConn<W> {
         }
     }
 
+    /// `f` on the sender slot: `held` where the caller holds it, else the
+    /// slot if its lock is free now (None if not).
+    fn with_tx<R>(
+        &self,
+        held: &mut Option<&mut TxSlot<W>>,
+        f: impl FnOnce(&mut TxSlot<W>) -> R,
+    ) -> Option<R> {
+        match held {
+            Some(tx) => Some(f(tx)),
+            None => self.tx.try_lock().map(|mut g| f(&mut g)),
+        }
+    }
+
     /// Both sides left at once: each resends from the other's position,
-    /// and neither reads the ring again.
-    fn crossed(&self, l: Leave) {
-        let mut tx = self.tx.lock();
-        let taken = match tx.as_mut().map(|t| t.take_after(l.consumed)) {
+    /// and neither reads the ring again. The sender slot is tried until
+    /// `deadline` (see `await_ack`); a leave it cannot finish exactly
+    /// resets the connection.
+    fn crossed(&self, l: Leave, mut held: Option<&mut TxSlot<W>>, deadline: u64) {
+        let taken = loop {
+            if let Some(t) = self.with_tx(&mut held, |tx| {
+                tx.as_mut().map(|t| t.take_after(l.consumed))
+            }) {
+                break t;
+            }
+            if sys::monotonic_ns() >= deadline {
+                self.left_broken(&ringsock_ring::RingError::WouldBlock);
+                return;
+            }
+            std::thread::yield_now();
+        };
+        let taken = match taken {
             Some(Ok(t)) => t,
             Some(Err(e)) => {
-                drop(tx);
                 self.left_broken(&e);
                 return;
             }
@@ -268,7 +302,6 @@ impl<W: Wire> RingConn<W> {
             taken.bytes.len()
         );
         self.spill_tx(taken.bytes, taken.eos);
-        drop(tx);
         self.push_tx_spill_until(sys::monotonic_ns() + limit_ns());
     }
 
@@ -333,7 +366,7 @@ impl<W: Wire> RingConn<W> {
     /// closing our end of it, and send again on the socket what it did not
     /// take from ours. From here every call goes to the kernel socket.
     fn stay(&self, l: Leave, mut tx: OpGuard<'_, TxSlot<W>>, mut rx: OpGuard<'_, RxSlot<W>>) {
-        if let super::fork::Entered::Shared(s) = self.enter_shared() {
+        if let super::fork::Entered::Shared(s) = self.enter_shared(Some(&mut tx)) {
             // Every process holding a shared side follows (`share`).
             s.left.store(1, Ordering::Release);
             s.unlock();

@@ -650,6 +650,20 @@ impl<W: Wire> RingConn<W> {
         Err(Errno(libc::EAGAIN))
     }
 
+    /// `event_seq` from the ring ends themselves, where the wire keeps no
+    /// cheaper count: the stream position the peer's bytes reached (bytes
+    /// consumed plus readable) and the head it handed back, both only
+    /// growing, so their sum changes with every arrival of data or space.
+    fn ring_seq(&self) -> u64 {
+        let tx = self.tx.lock();
+        let mut rx = self.rx.lock();
+        let head = tx.as_ref().map_or(0, |t| t.head_seen());
+        let arrived = rx.as_mut().map_or(0, |r| {
+            r.bytes_consumed() + r.available().unwrap_or(0) as u64
+        });
+        arrived.wrapping_add(head)
+    }
+
     /// Writes up to `budget` bytes of `bufs` into the ring, seen in mode
     /// `seen` (Pending or Ring); a call that finds the mode changed under
     /// the sender's lock starts over (a fall-back or a leave moves the
@@ -665,7 +679,7 @@ impl<W: Wire> RingConn<W> {
             drop(guard);
             return self.try_send(bufs);
         }
-        let shared = match self.enter_shared() {
+        let shared = match self.enter_shared(Some(&mut guard)) {
             fork::Entered::Alone => None,
             fork::Entered::Shared(s) => Some(s),
             fork::Entered::Left => {
@@ -1077,7 +1091,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             drop(guard);
             return self.tcp_recv(bufs, peek);
         }
-        let shared = match self.enter_shared() {
+        let shared = match self.enter_shared(None) {
             fork::Entered::Alone => None,
             fork::Entered::Shared(s) => Some(s),
             fork::Entered::Left => {
@@ -1235,7 +1249,8 @@ impl<W: Wire> AttachedConn for RingConn<W> {
 
     fn event_seq(&self) -> u64 {
         let flags = u64::from(self.mode()) << 60 | u64::from(self.peer_gone()) << 62;
-        self.wire.event_seq().map_or(0, |seq| seq ^ flags)
+        let seq = self.wire.event_seq().unwrap_or_else(|| self.ring_seq());
+        seq ^ flags
     }
 
     fn available(&self) -> usize {
@@ -1292,7 +1307,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     fn claim(&self) -> Result<(), Errno> {
         // A side a fork made shared is taken over, or left, by the shared
         // rule (`share`); the wire's own rule is for the rest.
-        match self.enter_shared() {
+        match self.enter_shared(None) {
             fork::Entered::Shared(s) => s.unlock(),
             fork::Entered::Left => return Ok(()),
             fork::Entered::Alone => W::claim(self)?,
@@ -1373,7 +1388,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
                 .share()
                 .is_some_and(|s| s.holders.load(Ordering::Acquire) == 0)
             {
-                match self.enter_shared() {
+                match self.enter_shared(None) {
                     fork::Entered::Shared(s) => {
                         shared = Some(s);
                         ends = true;

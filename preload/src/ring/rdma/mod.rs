@@ -75,6 +75,9 @@ pub fn device_for(peer: IpAddr) -> Result<Arc<Device>, String> {
 /// Opens the device `RINGSOCK_DEVICE` and `RINGSOCK_GID_INDEX` choose
 /// for `peer` (`Device::open_for`).
 fn open_device(peer: IpAddr) -> Result<Arc<Device>, String> {
+    // The transport's descriptors (device context, completion channels,
+    // region memfds) live where the shim keeps its own (`fdspace`).
+    ringsock_ring::transport::verbs::set_fd_placement(crate::fdspace::high);
     let cfg = config::get();
     let choice = DeviceChoice {
         name: cfg.rdma_device.clone(),

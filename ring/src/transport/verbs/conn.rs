@@ -25,7 +25,7 @@ use crate::transport::{ExternalSrc, PeerWord, Ring, Transport, Visibility};
 use rdma_sys::*;
 use std::collections::VecDeque;
 use std::mem::offset_of;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -122,6 +122,8 @@ impl Region {
         // SAFETY: `raw` is the descriptor memfd_create just returned
         // (non-negative), owned by nothing else yet.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let fd = super::fdplace::place_owned(fd);
+        let raw = fd.as_raw_fd();
         // SAFETY: ftruncate of the descriptor `fd` owns, integer arguments.
         if unsafe { libc::ftruncate(raw, len as libc::off_t) } != 0 {
             return Err(RingError::last_os());
@@ -557,9 +559,13 @@ impl VerbsConn {
         if s.channel.is_null() {
             return Err(call_failed("ibv_create_comp_channel", errno()));
         }
-        // SAFETY: `s.channel` is the live channel just created (non-null);
-        // reading its `fd` field is a plain read.
-        let fd = unsafe { (*s.channel).fd };
+        // SAFETY: `s.channel` is the live channel just created (non-null)
+        // and not shared yet; no CQ names its descriptor yet, and
+        // ibv_get_cq_event and ibv_destroy_comp_channel read the field.
+        let fd = unsafe {
+            (*s.channel).fd = super::fdplace::place((*s.channel).fd);
+            (*s.channel).fd
+        };
         // Non-blocking, so that `Doorbell::drain` never blocks.
         // SAFETY: F_GETFL on the channel's descriptor, integer arguments.
         let fl = unsafe { libc::syscall(libc::SYS_fcntl, fd, libc::F_GETFL) };

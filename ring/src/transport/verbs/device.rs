@@ -153,6 +153,14 @@ impl Device {
         if ctx.is_null() {
             return Err(call_failed("ibv_open_device", errno()));
         }
+        // SAFETY: `ctx` is the context just opened, not yet used by any
+        // other thread. libibverbs reads both fields wherever it uses the
+        // descriptors (commands, the provider's mmaps, ibv_close_device
+        // closes them), so a moved number is used from here on.
+        unsafe {
+            (*ctx).cmd_fd = super::fdplace::place((*ctx).cmd_fd);
+            (*ctx).async_fd = super::fdplace::place((*ctx).async_fd);
+        }
         // From here on, `Device`'s Drop closes what was opened.
         let mut d = Device {
             ctx,

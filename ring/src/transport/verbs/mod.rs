@@ -317,6 +317,8 @@
 mod conn;
 #[cfg(all(feature = "verbs", not(loom)))]
 mod device;
+#[cfg(all(feature = "verbs", not(loom)))]
+mod fdplace;
 model_visible! {
     #[cfg(any(feature = "verbs", test, loom, fuzzing))]
     mod headerless;
@@ -337,6 +339,8 @@ model_visible! {
 pub use conn::{Connected, Doorbell, VerbsConn, VerbsTransport};
 #[cfg(all(feature = "verbs", not(loom)))]
 pub use device::{netdev_of, route_source, Device, DeviceChoice, DeviceRoute};
+#[cfg(all(feature = "verbs", not(loom)))]
+pub use fdplace::{set_fd_placement, Placement};
 #[cfg(all(feature = "verbs", not(loom)))]
 pub use params::{
     QpParams, RingDesc, FEATURE_HEADERLESS, FEATURE_STANDING_WAITS, FEATURE_TAIL_CREDITS,
