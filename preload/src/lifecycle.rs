@@ -25,7 +25,10 @@ pub fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
 }
 
 fn may_track() -> bool {
-    !guard::active() && !config::get().disable && process::owns_memory()
+    !guard::active()
+        && !config::get().disable
+        && !process::sandbox_begun()
+        && process::owns_memory()
 }
 
 /// socket() returned `fd` for a TCP socket.
@@ -80,6 +83,8 @@ pub fn connect(
     real_connect: &mut dyn FnMut() -> Result<(), Errno>,
 ) -> Result<(), Errno> {
     let reason = match (dest, attached::attacher()) {
+        // Entering a sandbox (another thread): no new ring.
+        _ if process::sandbox_begun() => Some(TcpReason::Disabled),
         (None, _) => Some(TcpReason::Family),
         (_, None) => Some(TcpReason::NoTransport),
         (Some(d), Some(_)) => config::get()
@@ -156,7 +161,7 @@ const EXIT_DRAIN_NS: u64 = 1_000_000_000;
 /// drain_at_exit`). Nothing in a vfork child (it shares the parent's
 /// table) or with no ring alive.
 pub fn drain_at_exit() {
-    if fdtable::rings_alive() == 0 || !process::owns_memory() {
+    if process::sandboxed() || fdtable::rings_alive() == 0 || !process::owns_memory() {
         return;
     }
     let _g = guard::enter();
@@ -199,6 +204,48 @@ pub fn leave_before_exec() {
     leave_rings(&survivors);
 }
 
+/// Before the process puts itself under a seccomp filter (hooks/seccomp.rs):
+/// every ring connection leaves its ring as before an exec, whatever its
+/// descriptor's FD_CLOEXEC, and every epoll instance gets its ring
+/// registrations back as kernel ones; the shim then forgets every fd, tells
+/// the daemon its listeners are gone, and the ring layer stops its thread.
+/// From then on (`process::sandboxed`) the shim makes no system call of its
+/// own: the filter may forbid any. A vfork child, which shares our memory,
+/// changes nothing: the parent's rings are not its to leave.
+pub fn enter_sandbox() {
+    if !process::owns_memory() || !process::begin_sandbox() {
+        return;
+    }
+    let saved = crate::sys::errno();
+    let rings: Vec<c_int> = (0..fdtable::capacity() as i32)
+        .filter(|&fd| fdtable::attached(fd).is_some())
+        .collect();
+    leave_rings(&rings);
+    let _g = guard::enter();
+    let attacher = attached::attacher();
+    for fd in 0..fdtable::capacity() as i32 {
+        let Some(st) = fdtable::get(fd) else {
+            continue;
+        };
+        match st.kind() {
+            Some(Kind::Epoll) => crate::dispatch::epoll::hand_to_kernel(fd, &st),
+            Some(Kind::Listener) => {
+                if let (Some(a), Some(addr)) = (attacher, sockaddr::query(fd, false)) {
+                    a.listener_closed(addr);
+                }
+            }
+            _ => {}
+        }
+    }
+    fdtable::forget_all();
+    if let Some(a) = attacher {
+        a.sandboxed();
+    }
+    log::debug!("entering a seccomp sandbox: {} rings left", rings.len());
+    process::finish_sandbox();
+    crate::sys::set_errno(saved);
+}
+
 thread_local! {
     /// The connections the forking thread holds across a fork.
     static FORK_HELD: std::cell::RefCell<Vec<std::sync::Arc<dyn attached::AttachedConn>>> =
@@ -209,7 +256,7 @@ thread_local! {
 /// every ring connection is held, published and marked shared
 /// (`AttachedConn::fork_prepare`), so the child's copy is consistent.
 pub fn fork_prepare() {
-    if fdtable::rings_alive() == 0 || !process::owns_memory() {
+    if process::sandboxed() || fdtable::rings_alive() == 0 || !process::owns_memory() {
         return;
     }
     let _g = guard::enter();

@@ -108,6 +108,8 @@ pub enum Outside {
     /// Runs, and the kernel logs it (audit type 1326 in the kernel log):
     /// to list every such call a program makes in one run.
     Log,
+    /// Fails with EPERM.
+    Errno,
 }
 
 /// Calls sshd's pre-authentication filter turns down with EACCES.
@@ -158,11 +160,16 @@ const SSHD_ALLOWED: &[i64] = &[
 
 /// OpenSSH's pre-authentication sandbox filter for x86-64.
 pub fn sshd_preauth_filter(outside: Outside) -> Filter {
+    sshd_filter_and(&[], outside)
+}
+
+/// sshd's filter with the calls in `extra` allowed too.
+pub fn sshd_filter_and(extra: &[i64], outside: Outside) -> Filter {
     let mut p = prologue();
     for &nr in SSHD_DENIED {
         on_call(&mut p, nr, RET_ERRNO | libc::EACCES as u32);
     }
-    for &nr in SSHD_ALLOWED {
+    for &nr in SSHD_ALLOWED.iter().chain(extra) {
         on_call(&mut p, nr, RET_ALLOW);
     }
     let rw = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_NONE) as u64;
@@ -173,9 +180,51 @@ pub fn sshd_preauth_filter(outside: Outside) -> Filter {
         match outside {
             Outside::Kill => RET_KILL_PROCESS,
             Outside::Log => RET_LOG,
+            Outside::Errno => RET_ERRNO | libc::EPERM as u32,
         },
     ));
     p
+}
+
+/// Calls of the groups systemd's `@system-service` leaves out (@clock,
+/// @debug, @module, @mount, @obsolete, @privileged, @raw-io, @reboot,
+/// @swap; a sample of each): a service's filter fails them with EPERM.
+const OUTSIDE_SYSTEM_SERVICE: &[i64] = &[
+    libc::SYS_adjtimex,
+    libc::SYS_clock_adjtime,
+    libc::SYS_clock_settime,
+    libc::SYS_settimeofday,
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_perf_event_open,
+    libc::SYS_lookup_dcookie,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_sysfs,
+    libc::SYS_uselib,
+    libc::SYS_ustat,
+    libc::SYS_acct,
+    libc::SYS_iopl,
+    libc::SYS_ioperm,
+    libc::SYS_reboot,
+    libc::SYS_kexec_load,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_bpf,
+    libc::SYS_quotactl,
+    libc::SYS_vhangup,
+];
+
+/// A filter like systemd's `SystemCallFilter=@system-service` with
+/// `SystemCallErrorNumber=EPERM`: exotic calls fail, the rest runs.
+pub fn system_service_filter() -> Filter {
+    errno_filter(OUTSIDE_SYSTEM_SERVICE, libc::EPERM as u32)
 }
 
 /// Puts the calling process under `filter` for good (PR_SET_NO_NEW_PRIVS
@@ -227,4 +276,36 @@ pub fn sandbox_like_sshd(outside: Outside, keep_fds: bool) -> std::io::Result<()
     }
     limit(libc::RLIMIT_NPROC, 0)?;
     install(&sshd_preauth_filter(outside))
+}
+
+/// As `install`, through seccomp(2) with SECCOMP_FILTER_FLAG_TSYNC: every
+/// thread of the process goes under `filter` at once.
+pub fn install_all_threads(filter: &Filter) -> std::io::Result<()> {
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: prctl and seccomp with documented arguments; `prog` and
+    // `filter` outlive the calls (the kernel copies the program).
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // A positive return names a thread that could not be synchronised.
+        let r = libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_TSYNC,
+            &prog as *const libc::sock_fprog,
+        );
+        if r < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if r > 0 {
+            return Err(std::io::Error::other(format!(
+                "thread {r} not synchronised"
+            )));
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,80 @@
+//! A shimmed client puts itself under a seccomp filter in the middle of a
+//! ring connection (tests/src/bin/seccomp_conn.rs): its rings are left
+//! before the filter goes in, and the shim makes no call of its own after
+//! it, so neither a strict allow-list that kills (OpenSSH's, with what a
+//! client needs to connect) nor a service's filter stops it. Bytes echoed
+//! before and after the filter, and over a connection made under it, must
+//! all come back as sent; the connection is on a ring before the filter.
+
+use std::time::Duration;
+
+use ringsock_integration::{assert_shim_silent, out_field, payload, sha256, Ctl, TempDir};
+
+const BIN: &str = env!("CARGO_BIN_EXE_seccomp_conn");
+const BYTES: usize = 1 << 20;
+
+fn run(filter: &str, extra: &[&str]) {
+    let ctl = Ctl::start();
+    let dir = TempDir::new("seccomp_conn");
+    let go = dir.path().join("go");
+    let mut echo = ctl.shimmed(BIN).arg("echo").spawn();
+    let line = echo.wait_line("listening ", Duration::from_secs(10));
+    let port: u16 = line["listening ".len()..].trim().parse().unwrap();
+    let mut client = ctl
+        .shimmed(BIN)
+        .args(["client", "--port", &port.to_string(), "--bytes"])
+        .arg(BYTES.to_string())
+        .arg("--go")
+        .arg(&go)
+        .args(["--filter", filter])
+        .args(extra)
+        .spawn();
+    let links = ctl.wait_links(port, 1, Duration::from_secs(60));
+    assert!(
+        links.iter().all(|l| l.is_shm()),
+        "not on a ring before the filter: {links:?}"
+    );
+    std::fs::write(&go, b"").unwrap();
+    let status = client.wait(Duration::from_secs(120));
+    let (out, err) = client.output();
+    let (_, eout, eerr) = echo.stop();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "client {status:?}:\n{out}{err}\necho server:\n{eout}{eerr}"
+    );
+    let mut all = payload(BYTES, 0x5ecc_0a11);
+    all.extend(payload(BYTES, 0x5ecc_0a12));
+    all.extend(payload(BYTES, 0x5ecc_0a13));
+    assert_eq!(
+        out_field(&out, "echoed"),
+        [all.len().to_string(), sha256::hex(&all)]
+    );
+    assert_shim_silent("sandboxed client", &err);
+    assert_shim_silent("echo server", &eerr);
+}
+
+/// sshd's allow-list, anything else kills; installed by prctl for the
+/// calling thread.
+#[test]
+fn strict_filter_that_kills() {
+    run("sshd", &[]);
+}
+
+/// The same, for every thread at once (seccomp(2), TSYNC): the shim's own
+/// thread is under it too.
+#[test]
+fn strict_filter_that_kills_every_thread() {
+    run("sshd", &["--tsync"]);
+}
+
+/// The allow-list failing the rest with EPERM.
+#[test]
+fn strict_filter_that_fails_calls() {
+    run("sshd", &["--errno", "--tsync"]);
+}
+
+/// A service's filter (systemd's @system-service): only exotic calls fail.
+#[test]
+fn system_service_filter() {
+    run("service", &[]);
+}
