@@ -421,6 +421,15 @@ pub fn note_fallback(conn: Arc<dyn Tracked>) {
 
 /// The connection's last fd in this process is gone.
 pub fn note_closed(conn: Arc<dyn Tracked>) {
+    if conn.report_state().reporter_pid.load(Ordering::Acquire) != process::pid() {
+        // Not reported by this process, so no close to send (`send_report`):
+        // only an open report still queued here is cancelled, and no thread
+        // starts. A forked child closing what it inherited often closes
+        // the shim's descriptors in the same close_range.
+        let close = Report::RingClosed(conn);
+        REPORTS.lock().retain(|(_, open)| !close.closes(open));
+        return;
+    }
     report(Report::RingClosed(conn));
 }
 
