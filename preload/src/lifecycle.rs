@@ -206,7 +206,9 @@ pub fn leave_before_exec() {
 
 /// Before the process puts itself under a seccomp filter (hooks/seccomp.rs):
 /// every ring connection leaves its ring as before an exec, whatever its
-/// descriptor's FD_CLOEXEC, and every epoll instance gets its ring
+/// descriptor's FD_CLOEXEC (one that cannot, exactly, is reset: a peer
+/// already gone, bytes the kernel socket would not take in time), and
+/// every epoll instance gets its ring
 /// registrations back as kernel ones; the shim then forgets every fd, tells
 /// the daemon its listeners are gone, and the ring layer stops its thread.
 /// From then on (`process::sandboxed`) the shim makes no system call of its
@@ -217,11 +219,16 @@ pub fn enter_sandbox() {
         return;
     }
     let saved = crate::sys::errno();
-    let rings: Vec<c_int> = (0..fdtable::capacity() as i32)
-        .filter(|&fd| fdtable::attached(fd).is_some())
-        .collect();
-    leave_rings(&rings);
     let _g = guard::enter();
+    let mut rings = 0;
+    for fd in 0..fdtable::capacity() as i32 {
+        if let Some(c) = fdtable::attached(fd).as_ref().and_then(|r| r.conn()) {
+            rings += 1;
+            if !(c.leave_ring(true) && c.at_mark().is_none()) {
+                reset_for_sandbox(fd);
+            }
+        }
+    }
     let attacher = attached::attacher();
     for fd in 0..fdtable::capacity() as i32 {
         let Some(st) = fdtable::get(fd) else {
@@ -241,9 +248,31 @@ pub fn enter_sandbox() {
     if let Some(a) = attacher {
         a.sandboxed();
     }
-    log::debug!("entering a seccomp sandbox: {} rings left", rings.len());
+    log::debug!("entering a seccomp sandbox: {rings} ring descriptors left");
     process::finish_sandbox();
     crate::sys::set_errno(saved);
+}
+
+/// A connection that could not leave its ring exactly (bytes of the stream
+/// the shim still holds, which plain calls will never see) is reset, as
+/// the kernel resets one that cannot go on: connect(AF_UNSPEC) sends the
+/// peer a RST, and the program's next call on `fd` fails with ECONNRESET.
+/// Never a stream that goes on with bytes missing.
+fn reset_for_sandbox(fd: c_int) {
+    log::error!("fd {fd}: cannot leave its ring exactly before the sandbox; resetting it");
+    let unspec = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    // SAFETY: connect reads one sockaddr of ours.
+    unsafe {
+        crate::sys::sys_call!(
+            libc::SYS_connect,
+            fd,
+            &unspec as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
 }
 
 thread_local! {
