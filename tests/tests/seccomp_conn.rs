@@ -78,3 +78,10 @@ fn strict_filter_that_fails_calls() {
 fn system_service_filter() {
     run("service", &[]);
 }
+
+/// The same, and the new connection is made by a child forked under the
+/// filter (the shim's fork hook and handlers pass through there too).
+#[test]
+fn system_service_filter_then_fork() {
+    run("service", &["--fork", "--tsync"]);
+}

@@ -4,7 +4,7 @@
 //! ```text
 //! seccomp_conn echo
 //! seccomp_conn client --port P --bytes N --go FILE --filter sshd|service
-//!              [--errno] [--tsync]
+//!              [--errno] [--tsync] [--fork]
 //! ```
 //!
 //! * `echo` listens on 127.0.0.1:0, prints `listening PORT`, and echoes
@@ -18,7 +18,8 @@
 //!   like systemd's @system-service (exotic calls fail with EPERM). With
 //!   `--tsync` through seccomp(2) for every thread, else prctl for the
 //!   calling one. Then it echoes N more bytes on that connection (same
-//!   epoll instance), and N on a new one (waiting with poll), and prints
+//!   epoll instance), and N on a new one (waiting with poll; made and
+//!   used by a forked child with `--fork`), and prints
 //!   `echoed BYTES SHA256` over everything that came back. Exit 0 only if
 //!   every byte came back as sent.
 
@@ -38,7 +39,7 @@ const WAIT_MS: i32 = 30_000;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: seccomp_conn echo | client --port P --bytes N --go FILE --filter sshd|service [--errno] [--tsync]"
+        "usage: seccomp_conn echo | client --port P --bytes N --go FILE --filter sshd|service [--errno] [--tsync] [--fork]"
     );
     std::process::exit(64);
 }
@@ -158,6 +159,30 @@ fn through(s: &TcpStream, waiter: &Waiter, data: &[u8], what: &str) -> Vec<u8> {
     back
 }
 
+/// Runs `f` in a forked child, which exits 0 after it (`f` fails the
+/// child itself); fails unless the child exits 0.
+fn in_child(f: impl FnOnce()) {
+    // SAFETY: fork in this single-threaded program; the child runs `f`
+    // and leaves with _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        fail(&format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        f();
+        // SAFETY: leaving the child at once.
+        unsafe { libc::_exit(0) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } != pid {
+        fail(&format!("waitpid: {}", std::io::Error::last_os_error()));
+    }
+    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        fail(&format!("the child ended with status {status:#x}"));
+    }
+}
+
 fn epoll_on(fd: i32) -> i32 {
     // SAFETY: plain epoll_create1.
     let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -184,6 +209,7 @@ struct Opts {
     go: PathBuf,
     filter: seccomp::Filter,
     tsync: bool,
+    fork: bool,
 }
 
 fn client(o: Opts) -> ! {
@@ -213,9 +239,25 @@ fn client(o: Opts) -> ! {
     let more = payload(o.bytes, 0x5ecc_0a12);
     hash.update(through(&first, &ep, &more, "after the filter"));
     total += more.len();
-    let second = connect();
     let fresh = payload(o.bytes, 0x5ecc_0a13);
-    hash.update(through(&second, &Waiter::Poll, &fresh, "new connection"));
+    if o.fork {
+        in_child(|| {
+            through(
+                &connect(),
+                &Waiter::Poll,
+                &fresh,
+                "new connection in a child",
+            );
+        });
+        // The child compared every byte that came back with `fresh`.
+        hash.update(&fresh);
+    } else {
+        // Kept until _exit: dropping it would make std's debug check of
+        // the descriptor (fcntl), outside sshd's allow-list.
+        let second = connect();
+        hash.update(through(&second, &Waiter::Poll, &fresh, "new connection"));
+        std::mem::forget(second);
+    }
     total += fresh.len();
     let hex: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
     println!("echoed {total} {hex}");
@@ -262,6 +304,7 @@ fn main() {
                 go: PathBuf::from(value("--go")),
                 filter,
                 tsync: flag("--tsync"),
+                fork: flag("--fork"),
             })
         }
         _ => usage(),
