@@ -227,29 +227,63 @@ pub fn system_service_filter() -> Filter {
     errno_filter(OUTSIDE_SYSTEM_SERVICE, libc::EPERM as u32)
 }
 
-/// Puts the calling process under `filter` for good (PR_SET_NO_NEW_PRIVS
-/// first, which lets an unprivileged process do it).
+/// Puts the calling thread under `filter` for good (PR_SET_NO_NEW_PRIVS
+/// first, which lets an unprivileged process do it), through prctl.
 pub fn install(filter: &Filter) -> std::io::Result<()> {
+    install_with(filter, false)
+}
+
+/// As `install`, through seccomp(2) with SECCOMP_FILTER_FLAG_TSYNC: every
+/// thread of the process goes under `filter` at once.
+pub fn install_all_threads(filter: &Filter) -> std::io::Result<()> {
+    install_with(filter, true)
+}
+
+fn install_with(filter: &Filter, all_threads: bool) -> std::io::Result<()> {
     let prog = libc::sock_fprog {
         len: filter.len() as u16,
         filter: filter.as_ptr() as *mut libc::sock_filter,
     };
-    // SAFETY: prctl with documented arguments; `prog` and `filter` outlive
-    // the call (the kernel copies the program).
-    unsafe {
+    // SAFETY: prctl and seccomp with documented arguments; `prog` and
+    // `filter` outlive the calls (the kernel copies the program).
+    let r = unsafe {
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        if libc::prctl(
-            libc::PR_SET_SECCOMP,
-            libc::SECCOMP_MODE_FILTER,
-            &prog as *const libc::sock_fprog,
-        ) != 0
-        {
-            return Err(std::io::Error::last_os_error());
+        if all_threads {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                libc::SECCOMP_FILTER_FLAG_TSYNC,
+                &prog as *const libc::sock_fprog,
+            )
+        } else {
+            libc::c_long::from(libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+            ))
         }
+    };
+    match r {
+        0 => Ok(()),
+        // TSYNC: the thread that could not be synchronised.
+        r if r > 0 => Err(std::io::Error::other(format!(
+            "thread {r} not synchronised"
+        ))),
+        _ => Err(std::io::Error::last_os_error()),
     }
-    Ok(())
+}
+
+/// Leaves at once with `FAIL msg` on stderr, making only the calls a
+/// sandbox allows (write, then _exit: no unwinding, no exit handlers).
+pub fn fail(msg: &str) -> ! {
+    let b = format!("FAIL {msg}\n");
+    // SAFETY: writing our own buffer to fd 2, then leaving at once.
+    unsafe {
+        libc::write(2, b.as_ptr().cast(), b.len());
+        libc::_exit(1)
+    }
 }
 
 /// What sshd's pre-authentication child does to itself: no file may grow,
@@ -276,36 +310,4 @@ pub fn sandbox_like_sshd(outside: Outside, keep_fds: bool) -> std::io::Result<()
     }
     limit(libc::RLIMIT_NPROC, 0)?;
     install(&sshd_preauth_filter(outside))
-}
-
-/// As `install`, through seccomp(2) with SECCOMP_FILTER_FLAG_TSYNC: every
-/// thread of the process goes under `filter` at once.
-pub fn install_all_threads(filter: &Filter) -> std::io::Result<()> {
-    let prog = libc::sock_fprog {
-        len: filter.len() as u16,
-        filter: filter.as_ptr() as *mut libc::sock_filter,
-    };
-    // SAFETY: prctl and seccomp with documented arguments; `prog` and
-    // `filter` outlive the calls (the kernel copies the program).
-    unsafe {
-        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // A positive return names a thread that could not be synchronised.
-        let r = libc::syscall(
-            libc::SYS_seccomp,
-            libc::SECCOMP_SET_MODE_FILTER,
-            libc::SECCOMP_FILTER_FLAG_TSYNC,
-            &prog as *const libc::sock_fprog,
-        );
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if r > 0 {
-            return Err(std::io::Error::other(format!(
-                "thread {r} not synchronised"
-            )));
-        }
-    }
-    Ok(())
 }

@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use ringsock_integration::payload;
-use ringsock_integration::seccomp::{self, Outside};
+use ringsock_integration::seccomp::{self, fail, Outside};
 use sha2::{Digest, Sha256};
 
 const CHUNK: usize = 16 << 10;
@@ -42,15 +42,6 @@ fn usage() -> ! {
         "usage: seccomp_conn echo | client --port P --bytes N --go FILE --filter sshd|service [--errno] [--tsync] [--fork]"
     );
     std::process::exit(64);
-}
-
-fn fail(msg: &str) -> ! {
-    let b = format!("FAIL {msg}\n");
-    // SAFETY: writing our own buffer to fd 2, then leaving at once.
-    unsafe {
-        libc::write(2, b.as_ptr().cast(), b.len());
-        libc::_exit(1)
-    }
 }
 
 fn echo() -> ! {
