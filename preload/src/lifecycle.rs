@@ -208,14 +208,19 @@ pub fn leave_before_exec() {
 /// every ring connection leaves its ring as before an exec, whatever its
 /// descriptor's FD_CLOEXEC (one that cannot, exactly, is reset: a peer
 /// already gone, bytes the kernel socket would not take in time), and
-/// every epoll instance gets its ring
-/// registrations back as kernel ones; the shim then forgets every fd, tells
-/// the daemon its listeners are gone, and the ring layer stops its thread.
-/// From then on (`process::sandboxed`) the shim makes no system call of its
-/// own: the filter may forbid any. A vfork child, which shares our memory,
-/// changes nothing: the parent's rings are not its to leave.
+/// every epoll instance gets its ring registrations back as kernel ones;
+/// the shim then forgets every fd, tells the daemon its listeners are
+/// gone, and the ring layer stops its thread. From then on
+/// (`process::sandboxed`) the shim makes no system call of its own: the
+/// filter may forbid any. A thread that installs a filter while another
+/// is entering waits for it (bounded). A vfork child, which shares our
+/// memory, changes nothing: the parent's rings are not its to leave.
 pub fn enter_sandbox() {
-    if !process::owns_memory() || !process::begin_sandbox() {
+    if !process::owns_memory() {
+        return;
+    }
+    if !process::begin_sandbox() {
+        await_sandbox();
         return;
     }
     let saved = crate::sys::errno();
@@ -251,6 +256,18 @@ pub fn enter_sandbox() {
     log::debug!("entering a seccomp sandbox: {rings} ring descriptors left");
     process::finish_sandbox();
     crate::sys::set_errno(saved);
+}
+
+/// Waits until another thread's `enter_sandbox` is done: each ring's leave
+/// is bounded by the connect timeout, so this waits that long per ring at
+/// most, then a second (and lets the filter in regardless).
+fn await_sandbox() {
+    let limit_ns = u64::from(config::get().connect_timeout_ms) * 1_000_000;
+    let rings = fdtable::rings_alive() as u64 + 1;
+    let deadline = crate::sys::monotonic_ns() + limit_ns * rings + 1_000_000_000;
+    while !process::sandboxed() && crate::sys::monotonic_ns() < deadline {
+        crate::sys::pause_1ms();
+    }
 }
 
 /// A connection that could not leave its ring exactly (bytes of the stream

@@ -255,10 +255,7 @@ pub fn stop() {
         // SAFETY: `t` is the thread `ensure_thread` started in this process,
         // never detached nor joined before (THREAD is taken once).
         match unsafe { libc::pthread_tryjoin_np(t, std::ptr::null_mut()) } {
-            libc::EBUSY if sys::monotonic_ns() < deadline => {
-                // SAFETY: poll with no fds: a 1 ms sleep.
-                unsafe { libc::poll(std::ptr::null_mut(), 0, 1) };
-            }
+            libc::EBUSY if sys::monotonic_ns() < deadline => sys::pause_1ms(),
             0 => return,
             e => {
                 log::warn!("the ringsock thread did not end (error {e}); it may be killed by the sandbox's filter");
