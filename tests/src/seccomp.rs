@@ -186,45 +186,61 @@ pub fn sshd_filter_and(extra: &[i64], outside: Outside) -> Filter {
     p
 }
 
-/// Calls of the groups systemd's `@system-service` leaves out (@clock,
-/// @debug, @module, @mount, @obsolete, @privileged, @raw-io, @reboot,
-/// @swap; a sample of each): a service's filter fails them with EPERM.
-const OUTSIDE_SYSTEM_SERVICE: &[i64] = &[
-    libc::SYS_adjtimex,
-    libc::SYS_clock_adjtime,
-    libc::SYS_clock_settime,
-    libc::SYS_settimeofday,
-    libc::SYS_ptrace,
-    libc::SYS_process_vm_readv,
-    libc::SYS_process_vm_writev,
-    libc::SYS_perf_event_open,
-    libc::SYS_lookup_dcookie,
-    libc::SYS_init_module,
-    libc::SYS_finit_module,
-    libc::SYS_delete_module,
-    libc::SYS_mount,
-    libc::SYS_umount2,
-    libc::SYS_pivot_root,
-    libc::SYS_chroot,
-    libc::SYS_sysfs,
-    libc::SYS_uselib,
-    libc::SYS_ustat,
-    libc::SYS_acct,
-    libc::SYS_iopl,
-    libc::SYS_ioperm,
-    libc::SYS_reboot,
-    libc::SYS_kexec_load,
-    libc::SYS_swapon,
-    libc::SYS_swapoff,
-    libc::SYS_bpf,
-    libc::SYS_quotactl,
-    libc::SYS_vhangup,
-];
+/// systemd's `SystemCallFilter=@system-service` with
+/// `SystemCallErrorNumber=EPERM`, as this host's systemd spells it: the
+/// calls `systemd-analyze syscall-filter` lists for the group (its
+/// subgroups expanded) run, every other call fails with EPERM. None where
+/// systemd-analyze or the kernel's x86-64 call numbers
+/// (`asm/unistd_64.h`) are missing.
+pub fn system_service_filter() -> Option<Filter> {
+    let numbers = std::fs::read_to_string("/usr/include/x86_64-linux-gnu/asm/unistd_64.h").ok()?;
+    let nr_of = |name: &str| {
+        numbers.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            match (w.next(), w.next(), w.next()) {
+                (Some("#define"), Some(n), Some(v)) if n.strip_prefix("__NR_") == Some(name) => {
+                    v.parse::<i64>().ok()
+                }
+                _ => None,
+            }
+        })
+    };
+    let mut names = Vec::new();
+    expand_group("@system-service", &mut names)?;
+    // Names of other architectures' calls have no number here.
+    let mut nrs: Vec<i64> = names.iter().filter_map(|n| nr_of(n)).collect();
+    nrs.sort_unstable();
+    nrs.dedup();
+    let mut p = prologue();
+    for nr in nrs {
+        on_call(&mut p, nr, RET_ALLOW);
+    }
+    p.push(stmt(BPF_RET | BPF_K, RET_ERRNO | libc::EPERM as u32));
+    Some(p)
+}
 
-/// A filter like systemd's `SystemCallFilter=@system-service` with
-/// `SystemCallErrorNumber=EPERM`: exotic calls fail, the rest runs.
-pub fn system_service_filter() -> Filter {
-    errno_filter(OUTSIDE_SYSTEM_SERVICE, libc::EPERM as u32)
+/// The call names in systemd's group `group`, subgroups expanded.
+fn expand_group(group: &str, out: &mut Vec<String>) -> Option<()> {
+    let o = std::process::Command::new("systemd-analyze")
+        .args(["syscall-filter", group])
+        .output()
+        .ok()?;
+    if !o.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    // The first line names the group itself; `#` lines describe it.
+    for item in text.lines().skip(1).map(str::trim) {
+        if item.is_empty() || item.starts_with('#') {
+            continue;
+        }
+        if item.starts_with('@') {
+            expand_group(item, out)?;
+        } else {
+            out.push(item.to_string());
+        }
+    }
+    Some(())
 }
 
 /// Puts the calling thread under `filter` for good (PR_SET_NO_NEW_PRIVS

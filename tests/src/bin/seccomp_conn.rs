@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! seccomp_conn echo
-//! seccomp_conn client --port P --bytes N --go FILE --filter sshd|service
+//! seccomp_conn client --port P --bytes N --go FILE --filter sshd|service|none
 //!              [--errno] [--tsync] [--fork]
 //! ```
 //!
@@ -15,7 +15,8 @@
 //!   connection on a ring) and installs the filter: `sshd`, OpenSSH's
 //!   pre-authentication allow-list plus epoll_wait, socket and connect
 //!   (anything else kills, or fails with EPERM with `--errno`); `service`,
-//!   like systemd's @system-service (exotic calls fail with EPERM). With
+//!   systemd's @system-service (anything else fails with EPERM); `none`,
+//!   no filter (for a client started under one, `seccomp_run`). With
 //!   `--tsync` through seccomp(2) for every thread, else prctl for the
 //!   calling one. Then it echoes N more bytes on that connection (same
 //!   epoll instance), and N on a new one (waiting with poll; made and
@@ -39,7 +40,7 @@ const WAIT_MS: i32 = 30_000;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: seccomp_conn echo | client --port P --bytes N --go FILE --filter sshd|service [--errno] [--tsync] [--fork]"
+        "usage: seccomp_conn echo | client --port P --bytes N --go FILE --filter sshd|service|none [--errno] [--tsync] [--fork]"
     );
     std::process::exit(64);
 }
@@ -198,7 +199,7 @@ struct Opts {
     port: u16,
     bytes: usize,
     go: PathBuf,
-    filter: seccomp::Filter,
+    filter: Option<seccomp::Filter>,
     tsync: bool,
     fork: bool,
 }
@@ -220,10 +221,10 @@ fn client(o: Opts) -> ! {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-    let installed = if o.tsync {
-        seccomp::install_all_threads(&o.filter)
-    } else {
-        seccomp::install(&o.filter)
+    let installed = match &o.filter {
+        None => Ok(()),
+        Some(f) if o.tsync => seccomp::install_all_threads(f),
+        Some(f) => seccomp::install(f),
     };
     installed.unwrap_or_else(|e| fail(&format!("installing the filter: {e}")));
     let mut total = data.len();
@@ -277,7 +278,8 @@ fn main() {
                 Outside::Kill
             };
             let filter = match value("--filter").as_str() {
-                "sshd" => seccomp::sshd_filter_and(
+                "none" => None,
+                "sshd" => Some(seccomp::sshd_filter_and(
                     &[
                         libc::SYS_epoll_wait,
                         libc::SYS_epoll_pwait,
@@ -285,8 +287,11 @@ fn main() {
                         libc::SYS_connect,
                     ],
                     outside,
+                )),
+                "service" => Some(
+                    seccomp::system_service_filter()
+                        .unwrap_or_else(|| fail("no systemd-analyze to spell @system-service")),
                 ),
-                "service" => seccomp::system_service_filter(),
                 _ => usage(),
             };
             client(Opts {
