@@ -75,6 +75,13 @@ fn scp(m: &mut Matrix, sshd: &Server, key: &Path, port: u16, from: &str, to: &st
         .map(|c| c.to_string())
         .collect();
     println!("scp {from} -> {to}: ends seen {ends:?}");
+    // Made on a ring (status keeps the ring's number after a leave).
+    assert!(
+        w.conns
+            .iter()
+            .any(|c| c.peer.port() == port && c.ring.is_some()),
+        "scp {from} {to}: ssh's connection was not made on a ring: {ends:?}"
+    );
 }
 
 fn copy_both_ways(no_reexec: bool) {
