@@ -360,6 +360,12 @@ pub trait Attacher: Send + Sync {
 
     /// The last fd of a tracked plain-TCP connection is being closed.
     fn tcp_closed(&self, _fd: RawFd) {}
+
+    /// The process is about to put itself under a seccomp filter, its
+    /// connections left and forgotten: whatever the layer still owes goes
+    /// out now, and it stops every thread of its own, so that nothing it
+    /// does later makes a system call (the filter may forbid any).
+    fn sandboxed(&self) {}
 }
 
 static ATTACHER: OnceLock<&'static dyn Attacher> = OnceLock::new();

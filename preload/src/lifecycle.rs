@@ -25,7 +25,10 @@ pub fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
 }
 
 fn may_track() -> bool {
-    !guard::active() && !config::get().disable && process::owns_memory()
+    !guard::active()
+        && !config::get().disable
+        && !process::sandbox_begun()
+        && process::owns_memory()
 }
 
 /// socket() returned `fd` for a TCP socket.
@@ -80,6 +83,8 @@ pub fn connect(
     real_connect: &mut dyn FnMut() -> Result<(), Errno>,
 ) -> Result<(), Errno> {
     let reason = match (dest, attached::attacher()) {
+        // Entering a sandbox (another thread): no new ring.
+        _ if process::sandbox_begun() => Some(TcpReason::Disabled),
         (None, _) => Some(TcpReason::Family),
         (_, None) => Some(TcpReason::NoTransport),
         (Some(d), Some(_)) => config::get()
@@ -156,7 +161,7 @@ const EXIT_DRAIN_NS: u64 = 1_000_000_000;
 /// drain_at_exit`). Nothing in a vfork child (it shares the parent's
 /// table) or with no ring alive.
 pub fn drain_at_exit() {
-    if fdtable::rings_alive() == 0 || !process::owns_memory() {
+    if process::sandboxed() || fdtable::rings_alive() == 0 || !process::owns_memory() {
         return;
     }
     let _g = guard::enter();
@@ -199,6 +204,94 @@ pub fn leave_before_exec() {
     leave_rings(&survivors);
 }
 
+/// Before the process puts itself under a seccomp filter (hooks/seccomp.rs):
+/// every ring connection leaves its ring as before an exec, whatever its
+/// descriptor's FD_CLOEXEC (one that cannot, exactly, is reset: a peer
+/// already gone, bytes the kernel socket would not take in time), and
+/// every epoll instance gets its ring registrations back as kernel ones;
+/// the shim then forgets every fd, tells the daemon its listeners are
+/// gone, and the ring layer stops its thread. From then on
+/// (`process::sandboxed`) the shim makes no system call of its own: the
+/// filter may forbid any. A thread that installs a filter while another
+/// is entering waits for it (bounded). A vfork child, which shares our
+/// memory, changes nothing: the parent's rings are not its to leave.
+pub fn enter_sandbox() {
+    if !process::owns_memory() {
+        return;
+    }
+    if !process::begin_sandbox() {
+        await_sandbox();
+        return;
+    }
+    let saved = crate::sys::errno();
+    let _g = guard::enter();
+    let mut rings = 0;
+    for fd in 0..fdtable::capacity() as i32 {
+        if let Some(c) = fdtable::attached(fd).as_ref().and_then(|r| r.conn()) {
+            rings += 1;
+            if !(c.leave_ring(true) && c.at_mark().is_none()) {
+                reset_for_sandbox(fd);
+            }
+        }
+    }
+    let attacher = attached::attacher();
+    for fd in 0..fdtable::capacity() as i32 {
+        let Some(st) = fdtable::get(fd) else {
+            continue;
+        };
+        match st.kind() {
+            Some(Kind::Epoll) => crate::dispatch::epoll::hand_to_kernel(fd, &st),
+            Some(Kind::Listener) => {
+                if let (Some(a), Some(addr)) = (attacher, sockaddr::query(fd, false)) {
+                    a.listener_closed(addr);
+                }
+            }
+            _ => {}
+        }
+    }
+    fdtable::forget_all();
+    if let Some(a) = attacher {
+        a.sandboxed();
+    }
+    log::debug!("entering a seccomp sandbox: {rings} ring descriptors left");
+    process::finish_sandbox();
+    crate::sys::set_errno(saved);
+}
+
+/// Waits until another thread's `enter_sandbox` is done: each ring's leave
+/// is bounded by the connect timeout, so this waits that long per ring at
+/// most, then a second (and lets the filter in regardless).
+fn await_sandbox() {
+    let limit_ns = u64::from(config::get().connect_timeout_ms) * 1_000_000;
+    let rings = fdtable::rings_alive() as u64 + 1;
+    let deadline = crate::sys::monotonic_ns() + limit_ns * rings + 1_000_000_000;
+    while !process::sandboxed() && crate::sys::monotonic_ns() < deadline {
+        crate::sys::pause_1ms();
+    }
+}
+
+/// A connection that could not leave its ring exactly (bytes of the stream
+/// the shim still holds, which plain calls will never see) is reset, as
+/// the kernel resets one that cannot go on: connect(AF_UNSPEC) sends the
+/// peer a RST, and the program's next call on `fd` fails with ECONNRESET.
+/// Never a stream that goes on with bytes missing.
+fn reset_for_sandbox(fd: c_int) {
+    log::error!("fd {fd}: cannot leave its ring exactly before the sandbox; resetting it");
+    let unspec = libc::sockaddr {
+        sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+        sa_data: [0; 14],
+    };
+    // SAFETY: connect reads one sockaddr of ours.
+    unsafe {
+        crate::sys::sys_call!(
+            libc::SYS_connect,
+            fd,
+            &unspec as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+        )
+    };
+}
+
 thread_local! {
     /// The connections the forking thread holds across a fork.
     static FORK_HELD: std::cell::RefCell<Vec<std::sync::Arc<dyn attached::AttachedConn>>> =
@@ -209,7 +302,7 @@ thread_local! {
 /// every ring connection is held, published and marked shared
 /// (`AttachedConn::fork_prepare`), so the child's copy is consistent.
 pub fn fork_prepare() {
-    if fdtable::rings_alive() == 0 || !process::owns_memory() {
+    if process::sandboxed() || fdtable::rings_alive() == 0 || !process::owns_memory() {
         return;
     }
     let _g = guard::enter();

@@ -19,7 +19,7 @@
 //! mismatch means a child that shares our memory without having gone through
 //! our fork path, and such a child must leave the table alone.
 
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
 
 use libc::pid_t;
 
@@ -57,6 +57,39 @@ pub fn parent_pid() -> pid_t {
     }
 }
 
+/// Where the process stands with a seccomp sandbox (see `lifecycle::enter_sandbox`).
+static SANDBOX: AtomicU8 = AtomicU8::new(NOT_SANDBOXED);
+const NOT_SANDBOXED: u8 = 0;
+const ENTERING: u8 = 1;
+const SANDBOXED: u8 = 2;
+
+/// The process is about to put itself under a seccomp filter: nothing new
+/// is tracked from now on (the rings it has are being left). Returns false
+/// if it already began.
+pub fn begin_sandbox() -> bool {
+    SANDBOX
+        .compare_exchange(NOT_SANDBOXED, ENTERING, Ordering::AcqRel, Ordering::Acquire)
+        .is_ok()
+}
+
+/// The rings are left and the fds forgotten: from now on the shim makes no
+/// system call of its own, and every hook passes straight through.
+pub fn finish_sandbox() {
+    SANDBOX.store(SANDBOXED, Ordering::Release);
+}
+
+/// True once `begin_sandbox` ran: nothing new may be tracked.
+#[inline]
+pub fn sandbox_begun() -> bool {
+    SANDBOX.load(Ordering::Acquire) != NOT_SANDBOXED
+}
+
+/// True once the process is sandboxed (one relaxed load: every hook asks).
+#[inline]
+pub fn sandboxed() -> bool {
+    SANDBOX.load(Ordering::Relaxed) == SANDBOXED
+}
+
 /// The current fork generation.
 pub fn fork_epoch() -> u64 {
     FORK_EPOCH.load(Ordering::Acquire)
@@ -91,11 +124,17 @@ pub fn after_fork_child() {
 }
 
 extern "C" fn atfork_prepare() {
-    before_fork();
+    if !sandboxed() {
+        before_fork();
+    }
 }
 
 extern "C" fn atfork_child() {
-    after_fork_child();
+    // A sandboxed child makes no system call of ours (getpid may be
+    // forbidden); nothing of the shim's uses the pid there.
+    if !sandboxed() {
+        after_fork_child();
+    }
 }
 
 /// Registers the fork handlers that cover forks we do not see as calls to

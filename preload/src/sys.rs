@@ -137,6 +137,26 @@ pub fn rcvlowat(fd: c_int) -> usize {
     }
 }
 
+/// Sleeps about a millisecond (ppoll without descriptors; a signal may end
+/// it early): the pause of a bounded wait for another thread.
+pub fn pause_1ms() {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 1_000_000,
+    };
+    // SAFETY: no descriptors, a valid timeout, no signal mask.
+    unsafe {
+        crate::sys::sys_call!(
+            libc::SYS_ppoll,
+            std::ptr::null_mut::<libc::pollfd>(),
+            0,
+            &ts as *const libc::timespec,
+            std::ptr::null::<libc::sigset_t>(),
+            8,
+        )
+    };
+}
+
 /// CLOCK_MONOTONIC in nanoseconds.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -108,6 +108,8 @@ pub enum Outside {
     /// Runs, and the kernel logs it (audit type 1326 in the kernel log):
     /// to list every such call a program makes in one run.
     Log,
+    /// Fails with EPERM.
+    Errno,
 }
 
 /// Calls sshd's pre-authentication filter turns down with EACCES.
@@ -158,11 +160,16 @@ const SSHD_ALLOWED: &[i64] = &[
 
 /// OpenSSH's pre-authentication sandbox filter for x86-64.
 pub fn sshd_preauth_filter(outside: Outside) -> Filter {
+    sshd_filter_and(&[], outside)
+}
+
+/// sshd's filter with the calls in `extra` allowed too.
+pub fn sshd_filter_and(extra: &[i64], outside: Outside) -> Filter {
     let mut p = prologue();
     for &nr in SSHD_DENIED {
         on_call(&mut p, nr, RET_ERRNO | libc::EACCES as u32);
     }
-    for &nr in SSHD_ALLOWED {
+    for &nr in SSHD_ALLOWED.iter().chain(extra) {
         on_call(&mut p, nr, RET_ALLOW);
     }
     let rw = (libc::PROT_READ | libc::PROT_WRITE | libc::PROT_NONE) as u64;
@@ -173,34 +180,126 @@ pub fn sshd_preauth_filter(outside: Outside) -> Filter {
         match outside {
             Outside::Kill => RET_KILL_PROCESS,
             Outside::Log => RET_LOG,
+            Outside::Errno => RET_ERRNO | libc::EPERM as u32,
         },
     ));
     p
 }
 
-/// Puts the calling process under `filter` for good (PR_SET_NO_NEW_PRIVS
-/// first, which lets an unprivileged process do it).
+/// systemd's `SystemCallFilter=@system-service` with
+/// `SystemCallErrorNumber=EPERM`, as this host's systemd spells it: the
+/// calls `systemd-analyze syscall-filter` lists for the group (its
+/// subgroups expanded) run, every other call fails with EPERM. None where
+/// systemd-analyze or the kernel's x86-64 call numbers
+/// (`asm/unistd_64.h`) are missing.
+pub fn system_service_filter() -> Option<Filter> {
+    let numbers = std::fs::read_to_string("/usr/include/x86_64-linux-gnu/asm/unistd_64.h").ok()?;
+    let nr_of = |name: &str| {
+        numbers.lines().find_map(|l| {
+            let mut w = l.split_whitespace();
+            match (w.next(), w.next(), w.next()) {
+                (Some("#define"), Some(n), Some(v)) if n.strip_prefix("__NR_") == Some(name) => {
+                    v.parse::<i64>().ok()
+                }
+                _ => None,
+            }
+        })
+    };
+    let mut names = Vec::new();
+    expand_group("@system-service", &mut names)?;
+    // Names of other architectures' calls have no number here.
+    let mut nrs: Vec<i64> = names.iter().filter_map(|n| nr_of(n)).collect();
+    nrs.sort_unstable();
+    nrs.dedup();
+    let mut p = prologue();
+    for nr in nrs {
+        on_call(&mut p, nr, RET_ALLOW);
+    }
+    p.push(stmt(BPF_RET | BPF_K, RET_ERRNO | libc::EPERM as u32));
+    Some(p)
+}
+
+/// The call names in systemd's group `group`, subgroups expanded.
+fn expand_group(group: &str, out: &mut Vec<String>) -> Option<()> {
+    let o = std::process::Command::new("systemd-analyze")
+        .args(["syscall-filter", group])
+        .output()
+        .ok()?;
+    if !o.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    // The first line names the group itself; `#` lines describe it.
+    for item in text.lines().skip(1).map(str::trim) {
+        if item.is_empty() || item.starts_with('#') {
+            continue;
+        }
+        if item.starts_with('@') {
+            expand_group(item, out)?;
+        } else {
+            out.push(item.to_string());
+        }
+    }
+    Some(())
+}
+
+/// Puts the calling thread under `filter` for good (PR_SET_NO_NEW_PRIVS
+/// first, which lets an unprivileged process do it), through prctl.
 pub fn install(filter: &Filter) -> std::io::Result<()> {
+    install_with(filter, false)
+}
+
+/// As `install`, through seccomp(2) with SECCOMP_FILTER_FLAG_TSYNC: every
+/// thread of the process goes under `filter` at once.
+pub fn install_all_threads(filter: &Filter) -> std::io::Result<()> {
+    install_with(filter, true)
+}
+
+fn install_with(filter: &Filter, all_threads: bool) -> std::io::Result<()> {
     let prog = libc::sock_fprog {
         len: filter.len() as u16,
         filter: filter.as_ptr() as *mut libc::sock_filter,
     };
-    // SAFETY: prctl with documented arguments; `prog` and `filter` outlive
-    // the call (the kernel copies the program).
-    unsafe {
+    // SAFETY: prctl and seccomp with documented arguments; `prog` and
+    // `filter` outlive the calls (the kernel copies the program).
+    let r = unsafe {
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        if libc::prctl(
-            libc::PR_SET_SECCOMP,
-            libc::SECCOMP_MODE_FILTER,
-            &prog as *const libc::sock_fprog,
-        ) != 0
-        {
-            return Err(std::io::Error::last_os_error());
+        if all_threads {
+            libc::syscall(
+                libc::SYS_seccomp,
+                libc::SECCOMP_SET_MODE_FILTER,
+                libc::SECCOMP_FILTER_FLAG_TSYNC,
+                &prog as *const libc::sock_fprog,
+            )
+        } else {
+            libc::c_long::from(libc::prctl(
+                libc::PR_SET_SECCOMP,
+                libc::SECCOMP_MODE_FILTER,
+                &prog as *const libc::sock_fprog,
+            ))
         }
+    };
+    match r {
+        0 => Ok(()),
+        // TSYNC: the thread that could not be synchronised.
+        r if r > 0 => Err(std::io::Error::other(format!(
+            "thread {r} not synchronised"
+        ))),
+        _ => Err(std::io::Error::last_os_error()),
     }
-    Ok(())
+}
+
+/// Leaves at once with `FAIL msg` on stderr, making only the calls a
+/// sandbox allows (write, then _exit: no unwinding, no exit handlers).
+pub fn fail(msg: &str) -> ! {
+    let b = format!("FAIL {msg}\n");
+    // SAFETY: writing our own buffer to fd 2, then leaving at once.
+    unsafe {
+        libc::write(2, b.as_ptr().cast(), b.len());
+        libc::_exit(1)
+    }
 }
 
 /// What sshd's pre-authentication child does to itself: no file may grow,

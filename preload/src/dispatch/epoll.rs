@@ -59,6 +59,10 @@ use std::sync::Mutex;
 
 use libc::{c_int, epoll_event};
 
+mod kernel;
+
+pub use kernel::hand_to_kernel;
+
 use super::wait::{fewest_looks, remaining, spin};
 use crate::attached::{AttachedConn, Ready};
 use crate::fdtable::{self, EpollSlot, FdRef, FdState, Kind};

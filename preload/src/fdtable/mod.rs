@@ -264,6 +264,19 @@ pub fn untrack_range(lo: u32, hi: u32) {
     }
 }
 
+/// Stops tracking every fd without any of them being closed: the program
+/// keeps its descriptors and uses them without the shim from now on. An
+/// attached connection is released as stale (nothing ends; its kernel
+/// socket stays the program's), so it must have left its ring first.
+pub fn forget_all() {
+    for fd in 0..capacity() as i32 {
+        if let Some(s) = slot(fd) {
+            let old = s.swap(ptr::null_mut(), Ordering::AcqRel);
+            drop_slot_ref(old, fd, true);
+        }
+    }
+}
+
 /// A slot was overwritten by a new socket although we never saw its fd
 /// closed: it was closed behind our back.
 fn drop_stale(old: *mut FdState, fd: i32) {

@@ -13,6 +13,9 @@
 //! * `resolve_all()`, which the constructor calls to resolve the next
 //!   definitions declared in place.
 //!
+//! In a process that put itself under a seccomp filter every hook is the
+//! next definition and nothing else (`process::sandboxed`).
+//!
 //! A body written `|next| { ... }` receives `next`, a safe `FnOnce() -> R`
 //! that makes the call the program made (the same function, the hook's own
 //! arguments) on the next definition: the forwarding call's `unsafe` is
@@ -111,6 +114,12 @@ macro_rules! hooks {
             #[no_mangle]
             #[allow(non_snake_case, clippy::too_many_arguments, clippy::missing_safety_doc)]
             pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                if $crate::process::sandboxed() {
+                    // SAFETY: the call our C caller made, unchanged, as in
+                    // `forward` below: a sandboxed process gets libc's
+                    // functions untouched (lifecycle::enter_sandbox).
+                    return unsafe { $name::next($($arg),*) };
+                }
                 let bomb = $crate::hooks::define::AbortOnUnwind(stringify!($name));
                 let once = $crate::hooks::define::Once;
                 #[allow(unused_variables)]

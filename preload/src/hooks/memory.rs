@@ -158,7 +158,9 @@ static REALLOCARRAY: Symbol = Symbol::new("reallocarray\0");
 /// back (glibc may unmap it or give its pages back internally).
 #[inline]
 fn drop_chunk(p: *mut c_void) {
-    if !p.is_null() && regcache::entries() > 0 {
+    // A sandboxed process uses no ring any more: what stays registered is
+    // never sent from, and deregistering would make system calls.
+    if !p.is_null() && regcache::entries() > 0 && !crate::process::sandboxed() {
         // SAFETY: p is a live chunk of the malloc whose free/realloc is
         // being called (the caller's contract).
         let n = unsafe { libc::malloc_usable_size(p) };

@@ -10,6 +10,7 @@ pub mod io;
 pub mod memory;
 pub mod poll;
 pub mod process;
+pub mod seccomp;
 pub mod socket;
 pub mod syscall;
 
@@ -27,5 +28,6 @@ pub fn resolve_all() {
     }
     poll::resolve_all();
     process::resolve_all();
+    seccomp::resolve_all();
     socket::resolve_all();
 }

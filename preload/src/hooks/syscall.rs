@@ -12,7 +12,8 @@
 //! caller's frame), so reading six is sound whatever the caller passed,
 //! and arguments it did not pass are never used by the call it makes.
 //! Poll-style calls with descriptor arrays (poll, ppoll, select, pselect6)
-//! made this way are not followed (docs/limits.md).
+//! made this way are not followed (docs/limits.md). A prctl or seccomp
+//! call that installs a filter enters the sandbox first (seccomp.rs).
 
 use libc::{c_int, c_long, c_uint, c_void, epoll_event, iovec, mmsghdr, msghdr, sigset_t};
 use libc::{size_t, sockaddr, socklen_t};
@@ -35,8 +36,13 @@ pub unsafe extern "C" fn syscall(
     a5: c_long,
     a6: c_long,
 ) -> c_long {
-    let bomb = super::define::AbortOnUnwind("syscall");
     let args = [a1, a2, a3, a4, a5, a6];
+    if crate::process::sandboxed() {
+        // SAFETY: the program's call, under its contract, to the kernel.
+        return unsafe { sys::syscall6(n, args) };
+    }
+    let bomb = super::define::AbortOnUnwind("syscall");
+    super::seccomp::before_syscall(n, &args);
     // SAFETY: the program's call, under its contract.
     let r = match unsafe { routed(n, args) } {
         Some(r) => r,

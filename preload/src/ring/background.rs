@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::thread::JoinHandleExt;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -95,6 +96,9 @@ static REPORTS: PLock<VecDeque<(u64, Report)>> = PLock::new(VecDeque::new(), Vec
 static PARK: WorkerPark = WorkerPark::new();
 /// The pid whose thread is running (a forked child has none).
 static THREAD_PID: AtomicI32 = AtomicI32::new(0);
+/// The thread `ensure_thread` started in THREAD_PID's process (pthread_t,
+/// 0 for none).
+static THREAD: AtomicU64 = AtomicU64::new(0);
 /// The eventfd the thread sleeps on (with the daemon session), -1 before
 /// the thread exists in this process.
 static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
@@ -181,6 +185,9 @@ fn park(seen: u64, timeout_ns: Option<u64>, long: bool) {
 }
 
 fn ensure_thread() {
+    if process::sandbox_begun() {
+        return;
+    }
     let me = process::pid();
     let cur = THREAD_PID.load(Ordering::Acquire);
     if cur == me {
@@ -211,10 +218,50 @@ fn ensure_thread() {
         .name("ringsock".into())
         .stack_size(256 * 1024)
         .spawn(run);
-    if let Err(e) = spawned {
-        log::warn!(
+    match spawned {
+        // Kept unjoined (never detached): `stop` may join it.
+        Ok(t) => THREAD.store(t.into_pthread_t(), Ordering::Release),
+        Err(e) => log::warn!(
             "cannot start the ringsock thread ({e}); batches flush only when the program blocks"
-        );
+        ),
+    }
+}
+
+/// Before a seccomp filter (`Attacher::sandboxed`): the reports still
+/// queued go to the daemon now, and this process's thread ends; once it
+/// has exited (bounded by the connect timeout: it may be in a daemon
+/// call), this process makes no system call of the thread's again. A
+/// forked child has no thread of its own; none is started after this.
+pub fn stop() {
+    let queued = std::mem::take(&mut *REPORTS.lock());
+    for (_, r) in queued {
+        send_report(r);
+    }
+    let me = process::pid();
+    if THREAD_PID
+        .compare_exchange(me, 0, Ordering::AcqRel, Ordering::Acquire)
+        .is_err()
+    {
+        return;
+    }
+    let t = THREAD.swap(0, Ordering::AcqRel);
+    if t == 0 {
+        return;
+    }
+    wake();
+    let limit = u64::from(crate::config::get().connect_timeout_ms) * 1_000_000;
+    let deadline = sys::monotonic_ns() + limit + 1_000_000_000;
+    loop {
+        // SAFETY: `t` is the thread `ensure_thread` started in this process,
+        // never detached nor joined before (THREAD is taken once).
+        match unsafe { libc::pthread_tryjoin_np(t, std::ptr::null_mut()) } {
+            libc::EBUSY if sys::monotonic_ns() < deadline => sys::pause_1ms(),
+            0 => return,
+            e => {
+                log::warn!("the ringsock thread did not end (error {e}); it may be killed by the sandbox's filter");
+                return;
+            }
+        }
     }
 }
 
@@ -371,6 +418,15 @@ pub fn note_fallback(conn: Arc<dyn Tracked>) {
 
 /// The connection's last fd in this process is gone.
 pub fn note_closed(conn: Arc<dyn Tracked>) {
+    if conn.report_state().reporter_pid.load(Ordering::Acquire) != process::pid() {
+        // Not reported by this process, so no close to send (`send_report`):
+        // only an open report still queued here is cancelled, and no thread
+        // starts. A forked child closing what it inherited often closes
+        // the shim's descriptors in the same close_range.
+        let close = Report::RingClosed(conn);
+        REPORTS.lock().retain(|(_, open)| !close.closes(open));
+        return;
+    }
     report(Report::RingClosed(conn));
 }
 
@@ -651,6 +707,7 @@ fn collect_accepted() {
 
 fn run() {
     let _g = guard::enter();
+    // `stop` clears THREAD_PID and wakes us: we then return at once.
     let me = process::pid();
     let mut next_collect = 0u64;
     let mut idle = IDLE_TICKS;

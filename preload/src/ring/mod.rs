@@ -142,6 +142,10 @@ impl Attacher for ShmAttacher {
         policy::skipped_closed(fd);
         background::note_tcp_closed(fd);
     }
+
+    fn sandboxed(&self) {
+        background::stop();
+    }
 }
 
 /// Installs the shared-memory ring layer (library constructor).

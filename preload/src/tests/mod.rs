@@ -10,6 +10,7 @@ use std::time::Duration;
 
 mod layers;
 mod mock;
+mod sandbox;
 
 use mock::{pair, MockConn};
 

@@ -31,7 +31,7 @@ use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 
 use ringsock_integration::payload;
-use ringsock_integration::seccomp::{sandbox_like_sshd, Outside};
+use ringsock_integration::seccomp::{fail, sandbox_like_sshd, Outside};
 use sha2::{Digest, Sha256};
 
 fn usage() -> ! {
@@ -39,15 +39,6 @@ fn usage() -> ! {
         "usage: sandbox_echo server [--log] [--keep-fds] | client --port P --bytes N [--log] [--keep-fds]"
     );
     std::process::exit(64);
-}
-
-fn fail(msg: &str) -> ! {
-    let b = format!("FAIL {msg}\n");
-    // SAFETY: writing our own buffer to fd 2, then leaving at once.
-    unsafe {
-        libc::write(2, b.as_ptr().cast(), b.len());
-        libc::_exit(1)
-    }
 }
 
 /// How the child sandboxes itself.

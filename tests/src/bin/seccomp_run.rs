@@ -3,12 +3,15 @@
 //!
 //! ```text
 //! seccomp_run [--errno N] SYSCALL[,SYSCALL...] -- PROGRAM [ARGS...]
+//! seccomp_run @system-service -- PROGRAM [ARGS...]
 //! ```
 //!
 //! SYSCALL is a name this helper knows (`memfd_create`, `eventfd2`) or an
 //! x86-64 system call number. It installs a seccomp-BPF filter that makes
 //! those calls fail with errno N (default ENOSYS, as on a kernel without
-//! them) and lets everything else through, then execs PROGRAM. The filter
+//! them) and lets everything else through, then execs PROGRAM; with
+//! `@system-service`, the filter systemd's `SystemCallFilter=@system-service`
+//! makes (`SystemCallErrorNumber=EPERM`: other calls fail). The filter
 //! is inherited by PROGRAM and its children and cannot be removed
 //! (PR_SET_NO_NEW_PRIVS makes that possible without privileges). A system
 //! call made under another ABI (x32, i386) is killed: its numbers mean
@@ -20,7 +23,9 @@ use std::ffi::CString;
 use ringsock_integration::seccomp;
 
 fn usage() -> ! {
-    eprintln!("usage: seccomp_run [--errno N] SYSCALL[,SYSCALL...] -- PROGRAM [ARGS...]");
+    eprintln!(
+        "usage: seccomp_run [--errno N] SYSCALL[,SYSCALL...] | @system-service -- PROGRAM [ARGS...]"
+    );
     std::process::exit(64);
 }
 
@@ -54,8 +59,16 @@ fn main() {
     if rest.is_empty() {
         usage();
     }
-    let nrs: Vec<i64> = calls.split(',').map(syscall_nr).collect();
-    if let Err(e) = seccomp::install(&seccomp::errno_filter(&nrs, errno)) {
+    let filter = if calls == "@system-service" {
+        seccomp::system_service_filter().unwrap_or_else(|| {
+            eprintln!("seccomp_run: no systemd-analyze to spell @system-service");
+            std::process::exit(69)
+        })
+    } else {
+        let nrs: Vec<i64> = calls.split(',').map(syscall_nr).collect();
+        seccomp::errno_filter(&nrs, errno)
+    };
+    if let Err(e) = seccomp::install(&filter) {
         eprintln!("seccomp_run: installing the filter: {e}");
         std::process::exit(70);
     }
