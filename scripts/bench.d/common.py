@@ -40,12 +40,12 @@ class BenchError(Exception):
 
 def free_port():
     """A free loopback port. Other work on the machine may briefly use up
-    the ephemeral range (connections in TIME-WAIT): retried for 30 s."""
+    the ephemeral range (connections in TIME-WAIT): retried for 30 s. No
+    SO_REUSEADDR: with it bind may pick a port another connection holds."""
     end = time.time() + 30
     while True:
         s = socket.socket()
         try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
         except OSError as e:

@@ -87,32 +87,24 @@ def wait_listening(port, proc, timeout=15.0):
 # ---- transfers -----------------------------------------------------------------
 
 
-def socat_bulk(ctx, system, run_dir):
-    path, _ = data_file(ctx, GIB)
-    mbs, sample = elapsed_transfer(
-        ctx, system, run_dir,
-        "socat -u TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr STDOUT | wc -c",
-        f"socat -u OPEN:{path} TCP:127.0.0.1:{{port}}", GIB)
-    return {"mbs": mbs}, sample
+def transfer(receiver, sender, digest):
+    """A 1 GiB transfer: `receiver` pipes what it gets into `wc -c` or, with
+    digest, `sha256sum` (a slow consumer); `sender` reads the data file
+    ({path}). Both are shell lines with {port}."""
+    def fn(ctx, system, run_dir):
+        path, sha = data_file(ctx, GIB)
+        mbs, sample = elapsed_transfer(
+            ctx, system, run_dir, receiver + (" | sha256sum" if digest else " | wc -c"),
+            sender.replace("{path}", path), GIB, expect=sha if digest else None)
+        return {"mbs": mbs}, sample
+    return fn
 
 
-def socat_slow(ctx, system, run_dir):
-    path, digest = data_file(ctx, GIB)
-    mbs, sample = elapsed_transfer(
-        ctx, system, run_dir,
-        "socat -u TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr STDOUT | sha256sum",
-        f"socat -u OPEN:{path} TCP:127.0.0.1:{{port}}", GIB, expect=digest)
-    return {"mbs": mbs}, sample
-
-
-def ncat_small(ctx, system, run_dir):
-    """ncat --send-only writes what it reads from stdin, 8 KiB at a time."""
-    path, digest = data_file(ctx, GIB)
-    mbs, sample = elapsed_transfer(
-        ctx, system, run_dir,
-        "ncat -l 127.0.0.1 {port} --recv-only | sha256sum",
-        f"cat {path} | ncat --send-only 127.0.0.1 {{port}}", GIB, expect=digest)
-    return {"mbs": mbs}, sample
+SOCAT_RX = "socat -u TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr STDOUT"
+SOCAT_TX = "socat -u OPEN:{path} TCP:127.0.0.1:{port}"
+# ncat --send-only writes what it reads from stdin, 8 KiB at a time.
+NCAT_RX = "ncat -l 127.0.0.1 {port} --recv-only"
+NCAT_TX = "cat {path} | ncat --send-only 127.0.0.1 {port}"
 
 
 # ---- HTTP ------------------------------------------------------------------------
@@ -206,6 +198,13 @@ def chown_postgres(path):
             os.chown(os.path.join(root, x), pw.pw_uid, pw.pw_gid)
 
 
+def setup(argv):
+    """Runs a one-time set-up command (initdb and the like) to completion."""
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        raise BenchError(f"{os.path.basename(argv[0])} failed:\n{p.stdout[-400:]}{p.stderr[-400:]}")
+
+
 def pg_template(ctx):
     """A cluster made by initdb once per bench (trust auth, no fsync)."""
     tpl = os.path.join(ctx.work, "pg-template")
@@ -213,11 +212,8 @@ def pg_template(ctx):
         os.makedirs(tpl, exist_ok=True)
         os.chmod(ctx.work, 0o755)
         chown_postgres(tpl)
-        p = subprocess.run(as_postgres([pg_bin("initdb"), "-D", tpl, "-U", "postgres",
-                                        "--auth=trust", "-E", "UTF8", "--no-sync"]),
-                           capture_output=True, text=True, timeout=300)
-        if p.returncode != 0:
-            raise BenchError(f"initdb failed:\n{p.stdout[-400:]}{p.stderr[-400:]}")
+        setup(as_postgres([pg_bin("initdb"), "-D", tpl, "-U", "postgres", "--auth=trust", "-E",
+                           "UTF8", "--no-sync"]))
     return tpl
 
 
@@ -271,12 +267,8 @@ def maria_template(ctx):
     tpl = os.path.join(ctx.work, "maria-template")
     if not os.path.exists(os.path.join(tpl, "mysql")):
         user = ["--user=root"] if os.geteuid() == 0 else []
-        p = subprocess.run(["mariadb-install-db", "--no-defaults",
-                            "--auth-root-authentication-method=normal", "--skip-test-db",
-                            f"--datadir={tpl}"] + user,
-                           capture_output=True, text=True, timeout=300)
-        if p.returncode != 0:
-            raise BenchError(f"mariadb-install-db failed:\n{p.stdout[-400:]}{p.stderr[-400:]}")
+        setup(["mariadb-install-db", "--no-defaults", "--auth-root-authentication-method=normal",
+               "--skip-test-db", f"--datadir={tpl}"] + user)
     return tpl
 
 
@@ -325,11 +317,11 @@ def cases():
         Case("programs", "sockperf ping-pong 64 B", [("p50", "RTT p50 µs", "lower"),
                                                      ("p99", "RTT p99 µs", "lower")],
              ["sockperf"], sockperf_pingpong(64)),
-        Case("programs", "socat 1 GiB", mbs, ["socat"], socat_bulk),
+        Case("programs", "socat 1 GiB", mbs, ["socat"], transfer(SOCAT_RX, SOCAT_TX, False)),
         Case("programs", "socat 1 GiB into sha256sum (slow consumer)", mbs, ["socat", "sha256sum"],
-             socat_slow),
+             transfer(SOCAT_RX, SOCAT_TX, True)),
         Case("programs", "ncat 1 GiB, 8 KiB writes, into sha256sum", mbs, ["ncat", "sha256sum"],
-             ncat_small),
+             transfer(NCAT_RX, NCAT_TX, True)),
         Case("programs", "node http server (wrk -c 16)", req, ["node", "wrk"], node_wrk),
         Case("programs", "haproxy nbthread 2 -> nginx (wrk -t 2 -c 16)", req, ["haproxy", "nginx", "wrk"],
              haproxy_nginx),
