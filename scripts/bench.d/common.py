@@ -6,6 +6,7 @@ after every run and again on exit, Ctrl-C, SIGTERM or an error.
 """
 
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -38,11 +39,21 @@ class BenchError(Exception):
 
 
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A free loopback port. Other work on the machine may briefly use up
+    the ephemeral range (connections in TIME-WAIT): retried for 30 s. No
+    SO_REUSEADDR: with it bind may pick a port another connection holds."""
+    end = time.time() + 30
+    while True:
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+        except OSError as e:
+            if time.time() > end:
+                raise BenchError(f"no free loopback port: {e}") from e
+            time.sleep(0.2)
+        finally:
+            s.close()
 
 
 def free_ports(n):
@@ -86,11 +97,16 @@ class Procs:
 
     def __init__(self):
         self.procs = []
+        # A cgroup2 directory every process started joins before its exec
+        # (the sockmap system's), or None.
+        self.cgroup = None
 
     def start(self, argv, env, log=None, stdout=None, **kw):
         """Starts argv in the background; stderr (and stdout unless given)
         go to `log` (a path) or nowhere."""
         f = open(log, "ab") if log else subprocess.DEVNULL
+        if self.cgroup:
+            kw["preexec_fn"] = join_cgroup(self.cgroup)
         try:
             p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                  stdout=stdout if stdout is not None else f,
@@ -132,6 +148,17 @@ class Procs:
             for s in (p.stdout, p.stderr):
                 if s:
                     s.close()
+
+
+def join_cgroup(path):
+    """A preexec_fn moving the child into the cgroup `path` before its exec,
+    so none of its sockets is created outside it."""
+    procs = os.path.join(path, "cgroup.procs")
+
+    def move():
+        with open(procs, "w") as f:
+            f.write("0")
+    return move
 
 
 def summarize(values):
@@ -230,6 +257,66 @@ class Ringsock(System):
         return counts
 
 
+class Sockmap(System):
+    """Plain programs, no preload, in the cgroup scripts/sockmap attached its
+    BPF programs to: loopback sends go straight to the peer socket.
+    scripts/bench attaches once before the first run and detaches on every
+    way out (`sockmap_attached`)."""
+
+    name = "sockmap"
+    label = "BPF sockmap"
+
+    def begin(self, run_dir):
+        self.procs.cgroup = sockmap_cgroup()
+
+    def end(self):
+        self.procs.cgroup = None
+
+    def sample(self):
+        """{'sockmap': n}: sockets in the SOCKHASH now."""
+        try:
+            p = subprocess.run([SOCKMAP, "status"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return {"error": 1}
+        for line in p.stdout.splitlines():
+            if line.startswith("sockets in the map:"):
+                return {"sockmap": int(line.split(":")[1])}
+        return {"error": 1}
+
+
+SOCKMAP = os.path.join(ROOT, "scripts", "sockmap")
+
+
+def sockmap_cgroup():
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and parts[2] == "cgroup2":
+                return os.path.join(parts[1], "ringsock-sockmap")
+    raise BenchError("no cgroup2 file system mounted")
+
+
+class sockmap_attached:
+    """Context manager: scripts/sockmap attach on entry (when `on`), detach on
+    exit, whatever the exit."""
+
+    def __init__(self, on):
+        self.on = on
+
+    def __enter__(self):
+        if self.on:
+            p = subprocess.run([SOCKMAP, "attach"], capture_output=True, text=True, timeout=120)
+            if p.returncode != 0:
+                subprocess.run([SOCKMAP, "detach"], capture_output=True, timeout=120)
+                raise BenchError(f"scripts/sockmap attach failed:\n{p.stdout}{p.stderr}")
+        return self
+
+    def __exit__(self, *exc):
+        if self.on:
+            subprocess.run([SOCKMAP, "detach"], capture_output=True, timeout=120)
+        return False
+
+
 class Rsocket(System):
     """rsocket's preload (librspreload.so): only meaningful with an RDMA
     device, e.g. inside the Soft-RoCE guest."""
@@ -250,7 +337,7 @@ class Rsocket(System):
         self.env["LD_PRELOAD"] = lib
 
 
-SYSTEMS = {"kernel": Kernel, "ringsock": Ringsock, "rsocket": Rsocket}
+SYSTEMS = {"kernel": Kernel, "ringsock": Ringsock, "sockmap": Sockmap, "rsocket": Rsocket}
 
 
 def check_system(name):
@@ -260,6 +347,12 @@ def check_system(name):
         if missing:
             return (f"missing {', '.join(missing)}: build with `cargo build --release --workspace` "
                     f"or point RINGSOCK_BIN at the directory holding them")
+    if name == "sockmap":
+        if os.geteuid() != 0:
+            return "sockmap needs root (BPF programs, cgroup attach)"
+        missing = [t for t in ("clang", "bpftool") if not shutil.which(t)]
+        if missing:
+            return f"sockmap needs {', '.join(missing)} (scripts/install-deps installs them)"
     if name == "rsocket":
         lib, devs = Rsocket.find()
         if not lib:

@@ -61,10 +61,20 @@ def git_rev():
         return "?"
 
 
+def ratio_pairs(systems):
+    """(numerator, base) system names of the ratio columns: every system
+    over kernel TCP, and ringsock over sockmap when both ran."""
+    names = [s.name for s in systems]
+    pairs = [(n, names[0]) for n in names[1:]]
+    if "ringsock" in names and "sockmap" in names:
+        pairs.append(("ringsock", "sockmap"))
+    return pairs
+
+
 def header(systems):
     h = HEADER_FIXED + [s.label for s in systems]
-    for s in systems[1:]:
-        h.append(f"{s.name}/{systems[0].name}")
+    for num, den in ratio_pairs(systems):
+        h.append(f"{num}/{den}")
     h.append("via ring")
     return h
 
@@ -75,14 +85,14 @@ def rows_for(res, systems):
     for key, unit, better in res["case"].metrics:
         row = [res["case"].workload, unit]
         if res.get("error"):
-            row += ["FAILED"] * (len(systems) * 2 - 1) + ["-"]
+            row += ["FAILED"] * (len(systems) + len(ratio_pairs(systems))) + ["-"]
             yield row
             continue
         for s in systems:
             st = res["stats"][s.name][key]
             row.append(f"{fmt(st['median'])} ({fmt(st['min'])}–{fmt(st['max'])})")
-        for s in systems[1:]:
-            row.append(f"{res['ratio'][s.name][key]:.2f}")
+        for pair in ratio_pairs(systems):
+            row.append(f"{res['ratio'][pair][key]:.2f}")
         if "ringsock" in res["via"]:
             v, counts = res["via"]["ringsock"]
             row.append(f"{v} ({counts})" if counts else v)
@@ -106,6 +116,7 @@ SUITE_TITLES = {
     "nginx": "wrk against nginx (1 worker, 1 wrk thread)",
     "memcached": "memcslap against memcached (2 threads)",
     "iperf3": "iperf3 streams (default 128 KiB writes)",
+    "programs": "the program matrix's programs against kernel TCP and a BPF sockmap redirect",
 }
 
 
@@ -195,7 +206,7 @@ def write_csvs(out_dir, systems, results):
                                     0, "", "", "FAILED"])
                         continue
                     st = r["stats"][s.name][key]
-                    ratio = "" if s.name == base else f"{r['ratio'][s.name][key]:.4f}"
+                    ratio = "" if s.name == base else f"{r['ratio'][(s.name, base)][key]:.4f}"
                     via, counts = r["via"].get(s.name, ("n/a", ""))
                     w.writerow([c.suite, c.workload, c.x, key, unit, better, s.name,
                                 f"{st['median']:.4f}", f"{st['min']:.4f}", f"{st['max']:.4f}",

@@ -35,8 +35,12 @@ class Case:
 
 
 class Ctx:
-    def __init__(self, procs, secs, quick):
-        self.procs, self.secs, self.quick = procs, secs, quick
+    """What every run shares: the process list, seconds per run, quick
+    mode, and `work`, a directory that lives as long as the bench (for
+    inputs built once, such as data files and database templates)."""
+
+    def __init__(self, procs, secs, quick, work):
+        self.procs, self.secs, self.quick, self.work = procs, secs, quick, work
 
 
 # ---- running clients ------------------------------------------------------
@@ -346,40 +350,58 @@ http {{
 """
 
 
+def start_nginx(ctx, system, run_dir, workers=1):
+    """nginx serving /small (128 B) and /big (1 MiB) on a free port; returns
+    the port."""
+    port = free_port()
+    d = os.path.join(run_dir, "nginx")
+    os.makedirs(os.path.join(d, "www"))
+    os.makedirs(os.path.join(d, "tmp"))
+    with open(os.path.join(d, "www", "small"), "wb") as f:
+        f.write(b"x" * 128)
+    with open(os.path.join(d, "www", "big"), "wb") as f:
+        f.write(os.urandom(1 << 20))
+    for root, dirs, files in os.walk(d):
+        for x in dirs:
+            os.chmod(os.path.join(root, x), 0o755)
+        for x in files:
+            os.chmod(os.path.join(root, x), 0o644)
+    os.chmod(d, 0o755)
+    conf = os.path.join(d, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(NGINX_CONF.format(workers=workers, d=d, port=port))
+    server(ctx, system, run_dir, ["nginx", "-c", conf, "-p", d + "/"], port, name="nginx")
+    return port
+
+
+def wrk(ctx, system, run_dir, url, conns, threads=1):
+    """Requests/s of wrk against url (an error if wrk saw any)."""
+    secs = max(1, round(ctx.secs))
+    (out,), sample = run_clients(
+        ctx, system, run_dir,
+        [["wrk", f"-t{threads}", f"-c{conns}", f"-d{secs}s", url]],
+        sample_at=secs / 2 + 0.2, timeout=secs + 30)
+    if "Socket errors" in out or "Non-2xx" in out:
+        raise BenchError("wrk reported errors:\n" + out)
+    return {"rps": grab(r"Requests/sec:\s+([\d.]+)", out, "Requests/sec")}, sample
+
+
 def nginx(fname, conns):
     def fn(ctx, system, run_dir):
-        port = free_port()
-        d = os.path.join(run_dir, "nginx")
-        os.makedirs(os.path.join(d, "www"))
-        os.makedirs(os.path.join(d, "tmp"))
-        with open(os.path.join(d, "www", "small"), "wb") as f:
-            f.write(b"x" * 128)
-        with open(os.path.join(d, "www", "big"), "wb") as f:
-            f.write(os.urandom(1 << 20))
-        for root, dirs, files in os.walk(d):
-            for x in dirs:
-                os.chmod(os.path.join(root, x), 0o755)
-            for x in files:
-                os.chmod(os.path.join(root, x), 0o644)
-        os.chmod(d, 0o755)
-        conf = os.path.join(d, "nginx.conf")
-        with open(conf, "w") as f:
-            f.write(NGINX_CONF.format(workers=1, d=d, port=port))
-        server(ctx, system, run_dir, ["nginx", "-c", conf, "-p", d + "/"], port, name="nginx")
-        secs = max(1, round(ctx.secs))
-        (out,), sample = run_clients(
-            ctx, system, run_dir,
-            [["wrk", "-t1", f"-c{conns}", f"-d{secs}s", f"http://127.0.0.1:{port}/{fname}"]],
-            sample_at=secs / 2 + 0.2, timeout=secs + 30)
-        if "Socket errors" in out or "Non-2xx" in out:
-            raise BenchError("wrk reported errors:\n" + out)
-        return {"rps": grab(r"Requests/sec:\s+([\d.]+)", out, "Requests/sec")}, sample
+        port = start_nginx(ctx, system, run_dir)
+        return wrk(ctx, system, run_dir, f"http://127.0.0.1:{port}/{fname}", conns)
     return fn
 
 
-def memcached(ctx, system, run_dir):
+def memcached(threads):
+    def fn(ctx, system, run_dir):
+        return memcached_run(ctx, system, run_dir, threads)
+    return fn
+
+
+def memcached_run(ctx, system, run_dir, threads):
     port = free_port()
-    argv = ["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-t", "2"]
+    argv = ["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-t", str(threads)]
     if os.geteuid() == 0:
         argv += ["-u", "nobody"]
     server(ctx, system, run_dir, argv, port)
@@ -404,7 +426,11 @@ def memcached(ctx, system, run_dir):
 # ---- the suites -------------------------------------------------------------------
 
 
-SUITES = ["msgsize", "conns", "procs", "shapes", "redis", "nginx", "memcached", "iperf3", "ablation"]
+SUITES = ["msgsize", "conns", "procs", "shapes", "redis", "nginx", "memcached", "iperf3", "programs",
+          "ablation"]
+# What a run without --suites runs: programs needs databases, node,
+# haproxy and (for its sockmap column) root, so it runs when named.
+DEFAULT_SUITES = [x for x in SUITES if x != "programs"]
 
 
 def build_cases(quick, nproc):
@@ -453,10 +479,12 @@ def build_cases(quick, nproc):
                            ["nginx", "wrk"], nginx("big", 4)))
     s["memcached"].append(Case("memcached", "memcslap -c 4 / memcached",
                                [("set", "SET ops/s", "higher"), ("get", "GET ops/s", "higher")],
-                               ["memcached", "memcslap"], memcached))
+                               ["memcached", "memcslap"], memcached(2)))
     for p in (1, 4):
         s["iperf3"].append(Case("iperf3", f"iperf3 -P {p}", [("tput", "Gbit/s", "higher")],
                                 ["iperf3"], iperf3_streams(p)))
+    import programs  # imports this module's pieces
+    s["programs"] = programs.cases()
     return s
 
 
