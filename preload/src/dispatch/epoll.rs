@@ -40,6 +40,13 @@
 //!   registration on the list (EPOLL_CTL_ADD/MOD, a harvest it could not
 //!   report) while another thread sleeps wakes it through a private
 //!   eventfd ("poke").
+//! * The private fd stays in the program's instance from the first ring
+//!   registration on, so every wait on a tracked instance goes through
+//!   `wait_mixed`, which removes the token. A wait that began in the
+//!   kernel before the instance held a ring is woken by a poke when the
+//!   private fd goes in, and `after_kernel` takes its token out and looks
+//!   at the ring registrations, as the kernel wakes a waiter for an fd
+//!   another thread adds.
 //! * Arms are given back on EPOLL_CTL_DEL, EPOLL_CTL_MOD, when the
 //!   registration's file turns out to be gone (every fd closed: found on
 //!   the list, on a harvest, or by a sweep that looks at one registration
@@ -205,13 +212,6 @@ impl EpollSet {
         // A panic while holding the lock aborts the process, so poisoning
         // cannot be observed; recover the guard anyway.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// True if any ring registration is present, or an entry kept
-    /// without one (its wait must sweep it, see `Inner::idle`).
-    pub fn has_rings(&self) -> bool {
-        let inner = self.lock();
-        !inner.all.is_empty() || !inner.idle.is_empty()
     }
 }
 
@@ -683,24 +683,6 @@ impl Inner {
         }
     }
 
-    /// Takes `private` out of the program's instance once no registration
-    /// is left: the program's own epoll_wait then goes straight to the
-    /// kernel and must never see our token.
-    fn detach_if_empty(&mut self, epfd: c_int) {
-        if self.all.is_empty() && self.in_program {
-            // SAFETY: removing our own fd from the program's instance.
-            unsafe {
-                real::epoll_ctl(
-                    epfd,
-                    libc::EPOLL_CTL_DEL,
-                    self.private,
-                    std::ptr::null_mut(),
-                )
-            };
-            self.in_program = false;
-        }
-    }
-
     /// What to spin on: every enabled registration of a small set, or at
     /// most `SPIN_MAX` listed ones of a large set.
     fn spin_candidates(&self) -> Vec<Candidate> {
@@ -867,9 +849,6 @@ pub unsafe fn ctl_ring(
         },
         _ => fail(libc::EINVAL),
     };
-    let e = sys::errno();
-    inner.detach_if_empty(epfd);
-    sys::set_errno(e);
     ret
 }
 
@@ -917,6 +896,10 @@ fn ensure_private(epfd: c_int, inner: &mut Inner) -> Result<(), c_int> {
             return Err(sys::errno());
         }
         inner.in_program = true;
+        // A thread may be asleep in this instance through the kernel alone
+        // (its wait began before the instance held a ring): wake it, so
+        // that its hook looks at the new registration (`after_kernel`).
+        eventfd_write(inner.poke);
     }
     Ok(())
 }
@@ -973,7 +956,6 @@ pub unsafe fn wait_mixed(
             let inner = &mut *locked;
             inner.check_fork();
             inner.sweep(1);
-            inner.detach_if_empty(epfd);
             let keep = match may_spin {
                 false => 0,
                 true if inner.all.len() <= SPIN_MAX => usize::MAX,
@@ -1068,6 +1050,49 @@ pub unsafe fn wait_mixed(
             }
         }
     }
+}
+
+/// The rest of a wait on `epfd` that went to the kernel alone because the
+/// instance held no ring when it began, and returned `r` events: another
+/// thread added a ring meanwhile (its set is `set`). Removes the token's
+/// event; if it was there, reports what the ring registrations have, or
+/// waits on for them until `deadline`.
+///
+/// # Safety
+/// `events` is valid for `maxevents` entries and holds `r` events, as
+/// epoll_wait left it.
+pub unsafe fn after_kernel(
+    epfd: c_int,
+    set: &EpollSet,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    r: c_int,
+    deadline: Option<u64>,
+    sigmask: Option<*const libc::sigset_t>,
+) -> c_int {
+    if events.is_null() || r <= 0 || maxevents < r {
+        return r;
+    }
+    let n = {
+        let _g = guard::enter();
+        // SAFETY: valid for maxevents entries per the caller.
+        let out = unsafe { std::slice::from_raw_parts_mut(events, maxevents as usize) };
+        let mut locked = set.lock();
+        let inner = &mut *locked;
+        let (k, saw) = strip_token(out, r as usize, inner.token);
+        if !saw {
+            return r;
+        }
+        inner.check_fork();
+        inner.harvest();
+        let todo = inner.ready.len();
+        inner.walk(out, k, todo, 0)
+    };
+    if n > 0 {
+        return n as c_int;
+    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { wait_mixed(epfd, set, events, maxevents, deadline, sigmask) }
 }
 
 /// Adds the kernel side (without sleeping) to `n` ring events in `out`,

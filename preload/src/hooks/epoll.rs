@@ -2,25 +2,65 @@
 //! epoll_pwait, epoll_pwait2.
 //!
 //! An epoll instance becomes tracked (kind `Epoll`) only when a ring fd is
-//! added to it; until then, and always while no ring exists in the process,
-//! every call is one relaxed load plus libc.
+//! added to it; until then every call is one relaxed load plus libc (and a
+//! wait that returned events, one more load).
 
 use libc::{c_int, epoll_event, sigset_t, timespec};
 
 use super::define::hooks;
-use crate::dispatch::epoll::{ctl_ring, instance, set_of, set_or_init, wait_mixed};
+use crate::dispatch::epoll::{after_kernel, ctl_ring, instance, set_of, set_or_init, wait_mixed};
 use crate::dispatch::wait::deadline_after;
 use crate::fdtable::{self, FdRef, Kind};
 use crate::interpose::guard;
-use crate::sys;
+use crate::{process, sys};
 
-/// The tracked state of epoll fd `epfd` if it holds ring registrations.
+/// The tracked state of epoll fd `epfd` if it ever held a ring
+/// registration (its private fd is then in the instance, and every wait
+/// must go through `wait_mixed` to take its token out).
 fn ring_epoll(epfd: c_int) -> Option<FdRef> {
-    if fdtable::rings_alive() == 0 || !fdtable::is_tracked(epfd) || guard::active() {
+    if !fdtable::is_tracked(epfd) || guard::active() {
         return None;
     }
-    fdtable::get(epfd)
-        .filter(|st| st.kind() == Some(Kind::Epoll) && set_of(st).is_some_and(|s| s.has_rings()))
+    fdtable::get(epfd).filter(|st| st.kind() == Some(Kind::Epoll) && set_of(st).is_some())
+}
+
+/// An epoll wait: `wait_mixed` for an instance with rings, else the kernel
+/// (`next`), then `after_kernel` in case another thread added the
+/// instance's first ring meanwhile. `deadline` is asked for only where a
+/// ring is involved; after a kernel wait it counts from its return (a
+/// wait may last longer than asked, never shorter).
+fn wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    deadline: impl Fn() -> Option<u64>,
+    mask: *const sigset_t,
+    next: impl FnOnce() -> c_int,
+) -> c_int {
+    let m = (!mask.is_null()).then_some(mask);
+    if let Some(st) = ring_epoll(epfd) {
+        if let Some(set) = set_of(&st) {
+            // SAFETY: caller's events contract.
+            return unsafe { wait_mixed(epfd, set, events, maxevents, deadline(), m) };
+        }
+    }
+    let r = next();
+    if r <= 0 {
+        return r;
+    }
+    let saved = sys::errno();
+    let r = match ring_epoll(epfd) {
+        Some(st) => match set_of(&st) {
+            // SAFETY: caller's events contract; the kernel wrote r events.
+            Some(set) => unsafe { after_kernel(epfd, set, events, maxevents, r, deadline(), m) },
+            None => r,
+        },
+        None => r,
+    };
+    if r >= 0 {
+        sys::set_errno(saved);
+    }
+    r
 }
 
 /// Records an epoll registration of a pre-connect socket, so that a ring
@@ -40,6 +80,18 @@ fn note_pre_connect(epfd: c_int, op: c_int, fd: c_int, event: *const epoll_event
     st.note_pre_epoll(op, epfd, events, data);
 }
 
+/// `fd`, a new epoll instance: whatever the table still says about its
+/// number was closed where the shim did not see it, and must not stand for
+/// the new instance (its ring registrations would never be reported).
+fn fresh(fd: c_int) -> c_int {
+    if fd >= 0 && fdtable::is_tracked(fd) && process::owns_memory() {
+        let saved = sys::errno();
+        fdtable::forget_stale(fd);
+        sys::set_errno(saved);
+    }
+    fd
+}
+
 fn ms_to_deadline(ms: c_int) -> Option<u64> {
     if ms < 0 {
         None
@@ -49,17 +101,17 @@ fn ms_to_deadline(ms: c_int) -> Option<u64> {
 }
 
 hooks! {
-    /// Pass-through.
+    /// A new instance (see `fresh`).
     fn epoll_create(size: c_int) -> c_int;
         fallback(crate::sys::sys_call!(libc::SYS_epoll_create1, if size > 0 { 0 } else { -1 }) as c_int)
     |next| {
-        next()
+        fresh(next())
     }
 
-    /// Pass-through.
+    /// A new instance (see `fresh`).
     fn epoll_create1(flags: c_int) -> c_int;
     |next| {
-        next()
+        fresh(next())
     }
 
     /// Ring fds are registered with the instance's `EpollSet`; everything
@@ -95,51 +147,37 @@ hooks! {
     /// epoll_wait(2).
     fn epoll_wait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int) -> c_int;
     |next| {
-        if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = set_of(&st) {
-                // SAFETY: caller's events contract.
-                return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), None) };
-            }
-        }
-        next()
+        wait(epfd, events, maxevents, || ms_to_deadline(timeout), std::ptr::null(), next)
     }
 
     /// epoll_pwait(2).
     fn epoll_pwait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
     |next| {
-        if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = set_of(&st) {
-                let m = (!mask.is_null()).then_some(mask);
-                // SAFETY: caller's events contract.
-                return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), m) };
-            }
-        }
-        next()
+        wait(epfd, events, maxevents, || ms_to_deadline(timeout), mask, next)
     }
 
     /// epoll_pwait2(2): a timespec timeout.
     fn epoll_pwait2(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: *const timespec, mask: *const sigset_t) -> c_int;
         fallback(crate::sys::sys_call!(libc::SYS_epoll_pwait2, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
     |next| {
-        if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = set_of(&st) {
-                let deadline = if timeout.is_null() {
-                    None
-                } else {
-                    // SAFETY: non-null caller timespec.
-                    let t = unsafe { *timeout };
-                    if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
-                        sys::set_errno(libc::EINVAL);
-                        return -1;
-                    }
-                    let ns = t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64;
-                    Some(deadline_after(ns).unwrap_or_else(sys::monotonic_ns))
-                };
-                let m = (!mask.is_null()).then_some(mask);
-                // SAFETY: caller's events contract.
-                return unsafe { wait_mixed(epfd, set, events, maxevents, deadline, m) };
+        if !timeout.is_null() && ring_epoll(epfd).is_some() {
+            // SAFETY: non-null caller timespec.
+            let t = unsafe { *timeout };
+            if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
+                sys::set_errno(libc::EINVAL);
+                return -1;
             }
         }
-        next()
+        let deadline = || {
+            if timeout.is_null() {
+                return None;
+            }
+            // SAFETY: non-null caller timespec, checked valid above or by
+            // the kernel.
+            let t = unsafe { *timeout };
+            let ns = t.tv_sec.max(0) as u64 * 1_000_000_000 + t.tv_nsec.clamp(0, 999_999_999) as u64;
+            Some(deadline_after(ns).unwrap_or_else(sys::monotonic_ns))
+        };
+        wait(epfd, events, maxevents, deadline, mask, next)
     }
 }
