@@ -250,15 +250,6 @@ pub fn untrack(fd: i32) {
     }
 }
 
-/// Stops tracking `fd`, whose number the kernel just handed out again: it
-/// was closed behind our back (as `track_new` finds a stale slot).
-pub fn forget_stale(fd: i32) {
-    if let Some(s) = slot(fd) {
-        let old = s.swap(ptr::null_mut(), Ordering::AcqRel);
-        drop_stale(old, fd);
-    }
-}
-
 /// Untracks every fd in `lo..=hi` (close_range, closefrom).
 pub fn untrack_range(lo: u32, hi: u32) {
     let cap = capacity();

@@ -1,9 +1,11 @@
 //! epoll hooks: epoll_create, epoll_create1, epoll_ctl, epoll_wait,
 //! epoll_pwait, epoll_pwait2.
 //!
-//! An epoll instance becomes tracked (kind `Epoll`) only when a ring fd is
-//! added to it; until then every call is one relaxed load plus libc (and a
-//! wait that returned events, one more load).
+//! An epoll instance is tracked (kind `Epoll`) from its creation, so that
+//! its duplicates share its state; one the shim did not see made (before
+//! the shim loaded, or across exec) is tracked when a ring fd is added to
+//! it. Its ring registrations (`EpollSet`) are made at the first ring;
+//! until then a wait costs a table look-up plus libc.
 
 use libc::{c_int, epoll_event, sigset_t, timespec};
 
@@ -12,23 +14,23 @@ use crate::dispatch::epoll::{after_kernel, ctl_ring, instance, set_of, set_or_in
 use crate::dispatch::wait::deadline_after;
 use crate::fdtable::{self, FdRef, Kind};
 use crate::interpose::guard;
-use crate::{process, sys};
+use crate::{lifecycle, sys};
 
-/// The tracked state of epoll fd `epfd` if it ever held a ring
-/// registration (its private fd is then in the instance, and every wait
-/// must go through `wait_mixed` to take its token out).
-fn ring_epoll(epfd: c_int) -> Option<FdRef> {
+/// The tracked state of epoll fd `epfd`, if any.
+fn tracked_epoll(epfd: c_int) -> Option<FdRef> {
     if !fdtable::is_tracked(epfd) || guard::active() {
         return None;
     }
-    fdtable::get(epfd).filter(|st| st.kind() == Some(Kind::Epoll) && set_of(st).is_some())
+    fdtable::get(epfd).filter(|st| st.kind() == Some(Kind::Epoll))
 }
 
-/// An epoll wait: `wait_mixed` for an instance with rings, else the kernel
-/// (`next`), then `after_kernel` in case another thread added the
-/// instance's first ring meanwhile. `deadline` is asked for only where a
-/// ring is involved; after a kernel wait it counts from its return (a
-/// wait may last longer than asked, never shorter).
+/// An epoll wait. An instance that ever held a ring registration has its
+/// private fd in it, so the wait goes through `wait_mixed`, which takes
+/// the token out. Any other goes to the kernel (`next`), then through
+/// `after_kernel` if another thread added the instance's first ring
+/// meanwhile. `deadline` is asked for only where a ring is involved; after
+/// a kernel wait it counts from its return (a wait may last longer than
+/// asked, never shorter).
 fn wait(
     epfd: c_int,
     events: *mut epoll_event,
@@ -38,25 +40,24 @@ fn wait(
     next: impl FnOnce() -> c_int,
 ) -> c_int {
     let m = (!mask.is_null()).then_some(mask);
-    if let Some(st) = ring_epoll(epfd) {
-        if let Some(set) = set_of(&st) {
-            // SAFETY: caller's events contract.
-            return unsafe { wait_mixed(epfd, set, events, maxevents, deadline(), m) };
-        }
+    let st = tracked_epoll(epfd);
+    if let Some(set) = st.as_deref().and_then(set_of) {
+        // SAFETY: caller's events contract.
+        return unsafe { wait_mixed(epfd, set, events, maxevents, deadline(), m) };
     }
     let r = next();
     if r <= 0 {
         return r;
     }
-    let saved = sys::errno();
-    let r = match ring_epoll(epfd) {
-        Some(st) => match set_of(&st) {
-            // SAFETY: caller's events contract; the kernel wrote r events.
-            Some(set) => unsafe { after_kernel(epfd, set, events, maxevents, r, deadline(), m) },
-            None => r,
-        },
-        None => r,
+    let Some(st) = st.or_else(|| tracked_epoll(epfd)) else {
+        return r;
     };
+    let Some(set) = set_of(&st) else {
+        return r;
+    };
+    let saved = sys::errno();
+    // SAFETY: caller's events contract; the kernel wrote r events.
+    let r = unsafe { after_kernel(epfd, set, events, maxevents, r, deadline(), m) };
     if r >= 0 {
         sys::set_errno(saved);
     }
@@ -80,13 +81,11 @@ fn note_pre_connect(epfd: c_int, op: c_int, fd: c_int, event: *const epoll_event
     st.note_pre_epoll(op, epfd, events, data);
 }
 
-/// `fd`, a new epoll instance: whatever the table still says about its
-/// number was closed where the shim did not see it, and must not stand for
-/// the new instance (its ring registrations would never be reported).
-fn fresh(fd: c_int) -> c_int {
-    if fd >= 0 && fdtable::is_tracked(fd) && process::owns_memory() {
+/// `fd`, a new epoll instance, as `lifecycle::on_new_epoll` tracks it.
+fn created(fd: c_int) -> c_int {
+    if fd >= 0 {
         let saved = sys::errno();
-        fdtable::forget_stale(fd);
+        lifecycle::on_new_epoll(fd);
         sys::set_errno(saved);
     }
     fd
@@ -101,17 +100,17 @@ fn ms_to_deadline(ms: c_int) -> Option<u64> {
 }
 
 hooks! {
-    /// A new instance (see `fresh`).
+    /// A new instance, tracked (`created`).
     fn epoll_create(size: c_int) -> c_int;
         fallback(crate::sys::sys_call!(libc::SYS_epoll_create1, if size > 0 { 0 } else { -1 }) as c_int)
     |next| {
-        fresh(next())
+        created(next())
     }
 
-    /// A new instance (see `fresh`).
+    /// A new instance, tracked (`created`).
     fn epoll_create1(flags: c_int) -> c_int;
     |next| {
-        fresh(next())
+        created(next())
     }
 
     /// Ring fds are registered with the instance's `EpollSet`; everything
@@ -160,7 +159,7 @@ hooks! {
     fn epoll_pwait2(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: *const timespec, mask: *const sigset_t) -> c_int;
         fallback(crate::sys::sys_call!(libc::SYS_epoll_pwait2, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
     |next| {
-        if !timeout.is_null() && ring_epoll(epfd).is_some() {
+        if !timeout.is_null() && tracked_epoll(epfd).as_deref().and_then(set_of).is_some() {
             // SAFETY: non-null caller timespec.
             let t = unsafe { *timeout };
             if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {

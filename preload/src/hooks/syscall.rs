@@ -58,7 +58,7 @@ unsafe fn routed(n: c_long, a: [c_long; 6]) -> Option<c_long> {
     let tracked = |fd: c_int| fdtable::is_tracked(fd);
     let concerns_us = match n {
         // Waits: an instance may get its first ring while the call sleeps
-        // (hooks/epoll.rs, `wait`); a new instance forgets a stale slot.
+        // (hooks/epoll.rs, `wait`); a new instance is tracked.
         libc::SYS_close
         | libc::SYS_close_range
         | libc::SYS_epoll_pwait

@@ -10,7 +10,8 @@
 //! The server listens on 127.0.0.1:0 and prints `listening PORT`. Its N
 //! worker threads each wait (no timeout) on an epoll set of their own,
 //! made each its own way: epoll_create, epoll_create1, syscall(2),
-//! dup(2) of a set, F_DUPFD of a set (the original closed). With
+//! dup(2) of a set (registrations through one number, waits through the
+//! other), F_DUPFD of a set (the original closed). With
 //! `--fork` the sets are made before a fork and used in the child. With
 //! `--nest` the last worker waits on an outer set holding its own set,
 //! then takes the events from its set without waiting.
@@ -143,7 +144,10 @@ struct ConnState {
 }
 
 struct Server {
+    /// Each worker's set, as registrations name it.
     sets: Vec<RawFd>,
+    /// Each worker's set, as it waits on it.
+    wait_on: Vec<RawFd>,
     conns: Mutex<Vec<Arc<Conn>>>,
     events: Events,
     frames: AtomicU64,
@@ -178,32 +182,34 @@ fn add_or_mod(set: RawFd, fd: RawFd, events: u32, data: u64) {
     }
 }
 
-/// The epoll set of worker `i`, made in one of five ways.
-fn make_set(i: usize) -> RawFd {
+/// The epoll set of worker `i`, made in one of five ways: the fd that
+/// registrations go through, and the fd its worker waits on (a duplicate
+/// of the first for the fourth way: one instance under two numbers).
+fn make_set(i: usize) -> (RawFd, RawFd) {
     // SAFETY: plain fd-creating calls on descriptors this function owns.
-    let fd = unsafe {
+    let fds = unsafe {
         match i % 5 {
-            0 => libc::epoll_create(64),
-            1 => libc::epoll_create1(libc::EPOLL_CLOEXEC),
-            2 => libc::syscall(libc::SYS_epoll_create1, 0) as c_int,
+            0 => (libc::epoll_create(64), -1),
+            1 => (libc::epoll_create1(libc::EPOLL_CLOEXEC), -1),
+            2 => (libc::syscall(libc::SYS_epoll_create1, 0) as c_int, -1),
             3 => {
                 let a = libc::epoll_create1(0);
-                let b = libc::dup(a);
-                libc::close(a);
-                b
+                (a, libc::dup(a))
             }
             _ => {
                 let a = libc::epoll_create1(0);
                 let b = libc::fcntl(a, libc::F_DUPFD_CLOEXEC, 100);
                 libc::close(a);
-                b
+                (b, -1)
             }
         }
     };
-    if fd < 0 {
-        fail(format!("making epoll set {i}: errno {}", errno()));
+    match fds {
+        (a, _) if a < 0 => fail(format!("making epoll set {i}: errno {}", errno())),
+        (a, -1) => (a, a),
+        (_, b) if b < 0 => fail(format!("duplicating epoll set {i}: errno {}", errno())),
+        pair => pair,
     }
-    fd
 }
 
 fn server(args: &[String]) {
@@ -220,7 +226,7 @@ fn server(args: &[String]) {
     if threads < 2 {
         fail("--threads must be at least 2".into());
     }
-    let sets: Vec<RawFd> = (0..threads).map(make_set).collect();
+    let (sets, wait_on): (Vec<RawFd>, Vec<RawFd>) = (0..threads).map(make_set).unzip();
     if fork {
         // SAFETY: no other thread runs yet.
         match unsafe { libc::fork() } {
@@ -250,6 +256,7 @@ fn server(args: &[String]) {
     }
     let srv = Arc::new(Server {
         sets,
+        wait_on,
         conns: Mutex::new(Vec::new()),
         events,
         frames: AtomicU64::new(0),
@@ -412,8 +419,7 @@ impl Waiter {
 }
 
 fn worker(srv: &Server, me: usize, nested: bool) {
-    let set = srv.sets[me];
-    let waiter = Waiter::new(set, nested);
+    let waiter = Waiter::new(srv.wait_on[me], nested);
     let mut evs = vec![libc::epoll_event { events: 0, u64: 0 }; 16];
     loop {
         let n = waiter.wait(&mut evs);
