@@ -66,3 +66,11 @@ fn mixed_registrations_in_five_kinds_of_sets() {
 fn sets_made_before_fork_serve_in_the_child() {
     hand_over(&["--threads", "3", "--events", "mixed", "--fork"]);
 }
+
+#[test]
+fn a_set_inside_another_set_reports_through_it() {
+    // The last worker sleeps on an outer set holding its own set: the
+    // kernel must see its set readable while a ring registration in it
+    // has something to report.
+    hand_over(&["--threads", "3", "--events", "mixed", "--nest"]);
+}

@@ -54,6 +54,13 @@
 //!   parent's arms (they are the parent's to give back) and looks at all
 //!   its registrations once.
 //!
+//! * Nesting: an instance added to another epoll instance is *watched*:
+//!   the kernel sees it readable only through the private fd, so after
+//!   every call a watched set arms its listed
+//!   registrations that have nothing to report and, if some have, leaves
+//!   the poke readable until its next wait (`Inner::expose`); it holds its
+//!   arms across calls whatever its size.
+//!
 //! Kernel events are merged in the same call. EPOLLERR/EPOLLHUP are always
 //! reported.
 //!
@@ -62,6 +69,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use libc::{c_int, epoll_event};
@@ -90,6 +98,8 @@ const POKE_KEY: u64 = 0;
 /// Ring registrations of one epoll instance.
 pub struct EpollSet {
     inner: Mutex<Inner>,
+    /// The instance is itself in another epoll instance (`watch`).
+    watched: AtomicBool,
 }
 
 struct Inner {
@@ -120,6 +130,8 @@ struct Inner {
     sleepers: u32,
     /// The process whose arms the registrations hold.
     pid: libc::pid_t,
+    /// `EpollSet::watch` was called.
+    watched: bool,
 }
 
 /// One connection's registrations and the wait fds it has in `private`.
@@ -190,6 +202,7 @@ const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
 impl EpollSet {
     pub fn new() -> Self {
         EpollSet {
+            watched: AtomicBool::new(false),
             inner: Mutex::new(Inner {
                 private: -1,
                 poke: -1,
@@ -204,6 +217,7 @@ impl EpollSet {
                 sweep: 0,
                 sleepers: 0,
                 pid: 0,
+                watched: false,
             }),
         }
     }
@@ -212,6 +226,17 @@ impl EpollSet {
         // A panic while holding the lock aborts the process, so poisoning
         // cannot be observed; recover the guard anyway.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The instance was added to another epoll instance, which sees it
+    /// readable only through the kernel: from now on the set keeps it
+    /// readable while a ring registration has something to report
+    /// (`Inner::expose`).
+    pub fn watch(&self) {
+        self.watched.store(true, Ordering::Release);
+        let mut inner = self.lock();
+        inner.watched = true;
+        inner.expose();
     }
 }
 
@@ -676,6 +701,42 @@ impl Inner {
         self.ready.len() - before
     }
 
+    /// For a watched set: the program's instance must read readable (to
+    /// the instance watching it) while a registration has something to
+    /// report, and a registration with nothing must be armed, so that its
+    /// doorbell makes the instance readable. Looks at the listed
+    /// registrations: arms those with nothing to report, keeps the others
+    /// listed with what they saw unchanged (still to be reported), and if
+    /// there are any, leaves the poke eventfd readable until a wait reads
+    /// the private set.
+    fn expose(&mut self) {
+        if !self.watched || self.poke < 0 {
+            return;
+        }
+        let mut pending = false;
+        for _ in 0..self.ready.len() {
+            let Some(id) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(r) = self.regs.get_mut(&id) else {
+                continue;
+            };
+            let seen = (r.last, r.last_seq);
+            match examine(r, self.conns.get_mut(&r.key), self.private, true) {
+                Step::Report(_) => {
+                    (r.last, r.last_seq) = seen;
+                    pending = true;
+                    self.ready.push_back(id);
+                }
+                Step::Keep => self.ready.push_back(id),
+                Step::Leave => r.listed = false,
+            }
+        }
+        if pending {
+            eventfd_write(self.poke);
+        }
+    }
+
     /// Wakes the threads sleeping on this set, if any, to look at the list.
     fn poke_sleepers(&self) {
         if self.sleepers > 0 && self.poke >= 0 {
@@ -849,6 +910,9 @@ pub unsafe fn ctl_ring(
         },
         _ => fail(libc::EINVAL),
     };
+    let e = sys::errno();
+    inner.expose();
+    sys::set_errno(e);
     ret
 }
 
@@ -926,6 +990,29 @@ fn strip_token(evs: &mut [epoll_event], n: usize, token: u64) -> (usize, bool) {
 /// # Safety
 /// `events` is valid for `maxevents` entries, as for epoll_wait.
 pub unsafe fn wait_mixed(
+    epfd: c_int,
+    set: &EpollSet,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    deadline: Option<u64>,
+    sigmask: Option<*const libc::sigset_t>,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    let r = unsafe { wait_ring(epfd, set, events, maxevents, deadline, sigmask) };
+    if set.watched.load(Ordering::Acquire) {
+        let e = sys::errno();
+        let _g = guard::enter();
+        set.lock().expose();
+        sys::set_errno(e);
+    }
+    r
+}
+
+/// `wait_mixed` before a watched set is exposed.
+///
+/// # Safety
+/// As `wait_mixed`.
+unsafe fn wait_ring(
     epfd: c_int,
     set: &EpollSet,
     events: *mut epoll_event,
@@ -1014,12 +1101,13 @@ pub unsafe fn wait_mixed(
         let mut locked = set.lock();
         let inner = &mut *locked;
         inner.sleepers -= 1;
-        if inner.sleepers == 0 && inner.all.len() <= HOLD_MIN {
+        if inner.sleepers == 0 && inner.all.len() <= HOLD_MIN && !inner.watched {
             // A small set holds its arms only while it sleeps: once awake,
             // they go back (and the registrations on the list), so a busy
             // connection never makes its peer ring a doorbell for a waiter
             // that is not sleeping. Bounded by HOLD_MIN; larger sets keep
-            // their idle connections armed across calls.
+            // their idle connections armed across calls, and so do watched
+            // sets (their doorbells make the instance readable).
             for id in inner.all.clone() {
                 inner.promote(id);
             }
@@ -1086,7 +1174,9 @@ pub unsafe fn after_kernel(
         inner.check_fork();
         inner.harvest();
         let todo = inner.ready.len();
-        inner.walk(out, k, todo, 0)
+        let n = inner.walk(out, k, todo, 0);
+        inner.expose();
+        n
     };
     if n > 0 {
         return n as c_int;

@@ -64,6 +64,18 @@ fn wait(
     r
 }
 
+/// `fd` went into another epoll instance: if it is an epoll instance, its
+/// ring registrations must make it readable there (`EpollSet::watch`).
+fn watched(fd: c_int) {
+    if guard::active() {
+        return;
+    }
+    if let Some(st) = fdtable::get(fd).filter(|st| st.kind() == Some(Kind::Epoll)) {
+        let _g = guard::enter();
+        set_or_init(&st).watch();
+    }
+}
+
 /// Records an epoll registration of a pre-connect socket, so that a ring
 /// attached by connect() can take it over (dispatch/epoll.rs, `migrate`).
 fn note_pre_connect(epfd: c_int, op: c_int, fd: c_int, event: *const epoll_event) {
@@ -137,8 +149,15 @@ hooks! {
             }
         }
         let r = next();
-        if r == 0 && crate::attached::attacher().is_some() && fdtable::is_tracked(fd) {
-            note_pre_connect(epfd, op, fd, event);
+        if r == 0 && fdtable::is_tracked(fd) {
+            let saved = sys::errno();
+            if op == libc::EPOLL_CTL_ADD {
+                watched(fd);
+            }
+            if crate::attached::attacher().is_some() {
+                note_pre_connect(epfd, op, fd, event);
+            }
+            sys::set_errno(saved);
         }
         r
     }

@@ -361,9 +361,22 @@ fn watch(srv: &Server) {
                     }
                 }
             }
+            for (i, fd) in srv.wait_on.iter().enumerate() {
+                msg += &format!(" set {i} (fd {fd}) watches fds {:?};", watched_fds(*fd));
+            }
             stall(msg);
         }
     }
+}
+
+/// The fds epoll instance `fd` watches, as the kernel lists them.
+fn watched_fds(fd: RawFd) -> Vec<String> {
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("tfd:"))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
 }
 
 /// Waits for events of worker `i`'s set: directly, or (`nested`) on an
