@@ -43,10 +43,11 @@
 //! * The private fd stays in the program's instance from the first ring
 //!   registration on, so every wait on a tracked instance goes through
 //!   `wait_mixed`, which removes the token. A wait that began in the
-//!   kernel before the instance held a ring is woken by a poke when the
-//!   private fd goes in, and `after_kernel` takes its token out and looks
-//!   at the ring registrations, as the kernel wakes a waiter for an fd
-//!   another thread adds.
+//!   kernel before the instance held a ring is counted
+//!   (`FdState::kernel_wait_begin`), woken by a poke when the private fd
+//!   goes in, and `after_kernel` takes its token out and looks at the ring
+//!   registrations, as the kernel wakes a waiter for an fd another thread
+//!   adds.
 //! * Arms are given back on EPOLL_CTL_DEL, EPOLL_CTL_MOD, when the
 //!   registration's file turns out to be gone (every fd closed: found on
 //!   the list, on a harvest, or by a sweep that looks at one registration
@@ -261,6 +262,11 @@ pub fn set_or_init(st: &FdState) -> &EpollSet {
 /// The ring registrations of epoll instance `st`, if any were ever made.
 pub fn set_of(st: &FdState) -> Option<&EpollSet> {
     st.epoll_slot().map(downcast)
+}
+
+/// The ring registrations an epoll slot holds.
+pub fn set_in(slot: &EpollSlot) -> &EpollSet {
+    downcast(slot)
 }
 
 fn downcast(slot: &EpollSlot) -> &EpollSet {
@@ -809,6 +815,7 @@ impl Seen {
 /// `ev` is null or valid, as for epoll_ctl.
 pub unsafe fn ctl_ring(
     epfd: c_int,
+    instance: &FdState,
     set: &EpollSet,
     op: c_int,
     fd: c_int,
@@ -837,7 +844,7 @@ pub unsafe fn ctl_ring(
             if ev.is_null() {
                 break 'add fail(libc::EFAULT);
             }
-            if let Err(e) = ensure_private(epfd, inner) {
+            if let Err(e) = ensure_private(epfd, instance, inner) {
                 break 'add fail(e);
             }
             let Some(conn) = st.conn() else {
@@ -917,8 +924,8 @@ pub unsafe fn ctl_ring(
 }
 
 /// Creates the private set and its poke eventfd if needed, and makes sure
-/// the private set sits in the program's instance.
-fn ensure_private(epfd: c_int, inner: &mut Inner) -> Result<(), c_int> {
+/// the private set sits in the program's instance (`instance`).
+fn ensure_private(epfd: c_int, instance: &FdState, inner: &mut Inner) -> Result<(), c_int> {
     if inner.private < 0 {
         // SAFETY: plain syscall wrapper of libc, not ours.
         let p = unsafe { real::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -960,10 +967,12 @@ fn ensure_private(epfd: c_int, inner: &mut Inner) -> Result<(), c_int> {
             return Err(sys::errno());
         }
         inner.in_program = true;
-        // A thread may be asleep in this instance through the kernel alone
-        // (its wait began before the instance held a ring): wake it, so
-        // that its hook looks at the new registration (`after_kernel`).
-        eventfd_write(inner.poke);
+        // A thread asleep in this instance through the kernel alone (its
+        // wait began before the instance held a ring) is woken, so that
+        // its hook looks at the new registration (`after_kernel`).
+        if instance.kernel_waiters() > 0 {
+            eventfd_write(inner.poke);
+        }
     }
     Ok(())
 }
@@ -1275,6 +1284,7 @@ pub fn migrate(fd: c_int, st: &FdRef) {
         if unsafe {
             ctl_ring(
                 pre.epfd,
+                &ep,
                 set_or_init(&ep),
                 libc::EPOLL_CTL_ADD,
                 fd,

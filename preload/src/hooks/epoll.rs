@@ -10,7 +10,9 @@
 use libc::{c_int, epoll_event, sigset_t, timespec};
 
 use super::define::hooks;
-use crate::dispatch::epoll::{after_kernel, ctl_ring, instance, set_of, set_or_init, wait_mixed};
+use crate::dispatch::epoll::{
+    after_kernel, ctl_ring, instance, set_in, set_of, set_or_init, wait_mixed,
+};
 use crate::dispatch::wait::deadline_after;
 use crate::fdtable::{self, FdRef, Kind};
 use crate::interpose::guard;
@@ -26,9 +28,10 @@ fn tracked_epoll(epfd: c_int) -> Option<FdRef> {
 
 /// An epoll wait. An instance that ever held a ring registration has its
 /// private fd in it, so the wait goes through `wait_mixed`, which takes
-/// the token out. Any other goes to the kernel (`next`), then through
-/// `after_kernel` if another thread added the instance's first ring
-/// meanwhile. `deadline` is asked for only where a ring is involved; after
+/// the token out. Any other goes to the kernel (`next`), counted as a
+/// kernel waiter (the first ring added meanwhile pokes it awake), then
+/// through `after_kernel` if another thread added the instance's first
+/// ring meanwhile. `deadline` is asked for only where a ring is involved; after
 /// a kernel wait it counts from its return (a wait may last longer than
 /// asked, never shorter).
 fn wait(
@@ -41,11 +44,27 @@ fn wait(
 ) -> c_int {
     let m = (!mask.is_null()).then_some(mask);
     let st = tracked_epoll(epfd);
-    if let Some(set) = st.as_deref().and_then(set_of) {
+    let waited = match st.as_deref() {
+        Some(ep) => match set_of(ep) {
+            Some(set) => Err(set),
+            None => {
+                let made = ep.kernel_wait_begin();
+                let r = match made {
+                    // Made meanwhile (a slot stays once made).
+                    Some(slot) => Err(set_in(slot)),
+                    None => Ok(next()),
+                };
+                ep.kernel_wait_end();
+                r
+            }
+        },
+        None => Ok(next()),
+    };
+    let r = match waited {
+        Ok(r) => r,
         // SAFETY: caller's events contract.
-        return unsafe { wait_mixed(epfd, set, events, maxevents, deadline(), m) };
-    }
-    let r = next();
+        Err(set) => return unsafe { wait_mixed(epfd, set, events, maxevents, deadline(), m) },
+    };
     if r <= 0 {
         return r;
     }
@@ -139,7 +158,7 @@ hooks! {
                     Some(ep) => {
                         let set = set_or_init(&ep);
                         // SAFETY: caller's event contract.
-                        return unsafe { ctl_ring(epfd, set, op, fd, st, event) };
+                        return unsafe { ctl_ring(epfd, &ep, set, op, fd, st, event) };
                     }
                     None => {
                         // Not an epoll fd we can track: let the kernel say
