@@ -41,6 +41,16 @@ pub fn on_new_socket(fd: c_int, domain: c_int, ty: c_int) {
     }
 }
 
+/// epoll_create/epoll_create1 returned `fd`. Tracked from the start, so
+/// that its duplicates share one state (a ring added through one number is
+/// reported through every other, as they are one instance), and a slot
+/// left at the number by an fd closed behind our back goes.
+pub fn on_new_epoll(fd: c_int) {
+    if fd >= 0 && may_track() && fdtable::track_new(fd, Kind::Epoll, 0, false).is_none() {
+        log::debug!("epoll fd {fd} not tracked (beyond table capacity)");
+    }
+}
+
 fn excluded_reason(e: Excluded) -> TcpReason {
     match e {
         Excluded::Port => TcpReason::ExcludedPort,

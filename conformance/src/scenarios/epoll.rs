@@ -1,8 +1,9 @@
 //! epoll: level-triggered, edge-triggered (a new arrival reports again),
 //! EPOLLONESHOT (silent until EPOLL_CTL_MOD), EPOLLRDHUP, EPOLLOUT,
 //! errors and hang-ups after a reset, a wait that blocks until the peer
-//! sends, registrations that outlive a dup'd fd's close, two sets, and
-//! epoll_ctl's errors.
+//! sends, registrations that outlive a dup'd fd's close, two sets,
+//! epoll_ctl's errors, an ADD that wakes another thread's wait, a set used
+//! through its dup, and a set inside another set.
 
 use std::os::fd::RawFd;
 
@@ -72,6 +73,21 @@ pub fn list() -> Vec<Scenario> {
             "epoll_mod_to_out",
             "EPOLL_CTL_MOD from EPOLLIN to EPOLLOUT and back changes what is reported",
             mod_to_out,
+        ),
+        sc(
+            "epoll_add_wakes_a_waiter",
+            "a thread asleep on an empty set wakes when another thread adds a ready connection",
+            add_wakes,
+        ),
+        sc(
+            "epoll_dup_of_a_set",
+            "a registration made through an epoll fd is reported, and removed, through its dup",
+            dup_of_set,
+        ),
+        sc(
+            "epoll_set_in_a_set",
+            "a set inside another set makes it readable while a registration has data",
+            set_in_set,
         ),
     ]
 }
@@ -287,5 +303,65 @@ fn mod_to_out(r: &mut Role) {
         r.call(ops::epoll_ctl(ep, libc::EPOLL_CTL_MOD, fd, IN | ET));
         wait(r, ep);
         wait(r, ep);
+    }
+}
+
+fn add_wakes(r: &mut Role) {
+    let fd = r.open();
+    step(r, fd, "sent", b"abc", 3);
+    if r.is_server() {
+        let ep = r.call(ops::epoll_create()).v as RawFd;
+        r.blocking(
+            move || ops::epoll_wait(ep, 8, -1).0,
+            |r| {
+                r.call(ops::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, IN));
+            },
+        );
+    }
+}
+
+fn dup_of_set(r: &mut Role) {
+    let fd = r.open();
+    let eps = r.is_server().then(|| {
+        let ep = r.call(ops::epoll_create()).v as RawFd;
+        (ep, r.call(ops::dup(ep)).v as RawFd)
+    });
+    if let Some((ep, copy)) = eps {
+        r.call(ops::epoll_ctl(copy, libc::EPOLL_CTL_ADD, fd, IN));
+        wait(r, ep);
+    }
+    step(r, fd, "sent", b"abc", 3);
+    if let Some((ep, copy)) = eps {
+        wait(r, ep);
+        wait(r, copy);
+        r.call(ops::epoll_ctl(ep, libc::EPOLL_CTL_DEL, fd, 0));
+        wait(r, copy);
+        r.call(ops::epoll_ctl(copy, libc::EPOLL_CTL_DEL, fd, 0));
+    }
+}
+
+/// `fd` in an inner set (level-triggered), the inner set in an outer one.
+fn nested(r: &Role, fd: RawFd) -> (RawFd, RawFd) {
+    let inner = set(r, fd, IN);
+    (inner, set(r, inner, IN))
+}
+
+fn set_in_set(r: &mut Role) {
+    let fd = r.open();
+    let sets = r.is_server().then(|| nested(r, fd));
+    if let Some((_, outer)) = sets {
+        wait(r, outer);
+    }
+    step(r, fd, "sent", b"abc", 3);
+    if let Some((inner, outer)) = sets {
+        // Bounded, not 0: the sender may ring the doorbell a little after
+        // its bytes are readable (a background flush).
+        r.call(ops::epoll_wait(outer, 8, 5000));
+        wait(r, inner);
+        wait(r, outer);
+        wait(r, inner);
+        r.call(ops::recv(fd, 100, 0));
+        wait(r, inner);
+        wait(r, outer);
     }
 }

@@ -40,12 +40,27 @@
 //!   registration on the list (EPOLL_CTL_ADD/MOD, a harvest it could not
 //!   report) while another thread sleeps wakes it through a private
 //!   eventfd ("poke").
+//! * The private fd stays in the program's instance from the first ring
+//!   registration on, so every wait on a tracked instance goes through
+//!   `wait_mixed`, which removes the token. A wait that began in the
+//!   kernel before the instance held a ring is counted
+//!   (`FdState::kernel_wait_begin`), woken by a poke when the private fd
+//!   goes in, and `after_kernel` takes its token out and looks at the ring
+//!   registrations, as the kernel wakes a waiter for an fd another thread
+//!   adds.
 //! * Arms are given back on EPOLL_CTL_DEL, EPOLL_CTL_MOD, when the
 //!   registration's file turns out to be gone (every fd closed: found on
 //!   the list, on a harvest, or by a sweep that looks at one registration
 //!   per call), and when the set is dropped. A forked child forgets the
 //!   parent's arms (they are the parent's to give back) and looks at all
 //!   its registrations once.
+//!
+//! * Nesting: an instance added to another epoll instance is *watched*:
+//!   the kernel sees it readable only through the private fd, so after
+//!   every call a watched set arms its listed
+//!   registrations that have nothing to report and, if some have, leaves
+//!   the poke readable until its next wait (`Inner::expose`); it holds its
+//!   arms across calls whatever its size.
 //!
 //! Kernel events are merged in the same call. EPOLLERR/EPOLLHUP are always
 //! reported.
@@ -55,6 +70,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use libc::{c_int, epoll_event};
@@ -87,6 +103,8 @@ const POKE_KEY: u64 = 0;
 /// Ring registrations of one epoll instance.
 pub struct EpollSet {
     inner: Mutex<Inner>,
+    /// The instance is itself in another epoll instance (`watch`).
+    watched: AtomicBool,
 }
 
 struct Inner {
@@ -117,6 +135,8 @@ struct Inner {
     sleepers: u32,
     /// The process whose arms the registrations hold.
     pid: libc::pid_t,
+    /// `EpollSet::watch` was called.
+    watched: bool,
 }
 
 /// One connection's registrations and the wait fds it has in `private`.
@@ -187,6 +207,7 @@ const ONESHOT: u32 = libc::EPOLLONESHOT as u32;
 impl EpollSet {
     pub fn new() -> Self {
         EpollSet {
+            watched: AtomicBool::new(false),
             inner: Mutex::new(Inner {
                 private: -1,
                 poke: -1,
@@ -201,6 +222,7 @@ impl EpollSet {
                 sweep: 0,
                 sleepers: 0,
                 pid: 0,
+                watched: false,
             }),
         }
     }
@@ -211,11 +233,15 @@ impl EpollSet {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// True if any ring registration is present, or an entry kept
-    /// without one (its wait must sweep it, see `Inner::idle`).
-    pub fn has_rings(&self) -> bool {
-        let inner = self.lock();
-        !inner.all.is_empty() || !inner.idle.is_empty()
+    /// The instance was added to another epoll instance, which sees it
+    /// readable only through the kernel: from now on the set keeps it
+    /// readable while a ring registration has something to report
+    /// (`Inner::expose`).
+    pub fn watch(&self) {
+        self.watched.store(true, Ordering::Release);
+        let mut inner = self.lock();
+        inner.watched = true;
+        inner.expose();
     }
 }
 
@@ -240,6 +266,11 @@ pub fn set_or_init(st: &FdState) -> &EpollSet {
 /// The ring registrations of epoll instance `st`, if any were ever made.
 pub fn set_of(st: &FdState) -> Option<&EpollSet> {
     st.epoll_slot().map(downcast)
+}
+
+/// The ring registrations an epoll slot holds.
+pub fn set_in(slot: &EpollSlot) -> &EpollSet {
+    downcast(slot)
 }
 
 fn downcast(slot: &EpollSlot) -> &EpollSet {
@@ -680,28 +711,46 @@ impl Inner {
         self.ready.len() - before
     }
 
-    /// Wakes the threads sleeping on this set, if any, to look at the list.
-    fn poke_sleepers(&self) {
-        if self.sleepers > 0 && self.poke >= 0 {
+    /// For a watched set: the program's instance must read readable (to
+    /// the instance watching it) while a registration has something to
+    /// report, and a registration with nothing must be armed, so that its
+    /// doorbell makes the instance readable. Looks at the listed
+    /// registrations: arms those with nothing to report, keeps the others
+    /// listed with what they saw unchanged (still to be reported), and if
+    /// there are any, leaves the poke eventfd readable until a wait reads
+    /// the private set.
+    fn expose(&mut self) {
+        if !self.watched || self.poke < 0 {
+            return;
+        }
+        let mut pending = false;
+        for _ in 0..self.ready.len() {
+            let Some(id) = self.ready.pop_front() else {
+                break;
+            };
+            let Some(r) = self.regs.get_mut(&id) else {
+                continue;
+            };
+            let seen = (r.last, r.last_seq);
+            match examine(r, self.conns.get_mut(&r.key), self.private, true) {
+                Step::Report(_) => {
+                    (r.last, r.last_seq) = seen;
+                    pending = true;
+                    self.ready.push_back(id);
+                }
+                Step::Keep => self.ready.push_back(id),
+                Step::Leave => r.listed = false,
+            }
+        }
+        if pending {
             eventfd_write(self.poke);
         }
     }
 
-    /// Takes `private` out of the program's instance once no registration
-    /// is left: the program's own epoll_wait then goes straight to the
-    /// kernel and must never see our token.
-    fn detach_if_empty(&mut self, epfd: c_int) {
-        if self.all.is_empty() && self.in_program {
-            // SAFETY: removing our own fd from the program's instance.
-            unsafe {
-                real::epoll_ctl(
-                    epfd,
-                    libc::EPOLL_CTL_DEL,
-                    self.private,
-                    std::ptr::null_mut(),
-                )
-            };
-            self.in_program = false;
+    /// Wakes the threads sleeping on this set, if any, to look at the list.
+    fn poke_sleepers(&self) {
+        if self.sleepers > 0 && self.poke >= 0 {
+            eventfd_write(self.poke);
         }
     }
 
@@ -770,6 +819,7 @@ impl Seen {
 /// `ev` is null or valid, as for epoll_ctl.
 pub unsafe fn ctl_ring(
     epfd: c_int,
+    instance: &FdState,
     set: &EpollSet,
     op: c_int,
     fd: c_int,
@@ -798,7 +848,7 @@ pub unsafe fn ctl_ring(
             if ev.is_null() {
                 break 'add fail(libc::EFAULT);
             }
-            if let Err(e) = ensure_private(epfd, inner) {
+            if let Err(e) = ensure_private(epfd, instance, inner) {
                 break 'add fail(e);
             }
             let Some(conn) = st.conn() else {
@@ -872,14 +922,14 @@ pub unsafe fn ctl_ring(
         _ => fail(libc::EINVAL),
     };
     let e = sys::errno();
-    inner.detach_if_empty(epfd);
+    inner.expose();
     sys::set_errno(e);
     ret
 }
 
 /// Creates the private set and its poke eventfd if needed, and makes sure
-/// the private set sits in the program's instance.
-fn ensure_private(epfd: c_int, inner: &mut Inner) -> Result<(), c_int> {
+/// the private set sits in the program's instance (`instance`).
+fn ensure_private(epfd: c_int, instance: &FdState, inner: &mut Inner) -> Result<(), c_int> {
     if inner.private < 0 {
         // SAFETY: plain syscall wrapper of libc, not ours.
         let p = unsafe { real::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -921,6 +971,12 @@ fn ensure_private(epfd: c_int, inner: &mut Inner) -> Result<(), c_int> {
             return Err(sys::errno());
         }
         inner.in_program = true;
+        // A thread asleep in this instance through the kernel alone (its
+        // wait began before the instance held a ring) is woken, so that
+        // its hook looks at the new registration (`after_kernel`).
+        if instance.kernel_waiters() > 0 {
+            eventfd_write(inner.poke);
+        }
     }
     Ok(())
 }
@@ -954,6 +1010,29 @@ pub unsafe fn wait_mixed(
     deadline: Option<u64>,
     sigmask: Option<*const libc::sigset_t>,
 ) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    let r = unsafe { wait_ring(epfd, set, events, maxevents, deadline, sigmask) };
+    if set.watched.load(Ordering::Acquire) {
+        let e = sys::errno();
+        let _g = guard::enter();
+        set.lock().expose();
+        sys::set_errno(e);
+    }
+    r
+}
+
+/// `wait_mixed` before a watched set is exposed.
+///
+/// # Safety
+/// As `wait_mixed`.
+unsafe fn wait_ring(
+    epfd: c_int,
+    set: &EpollSet,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    deadline: Option<u64>,
+    sigmask: Option<*const libc::sigset_t>,
+) -> c_int {
     if events.is_null() || maxevents <= 0 {
         return fail(libc::EINVAL);
     }
@@ -977,7 +1056,6 @@ pub unsafe fn wait_mixed(
             let inner = &mut *locked;
             inner.check_fork();
             inner.sweep(1);
-            inner.detach_if_empty(epfd);
             let keep = match may_spin {
                 false => 0,
                 true if inner.all.len() <= SPIN_MAX => usize::MAX,
@@ -1036,12 +1114,13 @@ pub unsafe fn wait_mixed(
         let mut locked = set.lock();
         let inner = &mut *locked;
         inner.sleepers -= 1;
-        if inner.sleepers == 0 && inner.all.len() <= HOLD_MIN {
+        if inner.sleepers == 0 && inner.all.len() <= HOLD_MIN && !inner.watched {
             // A small set holds its arms only while it sleeps: once awake,
             // they go back (and the registrations on the list), so a busy
             // connection never makes its peer ring a doorbell for a waiter
             // that is not sleeping. Bounded by HOLD_MIN; larger sets keep
-            // their idle connections armed across calls.
+            // their idle connections armed across calls, and so do watched
+            // sets (their doorbells make the instance readable).
             for id in inner.all.clone() {
                 inner.promote(id);
             }
@@ -1072,6 +1151,51 @@ pub unsafe fn wait_mixed(
             }
         }
     }
+}
+
+/// The rest of a wait on `epfd` that went to the kernel alone because the
+/// instance held no ring when it began, and returned `r` events: another
+/// thread added a ring meanwhile (its set is `set`). Removes the token's
+/// event; if it was there, reports what the ring registrations have, or
+/// waits on for them until `deadline`.
+///
+/// # Safety
+/// `events` is valid for `maxevents` entries and holds `r` events, as
+/// epoll_wait left it.
+pub unsafe fn after_kernel(
+    epfd: c_int,
+    set: &EpollSet,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    r: c_int,
+    deadline: Option<u64>,
+    sigmask: Option<*const libc::sigset_t>,
+) -> c_int {
+    if events.is_null() || r <= 0 || maxevents < r {
+        return r;
+    }
+    let n = {
+        let _g = guard::enter();
+        // SAFETY: valid for maxevents entries per the caller.
+        let out = unsafe { std::slice::from_raw_parts_mut(events, maxevents as usize) };
+        let mut locked = set.lock();
+        let inner = &mut *locked;
+        let (k, saw) = strip_token(out, r as usize, inner.token);
+        if !saw {
+            return r;
+        }
+        inner.check_fork();
+        inner.harvest();
+        let todo = inner.ready.len();
+        let n = inner.walk(out, k, todo, 0);
+        inner.expose();
+        n
+    };
+    if n > 0 {
+        return n as c_int;
+    }
+    // SAFETY: the caller's contract, passed on.
+    unsafe { wait_mixed(epfd, set, events, maxevents, deadline, sigmask) }
 }
 
 /// Adds the kernel side (without sleeping) to `n` ring events in `out`,
@@ -1164,6 +1288,7 @@ pub fn migrate(fd: c_int, st: &FdRef) {
         if unsafe {
             ctl_ring(
                 pre.epfd,
+                &ep,
                 set_or_init(&ep),
                 libc::EPOLL_CTL_ADD,
                 fd,

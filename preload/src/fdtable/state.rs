@@ -87,6 +87,9 @@ pub struct FdState {
     /// Boxed `EpollSlot` of an epoll instance once created; set once,
     /// freed on recycle.
     epoll: AtomicPtr<SlotBox>,
+    /// Threads waiting on this epoll instance in the kernel alone (before
+    /// its slot held a ring).
+    kernel_waiters: AtomicU32,
     /// Epoll registrations (epfd, events, data) made while the socket was
     /// pre-connect, recorded only when a ring layer is registered: a ring
     /// attached by connect() must take them over (nginx adds upstream
@@ -119,6 +122,7 @@ impl FdState {
             owner_epoch: AtomicU64::new(0),
             conn: AtomicPtr::new(ptr::null_mut()),
             epoll: AtomicPtr::new(ptr::null_mut()),
+            kernel_waiters: AtomicU32::new(0),
             pre_epoll: Mutex::new(Vec::new()),
         }
     }
@@ -141,6 +145,7 @@ impl FdState {
             f |= F_NONBLOCK;
         }
         self.flags.store(f, Ordering::Relaxed);
+        self.kernel_waiters.store(0, Ordering::Relaxed);
         // Publishing the object happens later with a Release store of the
         // table slot; refs = 1 is the allocator's reference.
         self.refs.store(1, Ordering::Relaxed);
@@ -441,5 +446,29 @@ impl FdState {
         let p = self.epoll.load(Ordering::Acquire);
         // SAFETY: valid until recycle; the caller holds a reference.
         (!p.is_null()).then(|| unsafe { &**p })
+    }
+
+    /// A thread goes to sleep in this epoll instance through the kernel
+    /// alone; returns the epoll layer's object if it was made meanwhile
+    /// (the thread must then wait through it, after `kernel_wait_end`).
+    /// Pairs with `kernel_waiters`: the count is stored before the slot is
+    /// loaded, the slot before the count is loaded (SeqCst fences), so
+    /// either this thread sees the slot or the one that made it sees the
+    /// count.
+    pub fn kernel_wait_begin(&self) -> Option<&EpollSlot> {
+        self.kernel_waiters.fetch_add(1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        self.epoll_slot()
+    }
+
+    pub fn kernel_wait_end(&self) {
+        self.kernel_waiters.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Threads asleep in this instance through the kernel alone (see
+    /// `kernel_wait_begin`); read after the slot was made.
+    pub fn kernel_waiters(&self) -> u32 {
+        fence(Ordering::SeqCst);
+        self.kernel_waiters.load(Ordering::Relaxed)
     }
 }

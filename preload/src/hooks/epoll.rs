@@ -1,26 +1,98 @@
 //! epoll hooks: epoll_create, epoll_create1, epoll_ctl, epoll_wait,
 //! epoll_pwait, epoll_pwait2.
 //!
-//! An epoll instance becomes tracked (kind `Epoll`) only when a ring fd is
-//! added to it; until then, and always while no ring exists in the process,
-//! every call is one relaxed load plus libc.
+//! An epoll instance is tracked (kind `Epoll`) from its creation, so that
+//! its duplicates share its state; one the shim did not see made (before
+//! the shim loaded, or across exec) is tracked when a ring fd is added to
+//! it. Its ring registrations (`EpollSet`) are made at the first ring;
+//! until then a wait costs a table look-up plus libc.
 
 use libc::{c_int, epoll_event, sigset_t, timespec};
 
 use super::define::hooks;
-use crate::dispatch::epoll::{ctl_ring, instance, set_of, set_or_init, wait_mixed};
+use crate::dispatch::epoll::{
+    after_kernel, ctl_ring, instance, set_in, set_of, set_or_init, wait_mixed,
+};
 use crate::dispatch::wait::deadline_after;
 use crate::fdtable::{self, FdRef, Kind};
 use crate::interpose::guard;
-use crate::sys;
+use crate::{lifecycle, sys};
 
-/// The tracked state of epoll fd `epfd` if it holds ring registrations.
-fn ring_epoll(epfd: c_int) -> Option<FdRef> {
-    if fdtable::rings_alive() == 0 || !fdtable::is_tracked(epfd) || guard::active() {
+/// The tracked state of epoll fd `epfd`, if any.
+fn tracked_epoll(epfd: c_int) -> Option<FdRef> {
+    if !fdtable::is_tracked(epfd) || guard::active() {
         return None;
     }
-    fdtable::get(epfd)
-        .filter(|st| st.kind() == Some(Kind::Epoll) && set_of(st).is_some_and(|s| s.has_rings()))
+    fdtable::get(epfd).filter(|st| st.kind() == Some(Kind::Epoll))
+}
+
+/// An epoll wait. An instance that ever held a ring registration has its
+/// private fd in it, so the wait goes through `wait_mixed`, which takes
+/// the token out. Any other goes to the kernel (`next`), counted as a
+/// kernel waiter (the first ring added meanwhile pokes it awake), then
+/// through `after_kernel` if another thread added the instance's first
+/// ring meanwhile. `deadline` is asked for only where a ring is involved; after
+/// a kernel wait it counts from its return (a wait may last longer than
+/// asked, never shorter).
+fn wait(
+    epfd: c_int,
+    events: *mut epoll_event,
+    maxevents: c_int,
+    deadline: impl Fn() -> Option<u64>,
+    mask: *const sigset_t,
+    next: impl FnOnce() -> c_int,
+) -> c_int {
+    let m = (!mask.is_null()).then_some(mask);
+    let st = tracked_epoll(epfd);
+    let waited = match st.as_deref() {
+        Some(ep) => match set_of(ep) {
+            Some(set) => Err(set),
+            None => {
+                let made = ep.kernel_wait_begin();
+                let r = match made {
+                    // Made meanwhile (a slot stays once made).
+                    Some(slot) => Err(set_in(slot)),
+                    None => Ok(next()),
+                };
+                ep.kernel_wait_end();
+                r
+            }
+        },
+        None => Ok(next()),
+    };
+    let r = match waited {
+        Ok(r) => r,
+        // SAFETY: caller's events contract.
+        Err(set) => return unsafe { wait_mixed(epfd, set, events, maxevents, deadline(), m) },
+    };
+    if r <= 0 {
+        return r;
+    }
+    let Some(st) = st.or_else(|| tracked_epoll(epfd)) else {
+        return r;
+    };
+    let Some(set) = set_of(&st) else {
+        return r;
+    };
+    let saved = sys::errno();
+    // SAFETY: caller's events contract; the kernel wrote r events.
+    let r = unsafe { after_kernel(epfd, set, events, maxevents, r, deadline(), m) };
+    if r >= 0 {
+        sys::set_errno(saved);
+    }
+    r
+}
+
+/// `fd` went into another epoll instance: if it is an epoll instance, its
+/// ring registrations must make it readable there (`EpollSet::watch`).
+fn watched(fd: c_int) {
+    if guard::active() {
+        return;
+    }
+    if let Some(st) = fdtable::get(fd).filter(|st| st.kind() == Some(Kind::Epoll)) {
+        let _g = guard::enter();
+        set_or_init(&st).watch();
+    }
 }
 
 /// Records an epoll registration of a pre-connect socket, so that a ring
@@ -40,6 +112,16 @@ fn note_pre_connect(epfd: c_int, op: c_int, fd: c_int, event: *const epoll_event
     st.note_pre_epoll(op, epfd, events, data);
 }
 
+/// `fd`, a new epoll instance, as `lifecycle::on_new_epoll` tracks it.
+fn created(fd: c_int) -> c_int {
+    if fd >= 0 {
+        let saved = sys::errno();
+        lifecycle::on_new_epoll(fd);
+        sys::set_errno(saved);
+    }
+    fd
+}
+
 fn ms_to_deadline(ms: c_int) -> Option<u64> {
     if ms < 0 {
         None
@@ -49,17 +131,17 @@ fn ms_to_deadline(ms: c_int) -> Option<u64> {
 }
 
 hooks! {
-    /// Pass-through.
+    /// A new instance, tracked (`created`).
     fn epoll_create(size: c_int) -> c_int;
         fallback(crate::sys::sys_call!(libc::SYS_epoll_create1, if size > 0 { 0 } else { -1 }) as c_int)
     |next| {
-        next()
+        created(next())
     }
 
-    /// Pass-through.
+    /// A new instance, tracked (`created`).
     fn epoll_create1(flags: c_int) -> c_int;
     |next| {
-        next()
+        created(next())
     }
 
     /// Ring fds are registered with the instance's `EpollSet`; everything
@@ -76,7 +158,7 @@ hooks! {
                     Some(ep) => {
                         let set = set_or_init(&ep);
                         // SAFETY: caller's event contract.
-                        return unsafe { ctl_ring(epfd, set, op, fd, st, event) };
+                        return unsafe { ctl_ring(epfd, &ep, set, op, fd, st, event) };
                     }
                     None => {
                         // Not an epoll fd we can track: let the kernel say
@@ -86,8 +168,15 @@ hooks! {
             }
         }
         let r = next();
-        if r == 0 && crate::attached::attacher().is_some() && fdtable::is_tracked(fd) {
-            note_pre_connect(epfd, op, fd, event);
+        if r == 0 && fdtable::is_tracked(fd) {
+            let saved = sys::errno();
+            if op == libc::EPOLL_CTL_ADD {
+                watched(fd);
+            }
+            if crate::attached::attacher().is_some() {
+                note_pre_connect(epfd, op, fd, event);
+            }
+            sys::set_errno(saved);
         }
         r
     }
@@ -95,51 +184,37 @@ hooks! {
     /// epoll_wait(2).
     fn epoll_wait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int) -> c_int;
     |next| {
-        if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = set_of(&st) {
-                // SAFETY: caller's events contract.
-                return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), None) };
-            }
-        }
-        next()
+        wait(epfd, events, maxevents, || ms_to_deadline(timeout), std::ptr::null(), next)
     }
 
     /// epoll_pwait(2).
     fn epoll_pwait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
     |next| {
-        if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = set_of(&st) {
-                let m = (!mask.is_null()).then_some(mask);
-                // SAFETY: caller's events contract.
-                return unsafe { wait_mixed(epfd, set, events, maxevents, ms_to_deadline(timeout), m) };
-            }
-        }
-        next()
+        wait(epfd, events, maxevents, || ms_to_deadline(timeout), mask, next)
     }
 
     /// epoll_pwait2(2): a timespec timeout.
     fn epoll_pwait2(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: *const timespec, mask: *const sigset_t) -> c_int;
         fallback(crate::sys::sys_call!(libc::SYS_epoll_pwait2, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
     |next| {
-        if let Some(st) = ring_epoll(epfd) {
-            if let Some(set) = set_of(&st) {
-                let deadline = if timeout.is_null() {
-                    None
-                } else {
-                    // SAFETY: non-null caller timespec.
-                    let t = unsafe { *timeout };
-                    if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
-                        sys::set_errno(libc::EINVAL);
-                        return -1;
-                    }
-                    let ns = t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64;
-                    Some(deadline_after(ns).unwrap_or_else(sys::monotonic_ns))
-                };
-                let m = (!mask.is_null()).then_some(mask);
-                // SAFETY: caller's events contract.
-                return unsafe { wait_mixed(epfd, set, events, maxevents, deadline, m) };
+        if !timeout.is_null() && tracked_epoll(epfd).as_deref().and_then(set_of).is_some() {
+            // SAFETY: non-null caller timespec.
+            let t = unsafe { *timeout };
+            if t.tv_sec < 0 || !(0..1_000_000_000).contains(&t.tv_nsec) {
+                sys::set_errno(libc::EINVAL);
+                return -1;
             }
         }
-        next()
+        let deadline = || {
+            if timeout.is_null() {
+                return None;
+            }
+            // SAFETY: non-null caller timespec, checked valid above or by
+            // the kernel.
+            let t = unsafe { *timeout };
+            let ns = t.tv_sec.max(0) as u64 * 1_000_000_000 + t.tv_nsec.clamp(0, 999_999_999) as u64;
+            Some(deadline_after(ns).unwrap_or_else(sys::monotonic_ns))
+        };
+        wait(epfd, events, maxevents, deadline, mask, next)
     }
 }

@@ -63,7 +63,15 @@ unsafe fn routed(n: c_long, a: [c_long; 6]) -> Option<c_long> {
     let fd = a[0] as c_int;
     let tracked = |fd: c_int| fdtable::is_tracked(fd);
     let concerns_us = match n {
-        libc::SYS_close | libc::SYS_close_range => true,
+        // Waits: an instance may get its first ring while the call sleeps
+        // (hooks/epoll.rs, `wait`); a new instance is tracked.
+        libc::SYS_close
+        | libc::SYS_close_range
+        | libc::SYS_epoll_pwait
+        | libc::SYS_epoll_pwait2
+        | libc::SYS_epoll_create1 => true,
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_epoll_wait | libc::SYS_epoll_create => true,
         libc::SYS_epoll_ctl => tracked(fd) || tracked(a[2] as c_int),
         _ => on_one_fd(n) && tracked(fd),
     };
@@ -159,6 +167,16 @@ unsafe fn routed(n: c_long, a: [c_long; 6]) -> Option<c_long> {
                 epoll::epoll_wait(fd, a[1] as *mut epoll_event, a[2] as c_int, a[3] as c_int)
                     as c_long
             }
+            libc::SYS_epoll_pwait2 => epoll::epoll_pwait2(
+                fd,
+                a[1] as *mut epoll_event,
+                a[2] as c_int,
+                a[3] as *const libc::timespec,
+                a[4] as *const sigset_t,
+            ) as c_long,
+            libc::SYS_epoll_create1 => epoll::epoll_create1(fd) as c_long,
+            #[cfg(target_arch = "x86_64")]
+            libc::SYS_epoll_create => epoll::epoll_create(fd) as c_long,
             libc::SYS_epoll_pwait => epoll::epoll_pwait(
                 fd,
                 a[1] as *mut epoll_event,
@@ -175,7 +193,7 @@ unsafe fn routed(n: c_long, a: [c_long; 6]) -> Option<c_long> {
 /// The calls of one descriptor (their first argument) `routed` follows.
 fn on_one_fd(n: c_long) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if matches!(n, libc::SYS_dup2 | libc::SYS_accept | libc::SYS_epoll_wait) {
+    if matches!(n, libc::SYS_dup2 | libc::SYS_accept) {
         return true;
     }
     matches!(
@@ -201,6 +219,5 @@ fn on_one_fd(n: c_long) -> bool {
             | libc::SYS_setsockopt
             | libc::SYS_getpeername
             | libc::SYS_getsockname
-            | libc::SYS_epoll_pwait
     )
 }
