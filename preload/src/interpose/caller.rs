@@ -10,10 +10,11 @@
 //! of libringsock.so or of libibverbs (which closes the device descriptors
 //! the transport placed for us) exactly when the shim made the call.
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 
-/// Executable ranges `[start, end)` of the shim's objects.
-const MAX_RANGES: usize = 16;
+/// Executable ranges `[start, end)` of the shim's objects, appended to
+/// (never changed) and published by `COUNT`.
+const MAX_RANGES: usize = 32;
 static RANGES: [(AtomicUsize, AtomicUsize); MAX_RANGES] =
     [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; MAX_RANGES];
 static COUNT: AtomicUsize = AtomicUsize::new(0);
@@ -23,18 +24,44 @@ const KNOWN: u8 = 1;
 const FAILED: u8 = 2;
 static STATE: AtomicU8 = AtomicU8::new(UNKNOWN);
 
+/// Objects whose calls are the shim's besides libringsock.so itself:
+/// rdma-core's libibverbs and its providers (dlopened as
+/// `lib<name>-rdmav<N>.so`, or linked as `libmlx5.so` and the like), which
+/// use and close the device descriptors the transport placed for us.
+const HELPERS: &[&[u8]] = &[
+    b"libibverbs.so",
+    b"-rdmav",
+    b"libmlx4.so",
+    b"libmlx5.so",
+    b"libefa.so",
+    b"libhns.so",
+    b"libmana.so",
+];
+
 /// A return address no object has: a call the shim forwards on the
 /// program's behalf (syscall(2) routed to a hook).
 pub const PROGRAM: usize = 0;
 
 /// Finds the ranges (the constructor calls it; a later call does nothing).
 pub fn init() {
-    if STATE.load(Ordering::Acquire) != UNKNOWN {
+    if STATE.load(Ordering::Acquire) == UNKNOWN {
+        scan();
+    }
+}
+
+/// Held by the thread that scans. A thread that finds it held does not
+/// wait (a fork child may inherit it held): it goes on with the ranges
+/// recorded so far.
+static SCANNING: AtomicBool = AtomicBool::new(false);
+
+/// Looks through the loaded objects for ranges not recorded yet.
+fn scan() {
+    if SCANNING.swap(true, Ordering::Acquire) {
         return;
     }
     let mut found = Found {
         me: init as *const () as usize,
-        n: 0,
+        n: COUNT.load(Ordering::Acquire),
     };
     // SAFETY: the callback only reads the headers dl_iterate_phdr hands it
     // and writes `found`, which outlives the call.
@@ -42,23 +69,35 @@ pub fn init() {
     COUNT.store(found.n, Ordering::Release);
     let state = if found.n > 0 { KNOWN } else { FAILED };
     STATE.store(state, Ordering::Release);
+    SCANNING.store(false, Ordering::Release);
 }
 
-/// True if the call that returns to `ret` was made by the program. When
-/// the shim's text could not be found, every call counts as the shim's:
-/// nothing is hidden then, which is the behaviour without this check.
+fn recorded(ret: usize) -> bool {
+    let n = COUNT.load(Ordering::Acquire);
+    RANGES[..n]
+        .iter()
+        .any(|(s, e)| (s.load(Ordering::Relaxed)..e.load(Ordering::Relaxed)).contains(&ret))
+}
+
+/// True if the call that returns to `ret` was made by the program. An
+/// address outside the recorded ranges is looked up again once more
+/// objects may have been loaded (a provider rdma-core dlopened): this is
+/// only asked about calls on the shim's descriptors. When the shim's text
+/// could not be found, every call counts as the shim's: nothing is hidden
+/// then, which is the behaviour without this check.
 pub fn is_program(ret: usize) -> bool {
     if super::guard::active() {
         return false;
     }
     init();
-    if STATE.load(Ordering::Acquire) != KNOWN {
+    if STATE.load(Ordering::Acquire) != KNOWN || recorded(ret) {
         return false;
     }
-    let n = COUNT.load(Ordering::Acquire);
-    !RANGES[..n]
-        .iter()
-        .any(|(s, e)| (s.load(Ordering::Relaxed)..e.load(Ordering::Relaxed)).contains(&ret))
+    if ret == PROGRAM {
+        return true;
+    }
+    scan();
+    !recorded(ret)
 }
 
 struct Found {
@@ -96,10 +135,13 @@ unsafe extern "C" fn visit(
         // SAFETY: a non-null dlpi_name is a NUL-terminated path.
         unsafe { std::ffi::CStr::from_ptr(info.dlpi_name) }.to_bytes()
     };
-    if mine || contains(name, b"libibverbs.so") {
+    if mine || HELPERS.iter().any(|h| contains(name, h)) {
         for p in exec() {
-            if found.n < MAX_RANGES {
-                let (s, e) = text(p);
+            let (s, e) = text(p);
+            let known = RANGES[..found.n]
+                .iter()
+                .any(|r| r.0.load(Ordering::Relaxed) == s);
+            if !known && found.n < MAX_RANGES {
                 RANGES[found.n].0.store(s, Ordering::Relaxed);
                 RANGES[found.n].1.store(e, Ordering::Relaxed);
                 found.n += 1;
