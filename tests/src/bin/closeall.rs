@@ -29,7 +29,7 @@
 //!   ends. Exit 0 only if every byte came back as sent and every check held.
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -53,30 +53,6 @@ fn fail(why: &str) -> ! {
 fn usage() -> ! {
     eprintln!("usage: closeall echo | client --port P --bytes N --go FILE --mode MODE");
     std::process::exit(64);
-}
-
-fn echo() -> ! {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap_or_else(|e| fail(&e.to_string()));
-    let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
-    println!("listening {port}");
-    std::io::stdout().flush().ok();
-    for s in l.incoming() {
-        let mut s = s.unwrap_or_else(|e| fail(&format!("accept: {e}")));
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 64 << 10];
-            loop {
-                let n = s
-                    .read(&mut buf)
-                    .unwrap_or_else(|e| fail(&format!("read: {e}")));
-                if n == 0 {
-                    return;
-                }
-                s.write_all(&buf[..n])
-                    .unwrap_or_else(|e| fail(&format!("write: {e}")));
-            }
-        });
-    }
-    std::process::exit(0)
 }
 
 /// Sends `data` through the echo server, a chunk at a time, and returns
@@ -279,6 +255,8 @@ fn close_all(mode: &str, s: &mut TcpStream) {
                 if unsafe { libc::dup2(fd as c_int, 3) } != 3 {
                     fail(&format!("dup2 to 3: errno {}", errno()));
                 }
+                // SAFETY: 3 is the copy dup2 just made, ours to own; the
+                // old number's owner is forgotten (closefrom closes it).
                 let moved = unsafe { TcpStream::from_raw_fd(3) };
                 std::mem::forget(std::mem::replace(s, moved));
             }
@@ -331,7 +309,7 @@ fn client(port: u16, bytes: usize, go: PathBuf, mode: &str) -> ! {
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("echo") => echo(),
+        Some("echo") => ringsock_integration::echo::serve(),
         Some("client") => {}
         _ => usage(),
     }
