@@ -56,6 +56,7 @@ extern "C" fn ringsock_init() {
     lifecycle::register_fork_handlers();
     real::resolve_all();
     hooks::resolve_all();
+    interpose::caller::init();
     // Unit tests install their own test double instead.
     #[cfg(not(test))]
     if !cfg.disable {

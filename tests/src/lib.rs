@@ -18,6 +18,7 @@
 //!   check that a test's programs left no process and no ring behind;
 //! * `seccomp`: filters for helpers that run the shim in a sandbox (a
 //!   few calls failing; OpenSSH's pre-authentication allow-list);
+//! * `echo::serve`: the echo server of the helper bins;
 //! * `matrix::Matrix`: one real-program run as the program matrix checks
 //!   it (servers and clients shimmed, watched, nothing left behind);
 //! * `free_port`, `wait_port`, `wait_listening`, `TempDir`, `script`,
@@ -26,6 +27,7 @@
 //!   is not installed.
 
 pub mod ctl;
+pub mod echo;
 pub mod http;
 pub mod leftovers;
 pub mod matrix;

@@ -296,7 +296,7 @@ impl Drop for EpollSet {
         }
         for fd in [inner.private, inner.poke] {
             if fd >= 0 {
-                sys::close(fd);
+                crate::fdspace::close(fd);
             }
         }
     }
@@ -941,7 +941,7 @@ fn ensure_private(epfd: c_int, instance: &FdState, inner: &mut Inner) -> Result<
         let k = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if k < 0 {
             let e = sys::errno();
-            sys::close(p);
+            crate::fdspace::close(p);
             return Err(e);
         }
         let k = crate::fdspace::high(k);
@@ -952,8 +952,8 @@ fn ensure_private(epfd: c_int, instance: &FdState, inner: &mut Inner) -> Result<
         // SAFETY: ev is valid for the call.
         if unsafe { real::epoll_ctl(p, libc::EPOLL_CTL_ADD, k, &mut ev) } < 0 {
             let e = sys::errno();
-            sys::close(k);
-            sys::close(p);
+            crate::fdspace::close(k);
+            crate::fdspace::close(p);
             return Err(e);
         }
         inner.private = p;

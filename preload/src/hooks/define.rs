@@ -153,4 +153,96 @@ macro_rules! hooks {
     };
 }
 
-pub(crate) use {hooks, next_definition};
+/// `hooks!` for hooks that must tell the program's calls from the shim's
+/// own (`interpose::caller`). Each entry names, after its prototype, the
+/// function that does the work (`as NAME`) and the argument register just
+/// past the prototype's on x86-64 and on AArch64; the exported symbol is a
+/// naked stub that puts its return address there and jumps to `NAME`. The
+/// body gets `$program`, a closure saying whether the program made the
+/// call (a few loads; called only where it matters). syscall(2) calls
+/// `NAME` directly with `caller::PROGRAM`.
+macro_rules! caller_hooks {
+    ($(
+        $(#[$meta:meta])*
+        fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) -> $ret:ty
+            as $from:ident; ret($x86:ident, $a64:ident);
+            $(fallback ( $fallback:expr ))?
+            | $next:ident, $program:ident |
+            $body:block
+    )*) => {
+        $(
+            $crate::hooks::define::next_definition!(
+                $name ($($arg: $ty),*) -> $ret $(; $fallback)?
+            );
+
+            $(#[$meta])*
+            ///
+            /// # Safety
+            /// Called by C code with the C function's contract.
+            #[cfg(target_arch = "x86_64")]
+            #[unsafe(naked)]
+            #[no_mangle]
+            #[allow(unused_variables, clippy::missing_safety_doc)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                core::arch::naked_asm!(
+                    concat!("mov ", stringify!($x86), ", [rsp]"),
+                    "jmp {from}",
+                    from = sym $from,
+                )
+            }
+
+            $(#[$meta])*
+            ///
+            /// # Safety
+            /// Called by C code with the C function's contract.
+            #[cfg(target_arch = "aarch64")]
+            #[unsafe(naked)]
+            #[no_mangle]
+            #[allow(unused_variables, clippy::missing_safety_doc)]
+            pub unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                core::arch::naked_asm!(
+                    concat!("mov ", stringify!($a64), ", x30"),
+                    "b {from}",
+                    from = sym $from,
+                )
+            }
+
+            #[doc = concat!("The work of `", stringify!($name), "`, called by its stub \
+                with the caller's return address.")]
+            ///
+            /// # Safety
+            /// The C function's contract for the arguments.
+            #[allow(non_snake_case, clippy::too_many_arguments)]
+            pub unsafe extern "C" fn $from($($arg: $ty,)* caller: usize) -> $ret {
+                if $crate::process::sandboxed() {
+                    // SAFETY: as in `hooks!`: the C caller's call, unchanged.
+                    return unsafe { $name::next($($arg),*) };
+                }
+                let bomb = $crate::hooks::define::AbortOnUnwind(stringify!($name));
+                let once = $crate::hooks::define::Once;
+                #[allow(unused_variables)]
+                let forward = move || -> $ret {
+                    let _once = once;
+                    // SAFETY: as in `hooks!`: the call our C caller made, to
+                    // the next definition, with its arguments unchanged,
+                    // at most once.
+                    unsafe { $name::next($($arg),*) }
+                };
+                let $next = forward;
+                #[allow(unused_variables)]
+                let $program = move || $crate::interpose::caller::is_program(caller);
+                #[allow(clippy::redundant_closure_call, unused_unsafe)]
+                let ret = (|| -> $ret { $body })();
+                ::core::mem::forget(bomb);
+                ret
+            }
+        )*
+
+        /// Resolves the next definitions these hooks declare in place.
+        pub fn resolve_caller_hooks() {
+            $( $name::resolve(); )*
+        }
+    };
+}
+
+pub(crate) use {caller_hooks, hooks, next_definition};

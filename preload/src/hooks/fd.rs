@@ -1,6 +1,10 @@
 //! fd lifetime hooks: close, close_range, closefrom, dup, dup2, dup3,
 //! fcntl, fcntl64, ioctl.
 //!
+//! The shim's own descriptors are free numbers to the program (hidden.rs):
+//! these hooks are the ones that tell its calls from the shim's
+//! (`caller_hooks!`).
+//!
 //! Table changes are made only by the process that owns this memory
 //! (`process::owns_memory`, which rules out a vfork child sharing it), and
 //! in an order that keeps the table right under concurrency: a slot is
@@ -24,9 +28,10 @@
 
 use libc::{c_int, c_uint, c_ulong};
 
-use super::define::hooks;
-use crate::fdtable;
+use super::define::caller_hooks;
+use super::hidden;
 use crate::interpose::guard;
+use crate::{fdspace, fdtable};
 use crate::{log as shim_log, process, sys};
 
 #[cfg(not(all(
@@ -47,11 +52,19 @@ fn mirror_dup(old: c_int, new: c_int) {
     }
 }
 
-hooks! {
-    /// close(2): untracks first; an attached connection whose last fd this
-    /// was is released (end-of-stream if this process owns it).
-    fn close(fd: c_int) -> c_int;
-    |next| {
+caller_hooks! {
+    /// close(2): one of the shim's descriptors is a free number to the
+    /// program (EBADF); otherwise untracks first, and an attached
+    /// connection whose last fd this was is released (end-of-stream if
+    /// this process owns it).
+    fn close(fd: c_int) -> c_int as close_from; ret(rsi, x1);
+    |next, program| {
+        if fdspace::is_own(fd) {
+            if hidden::hidden(fd, program) {
+                return hidden::ebadf();
+            }
+            fdspace::disown(fd);
+        }
         shim_log::on_fd_closed(fd);
         if fdtable::is_tracked(fd) && process::owns_memory() {
             let saved = sys::errno();
@@ -61,33 +74,66 @@ hooks! {
         next()
     }
 
-    /// close_range(2): as close for every tracked fd in the range (unless
-    /// CLOSE_RANGE_CLOEXEC, which closes nothing now).
-    fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
+    /// close_range(2): closes the pieces of the range around the shim's
+    /// descriptors, untracking every tracked fd in it first (unless
+    /// CLOSE_RANGE_CLOEXEC, which closes nothing now and leaves ours as
+    /// they are: close-on-exec already).
+    fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int as close_range_from;
+        ret(rcx, x3);
         fallback(crate::sys::sys_call!(libc::SYS_close_range, first, last, flags) as c_int)
-    |next| {
+    |next, program| {
         let cloexec_only = flags as c_uint & libc::CLOSE_RANGE_CLOEXEC != 0;
         if !cloexec_only && first <= last && process::owns_memory() {
             shim_log::on_range_closed(first, last);
             fdtable::untrack_range(first, last);
         }
-        next()
-    }
-
-    /// closefrom(3).
-    fn closefrom(lowfd: c_int) -> ();
-        fallback({ crate::sys::sys_call!(libc::SYS_close_range, lowfd.max(0), c_uint::MAX, 0); })
-    |next| {
-        if process::owns_memory() {
-            shim_log::on_range_closed(lowfd.max(0) as c_uint, c_uint::MAX);
-            fdtable::untrack_range(lowfd.max(0) as c_uint, c_uint::MAX);
+        if cloexec_only || first > last || fdspace::next_own(first, last).is_none() || !program() {
+            return next();
         }
-        next()
+        hidden::around(first, last, |lo, hi| {
+            // SAFETY: the program's call, narrowed to a piece of its range.
+            unsafe { close_range::next(lo, hi, flags) }
+        })
     }
 
-    /// dup(2): the new fd shares the state.
-    fn dup(fd: c_int) -> c_int;
-    |next| {
+    /// closefrom(3): as close_range up to the last number.
+    fn closefrom(lowfd: c_int) -> () as closefrom_from; ret(rsi, x1);
+        fallback({ crate::sys::sys_call!(libc::SYS_close_range, lowfd.max(0), c_uint::MAX, 0); })
+    |next, program| {
+        let lo = lowfd.max(0) as c_uint;
+        if process::owns_memory() {
+            shim_log::on_range_closed(lo, c_uint::MAX);
+            fdtable::untrack_range(lo, c_uint::MAX);
+        }
+        let Some(mut top) = fdspace::next_own(lo, c_uint::MAX).filter(|_| program()) else {
+            return next();
+        };
+        while let Some(fd) = fdspace::next_own(top as c_uint + 1, c_uint::MAX) {
+            top = fd;
+        }
+        hidden::around(lo, top as c_uint, |a, b| {
+            // SAFETY: the program's call, narrowed to a piece of its range.
+            let r = unsafe { close_range::next(a, b, 0) };
+            if r < 0 && sys::errno() == libc::ENOSYS {
+                for fd in a..=b {
+                    sys::close(fd as c_int);
+                }
+                return 0;
+            }
+            r
+        });
+        // SAFETY: the program's call, above the last descriptor of ours
+        // (`around` closed the rest, `top` included if it was not ours).
+        unsafe { closefrom::next(top + 1) }
+    }
+
+    /// dup(2): the new fd shares the state; a descriptor of the shim's is
+    /// a free number to the program.
+    fn dup(fd: c_int) -> c_int as dup_from; ret(rsi, x1);
+    |next, program| {
+        if hidden::hidden(fd, program) {
+            return hidden::ebadf();
+        }
         let r = next();
         if r >= 0 {
             mirror_dup(fd, r);
@@ -96,11 +142,17 @@ hooks! {
     }
 
     /// dup2(2): `new` now refers to `old`'s state; what `new` was is
-    /// released as if closed.
-    fn dup2(old: c_int, new: c_int) -> c_int;
+    /// released as if closed. A descriptor of the shim's at `new` is moved
+    /// away first (`hidden::make_room`).
+    fn dup2(old: c_int, new: c_int) -> c_int as dup2_from; ret(rdx, x2);
         fallback(crate::sys::sys_call!(libc::SYS_dup2, old, new) as c_int)
-    |next| {
+    |next, program| {
+        let moved = match hidden::before_dup(old, new, program) {
+            Ok(m) => m,
+            Err(r) => return r,
+        };
         let r = next();
+        hidden::after_dup(moved, new, r);
         if r >= 0 && old != new {
             shim_log::on_fd_replaced(new);
             mirror_dup(old, new);
@@ -109,10 +161,17 @@ hooks! {
     }
 
     /// dup3(2).
-    fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
+    fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int as dup3_from; ret(rcx, x3);
         fallback(crate::sys::sys_call!(libc::SYS_dup3, old, new, flags) as c_int)
-    |next| {
+    |next, program| {
+        // dup3 onto itself is EINVAL, whatever the number: the kernel says so.
+        let moved = match (old != new).then(|| hidden::before_dup(old, new, program)) {
+            Some(Err(r)) => return r,
+            Some(Ok(m)) => m,
+            None => false,
+        };
         let r = next();
+        hidden::after_dup(moved, new, r);
         if r >= 0 {
             shim_log::on_fd_replaced(new);
             mirror_dup(old, new);
@@ -121,8 +180,11 @@ hooks! {
     }
 
     /// fcntl(2); see the module docs for the fixed third argument.
-    fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int;
-    |next| {
+    fn fcntl(fd: c_int, cmd: c_int, arg: usize) -> c_int as fcntl_from; ret(rcx, x3);
+    |next, program| {
+        if hidden::hidden(fd, program) {
+            return hidden::ebadf();
+        }
         let r = next();
         after_fcntl(fd, cmd, arg, r);
         r
@@ -130,17 +192,23 @@ hooks! {
 
     /// fcntl64: the name glibc's headers redirect fcntl to under
     /// _FILE_OFFSET_BITS=64 (glibc >= 2.28).
-    fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int;
+    fn fcntl64(fd: c_int, cmd: c_int, arg: usize) -> c_int as fcntl64_from; ret(rcx, x3);
         fallback(crate::sys::sys_call!(libc::SYS_fcntl, fd, cmd, arg) as c_int)
-    |next| {
+    |next, program| {
+        if hidden::hidden(fd, program) {
+            return hidden::ebadf();
+        }
         let r = next();
         after_fcntl(fd, cmd, arg, r);
         r
     }
 
     /// ioctl(2): FIONBIO is mirrored; FIONREAD on a ring counts ring bytes.
-    fn ioctl(fd: c_int, request: c_ulong, arg: usize) -> c_int;
-    |next| {
+    fn ioctl(fd: c_int, request: c_ulong, arg: usize) -> c_int as ioctl_from; ret(rcx, x3);
+    |next, program| {
+        if hidden::hidden(fd, program) {
+            return hidden::ebadf();
+        }
         if request == libc::FIONREAD && arg != 0 {
             if let Some(st) = fdtable::attached(fd).filter(|_| !guard::active()) {
                 if let Some(conn) = st.conn() {

@@ -5,6 +5,7 @@ mod define;
 pub mod epoll;
 pub mod exec;
 pub mod fd;
+mod hidden;
 pub mod io;
 #[cfg(feature = "verbs")]
 pub mod memory;
@@ -19,7 +20,7 @@ pub mod syscall;
 pub fn resolve_all() {
     epoll::resolve_all();
     exec::resolve_all();
-    fd::resolve_all();
+    fd::resolve_caller_hooks();
     io::resolve_all();
     #[cfg(feature = "verbs")]
     {

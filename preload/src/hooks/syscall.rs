@@ -18,9 +18,10 @@
 use libc::{c_int, c_long, c_uint, c_void, epoll_event, iovec, mmsghdr, msghdr, sigset_t};
 use libc::{size_t, sockaddr, socklen_t};
 
-use crate::fdtable;
+use crate::interpose::caller::PROGRAM;
 use crate::interpose::guard;
 use crate::sys;
+use crate::{fdspace, fdtable};
 
 /// See the module docs.
 ///
@@ -55,7 +56,10 @@ pub unsafe extern "C" fn syscall(
 
 /// The program's call through the hook of the function it names, where
 /// that call concerns a descriptor the shim tracks (close and close_range
-/// always: the shim forgets what a closed descriptor was).
+/// always: the shim forgets what a closed descriptor was, and hides its
+/// own; dup2/dup3 onto one of the shim's descriptors too). The calls that
+/// reach here are the program's (the shim's own go straight to the
+/// kernel), which the fd hooks are told with `PROGRAM`.
 ///
 /// # Safety
 /// The system call's contract for `a`.
@@ -72,6 +76,9 @@ unsafe fn routed(n: c_long, a: [c_long; 6]) -> Option<c_long> {
         | libc::SYS_epoll_create1 => true,
         #[cfg(target_arch = "x86_64")]
         libc::SYS_epoll_wait | libc::SYS_epoll_create => true,
+        libc::SYS_dup3 => tracked(fd) || fdspace::is_own(a[1] as c_int),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_dup2 => tracked(fd) || fdspace::is_own(a[1] as c_int),
         libc::SYS_epoll_ctl => tracked(fd) || tracked(a[2] as c_int),
         _ => on_one_fd(n) && tracked(fd),
     };
@@ -84,16 +91,19 @@ unsafe fn routed(n: c_long, a: [c_long; 6]) -> Option<c_long> {
     // holds the system call's contract for them, which is the function's.
     let r = unsafe {
         match n {
-            libc::SYS_close => fds::close(fd) as c_long,
+            libc::SYS_close => fds::close_from(fd, PROGRAM) as c_long,
             libc::SYS_close_range => {
-                fds::close_range(a[0] as c_uint, a[1] as c_uint, a[2] as c_int) as c_long
+                fds::close_range_from(a[0] as c_uint, a[1] as c_uint, a[2] as c_int, PROGRAM)
+                    as c_long
             }
-            libc::SYS_dup => fds::dup(fd) as c_long,
+            libc::SYS_dup => fds::dup_from(fd, PROGRAM) as c_long,
             #[cfg(target_arch = "x86_64")]
-            libc::SYS_dup2 => fds::dup2(fd, a[1] as c_int) as c_long,
-            libc::SYS_dup3 => fds::dup3(fd, a[1] as c_int, a[2] as c_int) as c_long,
-            libc::SYS_fcntl => fds::fcntl(fd, a[1] as c_int, a[2] as usize) as c_long,
-            libc::SYS_ioctl => fds::ioctl(fd, a[1] as libc::c_ulong, a[2] as usize) as c_long,
+            libc::SYS_dup2 => fds::dup2_from(fd, a[1] as c_int, PROGRAM) as c_long,
+            libc::SYS_dup3 => fds::dup3_from(fd, a[1] as c_int, a[2] as c_int, PROGRAM) as c_long,
+            libc::SYS_fcntl => fds::fcntl_from(fd, a[1] as c_int, a[2] as usize, PROGRAM) as c_long,
+            libc::SYS_ioctl => {
+                fds::ioctl_from(fd, a[1] as libc::c_ulong, a[2] as usize, PROGRAM) as c_long
+            }
             libc::SYS_read => io::read(fd, a[1] as *mut c_void, a[2] as size_t) as c_long,
             libc::SYS_write => io::write(fd, a[1] as *const c_void, a[2] as size_t) as c_long,
             libc::SYS_readv => io::readv(fd, a[1] as *const iovec, a[2] as c_int) as c_long,

@@ -7,6 +7,7 @@
 //! (libc's) is found with `dlsym(RTLD_NEXT)` instead, and where dlsym finds
 //! nothing the raw system call it wraps stands in for it.
 
+pub mod caller;
 pub mod guard;
 mod symbol;
 

@@ -211,7 +211,7 @@ fn ensure_thread() {
         let old = WAKE_FD.swap(crate::fdspace::high(efd as RawFd), Ordering::AcqRel);
         if old >= 0 {
             // The parent's, inherited through fork.
-            sys::close(old);
+            crate::fdspace::close(old);
         }
     }
     let spawned = std::thread::Builder::new()

@@ -117,6 +117,7 @@ impl Session {
             match connected {
                 Ok(c) => {
                     log::debug!("ctl session open on {}", path.display());
+                    crate::fdspace::set_mover(c.as_raw_fd(), move_session);
                     self.client = Some(c);
                     self.listeners_stale = true;
                     self.opened += 1;
@@ -290,6 +291,28 @@ pub fn call(msg: &Msg, fds: &[RawFd]) -> Result<(Msg, Fds), CtlError> {
     let mut s = SESSION.lock();
     s.client()?;
     s.raw_call_fds(msg, fds)
+}
+
+/// Moves the session's socket from `fd` to another number of ours (the
+/// program dup2s onto `fd`). Every use of the socket is under the session
+/// lock but the background thread's poll, which only waits on it: a poll
+/// that still watches the old number wakes at most spuriously. The old
+/// descriptor is left open for the program's dup2 to replace.
+fn move_session(fd: RawFd) -> bool {
+    let mut s = SESSION.lock();
+    let Some(c) = s.client.as_mut().filter(|c| c.as_raw_fd() == fd) else {
+        return false;
+    };
+    let Ok(new) = crate::fdspace::dup_high(fd) else {
+        return false;
+    };
+    // SAFETY: dup_high just gave us this descriptor.
+    let new = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(new) };
+    let old = std::mem::replace(c, Client::from_fd(new));
+    let old = std::os::fd::IntoRawFd::into_raw_fd(old.into_fd());
+    crate::fdspace::disown(old);
+    crate::fdspace::set_mover(c.as_raw_fd(), move_session);
+    true
 }
 
 /// The session's descriptor, for the background thread to watch.

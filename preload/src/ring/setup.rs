@@ -151,7 +151,7 @@ pub fn connect_started(res: &Result<(), Errno>, offer_id: u64, tcp_dup: RawFd) -
         Ok(()) | Err(Errno(libc::EINPROGRESS)) | Err(Errno(libc::EINTR))
     );
     if !started {
-        sys::close(tcp_dup);
+        crate::fdspace::close(tcp_dup);
         let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
     }
     started

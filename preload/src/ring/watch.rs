@@ -17,7 +17,7 @@ use std::sync::{Arc, Weak};
 
 use super::plock::PLock;
 use super::tracked::Tracked;
-use crate::{process, sys};
+use crate::process;
 
 /// The epoll fd and the pid it belongs to.
 static EP: AtomicI32 = AtomicI32::new(-1);
@@ -48,7 +48,7 @@ fn epoll_fd() -> RawFd {
     };
     let old = EP.swap(fd, Ordering::AcqRel);
     if old >= 0 {
-        sys::close(old);
+        crate::fdspace::close(old);
     }
     EP_PID.store(me, Ordering::Release);
     fd

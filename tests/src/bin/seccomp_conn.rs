@@ -24,8 +24,8 @@
 //!   `echoed BYTES SHA256` over everything that came back. Exit 0 only if
 //!   every byte came back as sent.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{Ipv4Addr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -43,30 +43,6 @@ fn usage() -> ! {
         "usage: seccomp_conn echo | client --port P --bytes N --go FILE --filter sshd|service|none [--errno] [--tsync] [--fork]"
     );
     std::process::exit(64);
-}
-
-fn echo() -> ! {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap_or_else(|e| fail(&e.to_string()));
-    let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
-    println!("listening {port}");
-    std::io::stdout().flush().ok();
-    for s in l.incoming() {
-        let mut s = s.unwrap_or_else(|e| fail(&format!("accept: {e}")));
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 64 << 10];
-            loop {
-                let n = s
-                    .read(&mut buf)
-                    .unwrap_or_else(|e| fail(&format!("read: {e}")));
-                if n == 0 {
-                    return;
-                }
-                s.write_all(&buf[..n])
-                    .unwrap_or_else(|e| fail(&format!("write: {e}")));
-            }
-        });
-    }
-    std::process::exit(0)
 }
 
 /// How the client waits for its connection to be readable.
@@ -270,7 +246,7 @@ fn main() {
     };
     let flag = |name: &str| args.iter().any(|a| a == name);
     match args.first().map(String::as_str) {
-        Some("echo") => echo(),
+        Some("echo") => ringsock_integration::echo::serve(),
         Some("client") => {
             let outside = if flag("--errno") {
                 Outside::Errno

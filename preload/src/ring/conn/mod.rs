@@ -1444,7 +1444,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         super::watch::unwatch(self, self.tcp_fd());
         let fd = self.tcp.swap(-1, Ordering::AcqRel);
         if fd >= 0 {
-            sys::close(fd);
+            crate::fdspace::close(fd);
         }
         // Status forgets the connection whichever way its last fd went.
         if let Some(me) = self.this() {
@@ -1512,7 +1512,7 @@ impl<W: Wire> Drop for RingConn<W> {
     fn drop(&mut self) {
         let fd = *self.tcp.get_mut();
         if fd >= 0 {
-            sys::close(fd);
+            crate::fdspace::close(fd);
         }
         if !self.wire.owns_ends() {
             std::mem::forget(self.tx.get_mut().take());

@@ -32,7 +32,6 @@ use super::wire::{RdmaConn, RdmaWire};
 use super::{describe, device_for, host_without_rdma, NO_DEVICE_REASON, PREFIX};
 use crate::attached::{Decision, Errno, TcpReason};
 use crate::config;
-use crate::sys;
 
 /// This end's half of a verbs ring. The shim's senders always push
 /// (`PullKnobs::default()`): in pull mode a ring's unfetched data lives
@@ -108,7 +107,7 @@ pub fn connect(
         payload: payload(&vc.local_params()),
     };
     let Some(offer_id) = offer(fd, dest, &msg, &[fd]) else {
-        sys::close(tcp_dup);
+        crate::fdspace::close(tcp_dup);
         return (real_connect(), Decision::Tcp(TcpReason::Declined));
     };
     let res = real_connect();
@@ -185,7 +184,7 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         match vc.connect(&client) {
             Ok(c) => Ok((c, ours, bell_fd, wake, tcp_dup)),
             Err(e) => {
-                sys::close(tcp_dup);
+                crate::fdspace::close(tcp_dup);
                 Err((format!("{e}"), false))
             }
         }
@@ -216,7 +215,7 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         Ok((Msg::Ok, _)) => {}
         other => {
             log::debug!("fd {fd}: the answer was not taken ({other:?}); plain TCP");
-            sys::close(tcp_dup);
+            crate::fdspace::close(tcp_dup);
             return Decision::Tcp(TcpReason::Declined);
         }
     }

@@ -33,7 +33,7 @@ use super::{
     PeerBell, ShmConn, ShmWire, Side, STATE_ACCEPTED, STATE_DECLINED, STATE_PENDING, WORD_STATE,
 };
 use crate::attached::{Decision, Errno, TcpReason};
-use crate::{fdspace, sys};
+use crate::fdspace;
 
 /// Offer payload: what the segment is and which ring goes which way.
 pub const PAYLOAD: &[u8] = b"ringsock-shm/1 c2s=0 s2c=1";
@@ -94,7 +94,7 @@ pub fn connect(
     };
     let fds = [fd, memfd.as_raw_fd(), cbell.fd(), sbell.fd()];
     let Some(offer_id) = offer(fd, dest, &msg, &fds) else {
-        sys::close(tcp_dup);
+        crate::fdspace::close(tcp_dup);
         return tcp(real_connect);
     };
     drop(memfd);
@@ -116,7 +116,7 @@ pub fn connect(
         cfg,
     );
     let (Ok(tx), Ok(rx)) = (tx, rx) else {
-        sys::close(tcp_dup);
+        crate::fdspace::close(tcp_dup);
         let _ = ctl::call(&Msg::Cancel { offer_id }, &[]);
         return (res, Decision::Tcp(TcpReason::Declined));
     };
@@ -224,7 +224,7 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         .is_err()
     {
         log::debug!("fd {fd}: the client withdrew its ring before we took it; plain TCP");
-        sys::close(tcp_dup);
+        crate::fdspace::close(tcp_dup);
         decline(offer_id, "the client withdrew");
         return Decision::Tcp(TcpReason::Declined);
     }

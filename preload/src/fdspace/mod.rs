@@ -14,8 +14,15 @@
 //! EMFILE no earlier than without the shim, give or take that quarter. The
 //! few per-process ones (ctl session, background wake-up, epoll sets)
 //! stay where they are instead.
+//!
+//! Every descriptor placed here is recorded as the shim's (owned.rs), and
+//! the shim's raw closes go through `close`, which forgets it first.
+
+mod owned;
 
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+
+pub use owned::{disown, is_own, mover, next_own, own, set_mover, Mover};
 
 /// Highest base we use, whatever the limit.
 const MAX_BASE: u64 = 1 << 16;
@@ -46,9 +53,11 @@ pub fn high(fd: RawFd) -> RawFd {
     // SAFETY: fcntl on a descriptor the caller owns.
     let n = unsafe { crate::sys::sys_call!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, base()) };
     if n < 0 {
+        own(fd);
         return fd;
     }
     crate::sys::close(fd);
+    own(n as RawFd);
     n as RawFd
 }
 
@@ -69,6 +78,7 @@ pub fn high_or_emfile(fd: OwnedFd) -> Result<OwnedFd, i32> {
         return Err(libc::EMFILE);
     }
     drop(fd);
+    own(n as RawFd);
     // SAFETY: fcntl just gave us this new descriptor.
     Ok(unsafe { OwnedFd::from_raw_fd(n as RawFd) })
 }
@@ -79,8 +89,17 @@ pub fn dup_high(fd: RawFd) -> Result<RawFd, i32> {
     // SAFETY: fcntl on a descriptor the caller holds.
     let n = unsafe { crate::sys::sys_call!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, base()) };
     if n >= 0 {
+        own(n as RawFd);
         Ok(n as RawFd)
     } else {
         Err(libc::EMFILE)
     }
+}
+
+/// Closes a descriptor of the shim's without going through libc's (hooked)
+/// `close`, forgetting it as ours first (so that the number, once free, is
+/// the program's to close).
+pub fn close(fd: RawFd) {
+    disown(fd);
+    crate::sys::close(fd);
 }
