@@ -82,7 +82,8 @@ def rows_for(res, systems):
             st = res["stats"][s.name][key]
             row.append(f"{fmt(st['median'])} ({fmt(st['min'])}–{fmt(st['max'])})")
         for s in systems[1:]:
-            row.append(f"{res['ratio'][s.name][key]:.2f}")
+            r = res["ratio"][s.name][key]
+            row.append("-" if r is None else f"{r:.2f}")
         if "ringsock" in res["via"]:
             v, counts = res["via"]["ringsock"]
             row.append(f"{v} ({counts})" if counts else v)
@@ -106,6 +107,7 @@ SUITE_TITLES = {
     "nginx": "wrk against nginx (1 worker, 1 wrk thread)",
     "memcached": "memcslap against memcached (2 threads)",
     "iperf3": "iperf3 streams (default 128 KiB writes)",
+    "short": "Short connections: a new connection per request",
 }
 
 
@@ -195,7 +197,8 @@ def write_csvs(out_dir, systems, results):
                                     0, "", "", "FAILED"])
                         continue
                     st = r["stats"][s.name][key]
-                    ratio = "" if s.name == base else f"{r['ratio'][s.name][key]:.4f}"
+                    rv = None if s.name == base else r["ratio"][s.name][key]
+                    ratio = "" if rv is None else f"{rv:.4f}"
                     via, counts = r["via"].get(s.name, ("n/a", ""))
                     w.writerow([c.suite, c.workload, c.x, key, unit, better, s.name,
                                 f"{st['median']:.4f}", f"{st['min']:.4f}", f"{st['max']:.4f}",

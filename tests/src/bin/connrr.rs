@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! connrr server [--port P] [--threads T] [--size B]
-//! connrr client --port P --n N [--size B]
+//! connrr client --port P --n N [--size B] [--probe-every K]
 //! connrr churn --port P --secs S --rate R [--threads T] [--size B]
 //! ```
 //!
@@ -12,9 +12,12 @@
 //!   them back, waits for the client's EOF and closes. Runs until killed.
 //! * `client` makes N connections one after the other; each sends B bytes
 //!   (seeded by the connection's index), checks the echo byte for byte and
-//!   closes. Prints one JSON line: `{"n":..,"p50_us":..,"p99_us":..,
-//!   "mean_us":..,"conns_per_s":..}`, the latencies from before connect()
-//!   to after close().
+//!   closes. Every K-th connection (default 100) is a probe: before it
+//!   closes, /proc/self says whether a ring is mapped (so whether it got
+//!   one); probes are left out of the latencies. Prints one JSON line:
+//!   `{"n":..,"p50_us":..,"p99_us":..,"mean_us":..,"conns_per_s":..,
+//!   "probes":..,"probes_on_ring":..}`, the latencies from before
+//!   connect() to after close().
 //! * `churn` runs T threads of such connections for S seconds, paced to R
 //!   connections per second in all (a thread that falls behind goes on at
 //!   once, so the rate achieved is what the machine gives). Prints one JSON
@@ -54,6 +57,7 @@ struct Opts {
     n: usize,
     secs: f64,
     rate: f64,
+    probe_every: usize,
 }
 
 fn parse(args: &[String]) -> Opts {
@@ -64,6 +68,7 @@ fn parse(args: &[String]) -> Opts {
         n: 1000,
         secs: 10.0,
         rate: 20_000.0,
+        probe_every: 100,
     };
     for pair in args.chunks(2) {
         let [k, v] = pair else { usage() };
@@ -75,10 +80,17 @@ fn parse(args: &[String]) -> Opts {
             "--n" => o.n = v as usize,
             "--secs" => o.secs = v,
             "--rate" => o.rate = v,
+            "--probe-every" => o.probe_every = v as usize,
             _ => usage(),
         }
     }
-    if o.threads == 0 || o.size == 0 || o.n == 0 || o.secs <= 0.0 || o.rate <= 0.0 {
+    if o.threads == 0
+        || o.size == 0
+        || o.n == 0
+        || o.probe_every == 0
+        || o.secs <= 0.0
+        || o.rate <= 0.0
+    {
         usage();
     }
     o
@@ -125,8 +137,17 @@ fn server(o: &Opts) {
     }
 }
 
-/// One short connection carrying `data`, checked; returns its duration.
-fn one_conn(port: u16, data: &[u8], got: &mut [u8], what: &str) -> Duration {
+/// Whether this process has a ring mapped right now.
+fn ring_mapped() -> bool {
+    ringsock_integration::resources::holdings(std::process::id())
+        .unwrap_or_else(|| fail("cannot read /proc/self".into()))
+        .ring_maps
+        > 0
+}
+
+/// One short connection carrying `data`, checked; returns its duration
+/// and, with `probe`, whether a ring was mapped while it was open.
+fn one_conn(port: u16, data: &[u8], got: &mut [u8], what: &str, probe: bool) -> (Duration, bool) {
     let t0 = Instant::now();
     let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, port))
         .unwrap_or_else(|e| fail(format!("{what}: connect: {e}")));
@@ -136,13 +157,14 @@ fn one_conn(port: u16, data: &[u8], got: &mut [u8], what: &str) -> Duration {
         .unwrap_or_else(|e| fail(format!("{what}: write: {e}")));
     s.read_exact(got)
         .unwrap_or_else(|e| fail(format!("{what}: read: {e}")));
+    let ring = probe && ring_mapped();
     drop(s);
     let took = t0.elapsed();
     if got != data {
         let at = got.iter().zip(data).position(|(a, b)| a != b).unwrap_or(0);
         fail(format!("{what}: echo differs at byte {at}"));
     }
-    took
+    (took, ring)
 }
 
 /// The `p`-th percentile (0..=100) of sorted `v`, nearest rank.
@@ -157,16 +179,28 @@ fn client(o: &Opts) {
     }
     let mut got = vec![0u8; o.size];
     let mut lat = Vec::with_capacity(o.n);
+    let (mut probes, mut on_ring) = (0, 0);
     let t0 = Instant::now();
     for i in 0..o.n {
         let data = payload(o.size, i as u64 + 1);
-        lat.push(one_conn(o.port, &data, &mut got, &format!("conn {i}")));
+        let probe = (i + 1) % o.probe_every == 0;
+        let (took, ring) = one_conn(o.port, &data, &mut got, &format!("conn {i}"), probe);
+        if probe {
+            probes += 1;
+            on_ring += usize::from(ring);
+        } else {
+            lat.push(took);
+        }
+    }
+    if lat.is_empty() {
+        fail("every connection was a probe: raise --n or --probe-every".into());
     }
     let wall = t0.elapsed().as_secs_f64();
     let mean = lat.iter().sum::<Duration>().as_secs_f64() * 1e6 / lat.len() as f64;
     lat.sort_unstable();
     println!(
-        "{{\"n\":{},\"p50_us\":{:.1},\"p99_us\":{:.1},\"mean_us\":{mean:.1},\"conns_per_s\":{:.1}}}",
+        "{{\"n\":{},\"p50_us\":{:.1},\"p99_us\":{:.1},\"mean_us\":{mean:.1},\"conns_per_s\":{:.1},\
+         \"probes\":{probes},\"probes_on_ring\":{on_ring}}}",
         o.n,
         percentile(&lat, 50.0),
         percentile(&lat, 99.0),
@@ -199,7 +233,13 @@ fn churn(o: &Opts) {
                     next = next.max(now) + gap;
                     let seed = (t as u64) << 40 | i;
                     let data = payload(size, seed + 1);
-                    one_conn(port, &data, &mut got, &format!("thread {t} conn {i}"));
+                    one_conn(
+                        port,
+                        &data,
+                        &mut got,
+                        &format!("thread {t} conn {i}"),
+                        false,
+                    );
                     done.fetch_add(1, Ordering::Relaxed);
                     i += 1;
                 }
