@@ -504,6 +504,22 @@ def pgbench_connect(ctx, system, run_dir):
     return {"tps": grab(r"tps = ([\d.]+)", out, "tps")}, sample
 
 
+def time_wait_count():
+    """TCP sockets in TIME-WAIT on this host now (every run's closed
+    connections leave some for 60 s, and the machine's other jobs too); a
+    ring's set-up binds a port first, which gets slower the more there
+    are."""
+    n = 0
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                next(f, None)
+                n += sum(1 for line in f if line.split(None, 4)[3] == "06")
+        except OSError:
+            pass
+    return n
+
+
 def connrr_server(ctx, system, run_dir, threads=1, env=None):
     port = free_port()
     sys_env = system.env
@@ -536,6 +552,7 @@ def connrr_latency(short_ms=None):
     def fn(ctx, system, run_dir):
         env = short_env(system, short_ms)
         _, port = connrr_server(ctx, system, run_dir, env=env)
+        tw = time_wait_count()
         n = int(1500 * ctx.secs)
         (out,), _ = run_clients(
             ctx, system, run_dir,
@@ -545,7 +562,7 @@ def connrr_latency(short_ms=None):
         sample = None
         if "LD_PRELOAD" in env:
             sample = {"shm": d["probes_on_ring"], "tcp": d["probes"] - d["probes_on_ring"]}
-        return {"p50": d["p50_us"], "p99": d["p99_us"]}, sample
+        return {"p50": d["p50_us"], "p99": d["p99_us"], "tw": float(tw)}, sample
     return fn
 
 
@@ -588,6 +605,7 @@ def churn(rate, threads=2, short_ms=None):
             raise BenchError(f"connrr warm-up failed ({warm.returncode}):\n{warm.stderr[-800:]}")
         daemon = getattr(system, "daemon", None)
         idle = {n: p for n, p in (("server", srv), ("daemon", daemon)) if p is not None}
+        tw = time_wait_count()
         before = {n: proc_holdings(p.pid) for n, p in idle.items()}
         out_path = os.path.join(run_dir, "churn.out")
         with open(out_path, "wb") as f:
@@ -622,7 +640,7 @@ def churn(rate, threads=2, short_ms=None):
             all(g <= 1024 for g in rss_growth.values())
         with open(os.path.join(run_dir, "churn-samples.json"), "w") as f:
             json.dump({"before": before, "under": under, "after": after}, f)
-        vals = {"rate": d["rate"], "flat": 1.0 if flat else 0.0,
+        vals = {"rate": d["rate"], "flat": 1.0 if flat else 0.0, "tw": float(tw),
                 "fds": float(sum(fd_growth.values())), "rings": float(ring_left),
                 "rss_srv": float(rss_growth["server"]), "rss_cli": float(rss_growth["client"]),
                 "peak_fds": float(max(s["client"][0] + s["server"][0] for s in under)),
@@ -715,7 +733,8 @@ def build_cases(quick, nproc):
                            ["redis-server", "redis-benchmark"], redis_close))
     s["short"].append(Case("short", "pgbench -C -S -c 4 (connection per transaction)",
                            [("tps", "tps", "higher")], ["setpriv"], pgbench_connect))
-    rr = [("p50", "p50 µs", "lower"), ("p99", "p99 µs", "lower")]
+    tw = ("tw", "TIME-WAIT sockets at start", "info")
+    rr = [("p50", "p50 µs", "lower"), ("p99", "p99 µs", "lower"), tw]
     s["short"].append(Case("short", "connrr: connect + 64 B request/response + close", rr, [],
                            connrr_latency()))
     s["short"].append(Case("short", "connrr, RINGSOCK_SHORT_MS=0 (every connection offered a ring)",
@@ -729,7 +748,7 @@ def build_cases(quick, nproc):
                      ("rss_cli", "client RSS growth KiB", "info"),
                      ("rss_srv", "server RSS growth KiB", "info"),
                      ("rss_daemon", "daemon RSS growth KiB", "info"),
-                     ("fds_daemon", "daemon fds left", "info")]
+                     ("fds_daemon", "daemon fds left", "info"), tw]
     s["short"].append(Case("short", f"connrr churn, 2 threads, target {CHURN_RATE} conn/s",
                            churn_metrics, [], churn(CHURN_RATE)))
     s["short"].append(Case("short", f"connrr churn, RINGSOCK_SHORT_MS=0, target {CHURN_RATE} conn/s",
