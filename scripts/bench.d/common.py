@@ -37,12 +37,22 @@ class BenchError(Exception):
     """A run that could not produce a number (the message says why)."""
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+def free_port(wait=60.0):
+    """A free loopback port. While TIME-WAIT sockets hold every ephemeral
+    port (after a burst of short connections) bind() finds none; they
+    expire within a minute, so it is retried for up to `wait` s."""
+    end = time.time() + wait
+    while True:
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+        except OSError as e:
+            if time.time() > end:
+                raise BenchError(f"no free port: {e}") from e
+            time.sleep(0.5)
+        finally:
+            s.close()
 
 
 def free_ports(n):

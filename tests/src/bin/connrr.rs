@@ -9,10 +9,12 @@
 //!
 //! * `server` listens on 127.0.0.1:P (0: any port), prints `listening PORT`,
 //!   and on T threads accepts connections; on each it reads B bytes, sends
-//!   them back, waits for the client's EOF and closes. Runs until killed.
+//!   them back and closes first, as HTTP/1.0 servers do (so TIME-WAIT
+//!   falls on the server's port, not on the client's ephemeral ports,
+//!   which a churn would run out of). Runs until killed.
 //! * `client` makes N connections one after the other; each sends B bytes
-//!   (seeded by the connection's index), checks the echo byte for byte and
-//!   closes. Every K-th connection (default 100) is a probe: before it
+//!   (seeded by the connection's index), checks the echo byte for byte,
+//!   reads the server's EOF and closes. Every K-th connection (default 100) is a probe: before it
 //!   closes, /proc/self says whether a ring is mapped (so whether it got
 //!   one); probes are left out of the latencies. Prints one JSON line:
 //!   `{"n":..,"p50_us":..,"p99_us":..,"mean_us":..,"conns_per_s":..,
@@ -96,22 +98,14 @@ fn parse(args: &[String]) -> Opts {
     o
 }
 
-/// The server's side of one connection: request in, echo out, then the
-/// client's EOF (anything more is a protocol error).
+/// The server's side of one connection: request in, echo out, close.
 fn serve_one(mut s: TcpStream, size: usize) -> Result<(), String> {
     s.set_read_timeout(Some(IO_TIMEOUT))
         .map_err(|e| format!("set_read_timeout: {e}"))?;
     let mut buf = vec![0u8; size];
     s.read_exact(&mut buf)
         .map_err(|e| format!("server read: {e}"))?;
-    s.write_all(&buf)
-        .map_err(|e| format!("server write: {e}"))?;
-    let mut more = [0u8; 1];
-    match s.read(&mut more) {
-        Ok(0) => Ok(()),
-        Ok(_) => Err("server: bytes after the request".into()),
-        Err(e) => Err(format!("server read (EOF expected): {e}")),
-    }
+    s.write_all(&buf).map_err(|e| format!("server write: {e}"))
 }
 
 fn server(o: &Opts) {
@@ -158,6 +152,12 @@ fn one_conn(port: u16, data: &[u8], got: &mut [u8], what: &str, probe: bool) -> 
     s.read_exact(got)
         .unwrap_or_else(|e| fail(format!("{what}: read: {e}")));
     let ring = probe && ring_mapped();
+    let mut more = [0u8; 1];
+    match s.read(&mut more) {
+        Ok(0) => {}
+        Ok(_) => fail(format!("{what}: bytes after the response")),
+        Err(e) => fail(format!("{what}: read (EOF expected): {e}")),
+    }
     drop(s);
     let took = t0.elapsed();
     if got != data {
