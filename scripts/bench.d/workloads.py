@@ -488,12 +488,12 @@ def pgbench_connect(ctx, system, run_dir):
     server(ctx, system, run_dir,
            as_postgres([tools["postgres"], "-D", data, "-p", str(port), "-k", "",
                         "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"]),
-           port, name="postgres")
+           port, name="postgres", ready_text="database system is ready to accept connections")
     base = [tools["pgbench"], "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"]
     p = subprocess.run(base + ["-i", "-s", "1", "-q", "postgres"], env=env, capture_output=True,
                        text=True, timeout=180)
     if p.returncode != 0:
-        raise BenchError(f"pgbench -i failed ({p.returncode}):\n{p.stderr[-800:]}")
+        raise BenchError(f"pgbench -i failed ({p.returncode}):\n{(p.stdout + p.stderr)[-800:]}")
     secs = max(1, round(ctx.secs))
     (out,), sample = run_clients(
         ctx, system, run_dir,
