@@ -12,6 +12,7 @@ import os
 import pwd
 import re
 import shutil
+import struct
 import subprocess
 import time
 
@@ -585,15 +586,46 @@ def proc_holdings(pid):
         return None
 
 
+# ringsock_proto::offers: 8 header words ([magic, slots, overflow, ..]),
+# then entries of 8 words ([seq, key0..key4, ..]); key4 (ports and a set
+# bit) is zero in a free entry.
+OFFERS_MAGIC = int.from_bytes(b"RSOFFERS", "little")
+
+
+def offer_table(pid):
+    """(live entries, overflow count) of the offer table the daemon `pid`
+    shares with its processes (read through its memfd), or None."""
+    try:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            path = f"/proc/{pid}/fd/{name}"
+            try:
+                if not os.readlink(path).startswith("/memfd:ringsock-offers"):
+                    continue
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            words = struct.unpack(f"<{len(data) // 8}Q", data[:len(data) // 8 * 8])
+            if len(words) < 8 or words[0] != OFFERS_MAGIC:
+                return None
+            slots = min(words[1], (len(words) - 8) // 8)
+            live = sum(1 for i in range(slots) if words[8 + 8 * i + 5] != 0)
+            return live, words[2]
+    except OSError:
+        pass
+    return None
+
+
 def churn(rate, threads=2, short_ms=None):
     """connrr churn at `rate` conn/s for the run's length (60 s full, 10 s
     quick), sampling the client's, the server's and the daemon's holdings
     every few seconds. The baseline is taken after a few warm-up
     connections (the shim opens its daemon session and maps the offer
     table once, on first use). Flat: the server and the daemon hold as
-    many fds and ring memfds after the churn (settled) as before it, and
-    no process's RSS grew by more than 1 MiB from the first sample under
-    load to the last."""
+    many fds and ring memfds after the churn (settled) as before it, the
+    daemon's offer table holds no more entries (and no overflow) than
+    before, and no process's RSS grew by more than 1 MiB from the first
+    sample under load to the last."""
     def fn(ctx, system, run_dir):
         secs = 10 if ctx.quick else 60
         every = 2.0 if ctx.quick else 5.0
@@ -607,6 +639,8 @@ def churn(rate, threads=2, short_ms=None):
         idle = {n: p for n, p in (("server", srv), ("daemon", daemon)) if p is not None}
         tw = time_wait_count()
         before = {n: proc_holdings(p.pid) for n, p in idle.items()}
+        offers_before = offer_table(daemon.pid) if daemon is not None else None
+        offers_peak = 0
         out_path = os.path.join(run_dir, "churn.out")
         with open(out_path, "wb") as f:
             cli = ctx.procs.start([CONNRR, "churn", "--port", str(port), "--secs", str(secs),
@@ -621,6 +655,9 @@ def churn(rate, threads=2, short_ms=None):
                 raise BenchError(f"connrr churn did not finish in {secs + 60} s")
             if time.time() >= next_at:
                 series.append({n: proc_holdings(p.pid) for n, p in watched.items()})
+                if daemon is not None:
+                    live = offer_table(daemon.pid)
+                    offers_peak = max(offers_peak, live[0] if live else 0)
                 if sample is None:
                     sample = system.sample()
                 next_at += every
@@ -629,6 +666,9 @@ def churn(rate, threads=2, short_ms=None):
             raise BenchError(f"connrr churn exited {cli.returncode}" + tail(os.path.join(run_dir, "churn.err")))
         d = shapes_json(open(out_path).read())
         after = settle(idle, before)
+        offers_after = offer_table(daemon.pid) if daemon is not None else None
+        if daemon is not None and (offers_before is None or offers_after is None):
+            raise BenchError("could not read the daemon's offer table")
         under = [s for s in series if all(v is not None for v in s.values())]
         if len(under) < 2:
             raise BenchError(f"fewer than 2 samples under load ({len(under)})")
@@ -636,10 +676,13 @@ def churn(rate, threads=2, short_ms=None):
         rss_growth = {n: last[n][2] - first[n][2] for n in watched}
         fd_growth = {n: after[n][0] - before[n][0] for n in idle}
         ring_left = sum(after[n][1] for n in idle)
+        offers_left = offers_after[0] - offers_before[0] if daemon is not None else 0
+        overflow = offers_after[1] if daemon is not None else 0
         flat = all(g <= 0 for g in fd_growth.values()) and ring_left == 0 and \
-            all(g <= 1024 for g in rss_growth.values())
+            all(g <= 1024 for g in rss_growth.values()) and offers_left <= 0 and overflow == 0
         with open(os.path.join(run_dir, "churn-samples.json"), "w") as f:
-            json.dump({"before": before, "under": under, "after": after}, f)
+            json.dump({"before": before, "under": under, "after": after,
+                       "offers_before": offers_before, "offers_after": offers_after}, f)
         vals = {"rate": d["rate"], "flat": 1.0 if flat else 0.0, "tw": float(tw),
                 "fds": float(sum(fd_growth.values())), "rings": float(ring_left),
                 "rss_srv": float(rss_growth["server"]), "rss_cli": float(rss_growth["client"]),
@@ -650,6 +693,8 @@ def churn(rate, threads=2, short_ms=None):
             vals["fds_daemon"] = float(fd_growth["daemon"])
         else:
             vals["rss_daemon"] = vals["fds_daemon"] = 0.0
+        vals["offers_left"], vals["offers_peak"] = float(offers_left), float(offers_peak)
+        vals["offers_overflow"] = float(overflow)
         return vals, sample
     return fn
 
@@ -751,7 +796,10 @@ def build_cases(quick, nproc):
                      ("rss_cli", "client RSS growth KiB", "info"),
                      ("rss_srv", "server RSS growth KiB", "info"),
                      ("rss_daemon", "daemon RSS growth KiB", "info"),
-                     ("fds_daemon", "daemon fds left", "info"), tw]
+                     ("fds_daemon", "daemon fds left", "info"),
+                     ("offers_left", "offer table entries left", "info"),
+                     ("offers_peak", "offer table entries peak", "info"),
+                     ("offers_overflow", "offer table overflow left", "info"), tw]
     s["short"].append(Case("short", f"connrr churn, 2 threads, target {CHURN_RATE} conn/s",
                            churn_metrics, [], churn(CHURN_RATE)))
     s["short"].append(Case("short", f"connrr churn, RINGSOCK_SHORT_MS=0, target {CHURN_RATE} conn/s",
