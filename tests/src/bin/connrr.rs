@@ -149,8 +149,7 @@ fn one_conn(port: u16, data: &[u8], got: &mut [u8], what: &str, probe: bool) -> 
         .unwrap_or_else(|e| fail(format!("{what}: set_read_timeout: {e}")));
     s.write_all(data)
         .unwrap_or_else(|e| fail(format!("{what}: write: {e}")));
-    s.read_exact(got)
-        .unwrap_or_else(|e| fail(format!("{what}: read: {e}")));
+    read_response(&mut s, got, what);
     let ring = probe && ring_mapped();
     let mut more = [0u8; 1];
     match s.read(&mut more) {
@@ -165,6 +164,29 @@ fn one_conn(port: u16, data: &[u8], got: &mut [u8], what: &str, probe: bool) -> 
         fail(format!("{what}: echo differs at byte {at}"));
     }
     (took, ring)
+}
+
+/// Reads the whole response; an early EOF or error fails with how much
+/// had arrived and whether this process had a ring mapped (was the lost
+/// part on a ring).
+fn read_response(s: &mut TcpStream, got: &mut [u8], what: &str) {
+    let mut n = 0;
+    while n < got.len() {
+        match s.read(&mut got[n..]) {
+            Ok(0) => fail(format!(
+                "{what}: read: EOF after {n} of {} bytes (a ring mapped in this process: {})",
+                got.len(),
+                ring_mapped()
+            )),
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => fail(format!(
+                "{what}: read: {e} after {n} of {} bytes (a ring mapped in this process: {})",
+                got.len(),
+                ring_mapped()
+            )),
+        }
+    }
 }
 
 /// The `p`-th percentile (0..=100) of sorted `v`, nearest rank.
