@@ -38,11 +38,11 @@ class BenchError(Exception):
     """A run that could not produce a number (the message says why)."""
 
 
-def free_port():
-    """A free loopback port. Other work on the machine may briefly use up
-    the ephemeral range (connections in TIME-WAIT): retried for 30 s. No
-    SO_REUSEADDR: with it bind may pick a port another connection holds."""
-    end = time.time() + 30
+def free_port(wait=60.0):
+    """A free loopback port. While TIME-WAIT sockets hold every ephemeral
+    port (after a burst of short connections) bind() finds none; they
+    expire within a minute, so it is retried for up to `wait` s."""
+    end = time.time() + wait
     while True:
         s = socket.socket()
         try:
@@ -50,8 +50,8 @@ def free_port():
             return s.getsockname()[1]
         except OSError as e:
             if time.time() > end:
-                raise BenchError(f"no free loopback port: {e}") from e
-            time.sleep(0.2)
+                raise BenchError(f"no free port: {e}") from e
+            time.sleep(0.5)
         finally:
             s.close()
 

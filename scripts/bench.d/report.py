@@ -92,7 +92,8 @@ def rows_for(res, systems):
             st = res["stats"][s.name][key]
             row.append(f"{fmt(st['median'])} ({fmt(st['min'])}–{fmt(st['max'])})")
         for pair in ratio_pairs(systems):
-            row.append(f"{res['ratio'][pair][key]:.2f}")
+            r = res["ratio"][pair][key]
+            row.append("-" if r is None else f"{r:.2f}")
         if "ringsock" in res["via"]:
             v, counts = res["via"]["ringsock"]
             row.append(f"{v} ({counts})" if counts else v)
@@ -117,6 +118,7 @@ SUITE_TITLES = {
     "memcached": "memcslap against memcached (2 threads)",
     "iperf3": "iperf3 streams (default 128 KiB writes)",
     "programs": "the program matrix's programs against kernel TCP and a BPF sockmap redirect",
+    "short": "Short connections: a new connection per request",
 }
 
 
@@ -206,7 +208,8 @@ def write_csvs(out_dir, systems, results):
                                     0, "", "", "FAILED"])
                         continue
                     st = r["stats"][s.name][key]
-                    ratio = "" if s.name == base else f"{r['ratio'][(s.name, base)][key]:.4f}"
+                    rv = None if s.name == base else r["ratio"][(s.name, base)][key]
+                    ratio = "" if rv is None else f"{rv:.4f}"
                     via, counts = r["via"].get(s.name, ("n/a", ""))
                     w.writerow([c.suite, c.workload, c.x, key, unit, better, s.name,
                                 f"{st['median']:.4f}", f"{st['min']:.4f}", f"{st['max']:.4f}",

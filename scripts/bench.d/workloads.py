@@ -6,13 +6,17 @@ system and returns {metric: value}. Cases are built per suite by
 scripts/bench can kill it whatever happens.
 """
 
+import glob
 import json
 import os
+import pwd
 import re
 import shutil
+import struct
+import subprocess
 import time
 
-from common import SHAPES, BenchError, free_port, free_ports, wait_port
+from common import BIN, SHAPES, BenchError, free_port, free_ports, wait_port
 
 SOCKPERF_MAX = 65507  # sockperf refuses larger messages
 
@@ -350,9 +354,9 @@ http {{
 """
 
 
-def start_nginx(ctx, system, run_dir, workers=1):
-    """nginx serving /small (128 B) and /big (1 MiB) on a free port; returns
-    the port."""
+def nginx_site(run_dir, workers=1):
+    """A private nginx (128 B file `small`, 1 MiB file `big`) under run_dir;
+    returns (argv, port)."""
     port = free_port()
     d = os.path.join(run_dir, "nginx")
     os.makedirs(os.path.join(d, "www"))
@@ -370,7 +374,14 @@ def start_nginx(ctx, system, run_dir, workers=1):
     conf = os.path.join(d, "nginx.conf")
     with open(conf, "w") as f:
         f.write(NGINX_CONF.format(workers=workers, d=d, port=port))
-    server(ctx, system, run_dir, ["nginx", "-c", conf, "-p", d + "/"], port, name="nginx")
+    return ["nginx", "-c", conf, "-p", d + "/"], port
+
+
+def start_nginx(ctx, system, run_dir, workers=1):
+    """nginx serving /small (128 B) and /big (1 MiB) on a free port; returns
+    the port."""
+    argv, port = nginx_site(run_dir, workers)
+    server(ctx, system, run_dir, argv, port, name="nginx")
     return port
 
 
@@ -423,14 +434,321 @@ def memcached_run(ctx, system, run_dir, threads):
     return res, sample
 
 
+# ---- short connections ---------------------------------------------------------
+
+
+CONNRR = os.path.join(BIN, "connrr")
+
+
+def ab_close(ctx, system, run_dir):
+    """ab without keep-alive: a new connection per request."""
+    argv, port = nginx_site(run_dir)
+    server(ctx, system, run_dir, argv, port, name="nginx")
+    n = int(8000 * ctx.secs)
+    (out,), sample = run_clients(
+        ctx, system, run_dir,
+        [["ab", "-q", "-c", "16", "-n", str(n), f"http://127.0.0.1:{port}/small"]],
+        sample_at=min(0.4, ctx.secs / 3), timeout=60 + 30 * ctx.secs)
+    failed = grab(r"Failed requests:\s+(\d+)", out, "Failed requests")
+    complete = grab(r"Complete requests:\s+(\d+)", out, "Complete requests")
+    if failed or complete != n or "Non-2xx" in out:
+        raise BenchError("ab reported failed or missing requests:\n" + out[-800:])
+    return {"rps": grab(r"Requests per second:\s+([\d.]+)", out, "Requests per second")}, sample
+
+
+def redis_close(ctx, system, run_dir):
+    """redis-benchmark -k 0: a new connection per request."""
+    port = free_port()
+    server(ctx, system, run_dir,
+           ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+            "--appendonly", "no", "--daemonize", "no"], port)
+    n = int(4000 * ctx.secs)
+    (out,), sample = run_clients(
+        ctx, system, run_dir,
+        [["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-t", "set,get", "-n", str(n),
+          "-c", "16", "-k", "0", "-q"]],
+        sample_at=min(0.4, ctx.secs / 3), timeout=60 + 30 * ctx.secs)
+    out = out.replace("\r", "\n")
+    return {"set": grab(r"SET: ([\d.]+) requests per second", out, "SET rate"),
+            "get": grab(r"GET: ([\d.]+) requests per second", out, "GET rate")}, sample
+
+
+def pg_bin(program):
+    """`program` of the newest PostgreSQL under /usr/lib/postgresql (Debian
+    keeps the server's binaries off PATH), else from PATH."""
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{program}"),
+                   key=lambda p: [int(x) if x.isdigit() else 0 for x in p.split("/")[4].split(".")])
+    return found[-1] if found else shutil.which(program)
+
+
+def as_postgres(argv):
+    """argv as the `postgres` user when running as root (initdb and the
+    postmaster refuse root)."""
+    if os.geteuid() != 0:
+        return argv
+    return ["setpriv", "--reuid", "postgres", "--regid", "postgres", "--init-groups", "--"] + argv
+
+
+def pgbench_connect(ctx, system, run_dir):
+    """pgbench -C -S: a new connection per select-only transaction, against
+    a private cluster made under run_dir (removed with it)."""
+    tools = {p: pg_bin(p) for p in ("initdb", "postgres", "pgbench")}
+    missing = [p for p, path in tools.items() if not path]
+    if missing:
+        raise BenchError(f"PostgreSQL programs not found: {', '.join(missing)}")
+    data = os.path.join(run_dir, "pgdata")
+    os.makedirs(data)
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam("postgres")
+        os.chown(data, pw.pw_uid, pw.pw_gid)
+    env = {k: v for k, v in system.env.items() if k != "LD_PRELOAD"}
+    p = subprocess.run(as_postgres([tools["initdb"], "-D", data, "-U", "postgres", "--auth=trust",
+                                    "-E", "UTF8", "--no-sync"]),
+                       env=env, capture_output=True, text=True, timeout=180)
+    if p.returncode != 0:
+        raise BenchError(f"initdb failed ({p.returncode}):\n{p.stderr[-800:]}")
+    port = free_port()
+    server(ctx, system, run_dir,
+           as_postgres([tools["postgres"], "-D", data, "-p", str(port), "-k", "",
+                        "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"]),
+           port, name="postgres", ready_text="database system is ready to accept connections")
+    base = [tools["pgbench"], "-h", "127.0.0.1", "-p", str(port), "-U", "postgres"]
+    p = subprocess.run(base + ["-i", "-s", "1", "-q", "postgres"], env=env, capture_output=True,
+                       text=True, timeout=180)
+    if p.returncode != 0:
+        raise BenchError(f"pgbench -i failed ({p.returncode}):\n{(p.stdout + p.stderr)[-800:]}")
+    secs = max(1, round(ctx.secs))
+    (out,), sample = run_clients(
+        ctx, system, run_dir,
+        [base + ["-C", "-S", "-c", "4", "-j", "2", "-T", str(secs), "postgres"]],
+        sample_at=secs / 2 + 0.2, timeout=secs + 60)
+    if not re.search(r"number of failed transactions: 0 ", out):
+        raise BenchError("pgbench reported failed transactions:\n" + out[-800:])
+    return {"tps": grab(r"tps = ([\d.]+)", out, "tps")}, sample
+
+
+def time_wait_count():
+    """TCP sockets in TIME-WAIT on this host now (every run's closed
+    connections leave some for 60 s, and the machine's other jobs too); a
+    ring's set-up binds a port first, which gets slower the more there
+    are."""
+    n = 0
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                next(f, None)
+                n += sum(1 for line in f if line.split(None, 4)[3] == "06")
+        except OSError:
+            pass
+    return n
+
+
+def connrr_server(ctx, system, run_dir, threads=1, env=None):
+    port = free_port()
+    sys_env = system.env
+    if env:
+        system.env = env
+    try:
+        p = server(ctx, system, run_dir, [CONNRR, "server", "--port", str(port),
+                                          "--threads", str(threads)],
+                   port, name="connrr-server", ready_text="listening")
+    finally:
+        system.env = sys_env
+    return p, port
+
+
+def short_env(system, short_ms):
+    """The system's environment with RINGSOCK_SHORT_MS=short_ms where the
+    shim is loaded (None: the shim's default)."""
+    env = dict(system.env)
+    if short_ms is not None and "LD_PRELOAD" in env:
+        env["RINGSOCK_SHORT_MS"] = str(short_ms)
+    return env
+
+
+def connrr_latency(short_ms=None):
+    """connect + 64 B request/response + close, one connection at a time;
+    short_ms sets RINGSOCK_SHORT_MS for both ends (0: every connection is
+    offered a ring). Connections this short seldom show in a status
+    sample, so the run's sample is connrr's own probes (every 100th
+    connection: was a ring mapped while it was open)."""
+    def fn(ctx, system, run_dir):
+        env = short_env(system, short_ms)
+        _, port = connrr_server(ctx, system, run_dir, env=env)
+        tw = time_wait_count()
+        n = int(1500 * ctx.secs)
+        (out,), _ = run_clients(
+            ctx, system, run_dir,
+            [[CONNRR, "client", "--port", str(port), "--n", str(n), "--size", "64"]],
+            sample_at=3600, timeout=60 + 30 * ctx.secs, env=env)
+        d = shapes_json(out)
+        sample = None
+        if "LD_PRELOAD" in env:
+            sample = {"shm": d["probes_on_ring"], "tcp": d["probes"] - d["probes_on_ring"]}
+        return {"p50": d["p50_us"], "p99": d["p99_us"], "tw": float(tw)}, sample
+    return fn
+
+
+def proc_holdings(pid):
+    """(fds, ring memfds, RSS KiB) of pid, or None once it is gone."""
+    try:
+        fds = rings = 0
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            fds += 1
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if target.removesuffix(" (deleted)").endswith(("/memfd:ringsock", "/memfd:ringsock-verbs")):
+                rings += 1
+        with open(f"/proc/{pid}/status") as f:
+            rss = next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
+        return fds, rings, rss
+    except (OSError, ValueError):
+        return None
+
+
+# ringsock_proto::offers: 8 header words ([magic, slots, overflow, ..]),
+# then entries of 8 words ([seq, key0..key4, ..]); key4 (ports and a set
+# bit) is zero in a free entry.
+OFFERS_MAGIC = int.from_bytes(b"RSOFFERS", "little")
+
+
+def offer_table(pid):
+    """(live entries, overflow count) of the offer table the daemon `pid`
+    shares with its processes (read through its memfd), or None."""
+    try:
+        for name in os.listdir(f"/proc/{pid}/fd"):
+            path = f"/proc/{pid}/fd/{name}"
+            try:
+                if not os.readlink(path).startswith("/memfd:ringsock-offers"):
+                    continue
+                with open(path, "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            words = struct.unpack(f"<{len(data) // 8}Q", data[:len(data) // 8 * 8])
+            if len(words) < 8 or words[0] != OFFERS_MAGIC:
+                return None
+            slots = min(words[1], (len(words) - 8) // 8)
+            live = sum(1 for i in range(slots) if words[8 + 8 * i + 5] != 0)
+            return live, words[2]
+    except OSError:
+        pass
+    return None
+
+
+def churn(rate, threads=2, short_ms=None):
+    """connrr churn at `rate` conn/s for the run's length (60 s full, 10 s
+    quick), sampling the client's, the server's and the daemon's holdings
+    every few seconds. The baseline is taken after a few warm-up
+    connections (the shim opens its daemon session and maps the offer
+    table once, on first use). Flat: the server and the daemon hold as
+    many fds and ring memfds after the churn (settled) as before it, the
+    daemon's offer table holds no more entries (and no overflow) than
+    before, and no process's RSS grew by more than 1 MiB from the first
+    sample under load to the last."""
+    def fn(ctx, system, run_dir):
+        secs = 10 if ctx.quick else 60
+        every = 2.0 if ctx.quick else 5.0
+        env = short_env(system, short_ms)
+        srv, port = connrr_server(ctx, system, run_dir, threads=threads, env=env)
+        warm = subprocess.run([CONNRR, "client", "--port", str(port), "--n", "20"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        if warm.returncode != 0:
+            raise BenchError(f"connrr warm-up failed ({warm.returncode}):\n{warm.stderr[-800:]}")
+        daemon = getattr(system, "daemon", None)
+        idle = {n: p for n, p in (("server", srv), ("daemon", daemon)) if p is not None}
+        tw = time_wait_count()
+        before = {n: proc_holdings(p.pid) for n, p in idle.items()}
+        offers_before = offer_table(daemon.pid) if daemon is not None else None
+        offers_peak = 0
+        out_path = os.path.join(run_dir, "churn.out")
+        with open(out_path, "wb") as f:
+            cli = ctx.procs.start([CONNRR, "churn", "--port", str(port), "--secs", str(secs),
+                                   "--rate", str(rate), "--threads", str(threads)],
+                                  env, log=os.path.join(run_dir, "churn.err"), stdout=f)
+        watched = dict(idle, client=cli)
+        series, sample = [], None
+        t0 = time.time()
+        next_at = t0 + 1.0
+        while cli.poll() is None:
+            if time.time() > t0 + secs + 60:
+                raise BenchError(f"connrr churn did not finish in {secs + 60} s")
+            if time.time() >= next_at:
+                series.append({n: proc_holdings(p.pid) for n, p in watched.items()})
+                if daemon is not None:
+                    live = offer_table(daemon.pid)
+                    offers_peak = max(offers_peak, live[0] if live else 0)
+                if sample is None:
+                    sample = system.sample()
+                next_at += every
+            time.sleep(0.05)
+        if cli.returncode != 0:
+            raise BenchError(f"connrr churn exited {cli.returncode}" + tail(os.path.join(run_dir, "churn.err")))
+        d = shapes_json(open(out_path).read())
+        after = settle(idle, before)
+        offers_after = offer_table(daemon.pid) if daemon is not None else None
+        if daemon is not None and (offers_before is None or offers_after is None):
+            raise BenchError("could not read the daemon's offer table")
+        under = [s for s in series if all(v is not None for v in s.values())]
+        if len(under) < 2:
+            raise BenchError(f"fewer than 2 samples under load ({len(under)})")
+        first, last = under[0], under[-1]
+        rss_growth = {n: last[n][2] - first[n][2] for n in watched}
+        fd_growth = {n: after[n][0] - before[n][0] for n in idle}
+        ring_left = sum(after[n][1] for n in idle)
+        offers_left = offers_after[0] - offers_before[0] if daemon is not None else 0
+        overflow = offers_after[1] if daemon is not None else 0
+        flat = all(g <= 0 for g in fd_growth.values()) and ring_left == 0 and \
+            all(g <= 1024 for g in rss_growth.values()) and offers_left <= 0 and overflow == 0
+        with open(os.path.join(run_dir, "churn-samples.json"), "w") as f:
+            json.dump({"before": before, "under": under, "after": after,
+                       "offers_before": offers_before, "offers_after": offers_after}, f)
+        vals = {"rate": d["rate"], "flat": 1.0 if flat else 0.0, "tw": float(tw),
+                "fds": float(sum(fd_growth.values())), "rings": float(ring_left),
+                "rss_srv": float(rss_growth["server"]), "rss_cli": float(rss_growth["client"]),
+                "peak_fds": float(max(s["client"][0] + s["server"][0] for s in under)),
+                "peak_rings": float(max(s["client"][1] + s["server"][1] for s in under))}
+        if daemon is not None:
+            vals["rss_daemon"] = float(rss_growth["daemon"])
+            vals["fds_daemon"] = float(fd_growth["daemon"])
+        else:
+            vals["rss_daemon"] = vals["fds_daemon"] = 0.0
+        vals["offers_left"], vals["offers_peak"] = float(offers_left), float(offers_peak)
+        vals["offers_overflow"] = float(overflow)
+        return vals, sample
+    return fn
+
+
+def settle(idle, before, wait=10.0):
+    """The holdings of the idle processes once they are back at or below
+    `before` (a shim may close a ring on its background thread), or as
+    they stand after `wait` s."""
+    end = time.time() + wait
+    while True:
+        now = {n: proc_holdings(p.pid) for n, p in idle.items()}
+        if any(v is None for v in now.values()):
+            gone = [n for n, v in now.items() if v is None]
+            raise BenchError(f"{', '.join(gone)} exited during the churn")
+        if all(now[n][0] <= before[n][0] and now[n][1] <= before[n][1] for n in idle) \
+                or time.time() > end:
+            return now
+        time.sleep(0.1)
+
+
 # ---- the suites -------------------------------------------------------------------
 
 
-SUITES = ["msgsize", "conns", "procs", "shapes", "redis", "nginx", "memcached", "iperf3", "programs",
-          "ablation"]
-# What a run without --suites runs: programs needs databases, node,
-# haproxy and (for its sockmap column) root, so it runs when named.
-DEFAULT_SUITES = [x for x in SUITES if x != "programs"]
+SUITES = ["msgsize", "conns", "procs", "shapes", "redis", "nginx", "memcached", "iperf3", "short",
+          "programs", "ablation"]
+# What a run without --suites runs: all but `short` (its churn rows alone
+# take 12 minutes in a full run) and `programs` (it needs databases, node,
+# haproxy and, for its sockmap column, root).
+DEFAULT_SUITES = [x for x in SUITES if x not in ("short", "programs")]
+
+
+CHURN_RATE = 20000
 
 
 def build_cases(quick, nproc):
@@ -480,6 +798,35 @@ def build_cases(quick, nproc):
     s["memcached"].append(Case("memcached", "memcslap -c 4 / memcached",
                                [("set", "SET ops/s", "higher"), ("get", "GET ops/s", "higher")],
                                ["memcached", "memcslap"], memcached(2)))
+    s["short"].append(Case("short", "ab -c 16 / nginx, 128 B file, no keep-alive",
+                           [("rps", "req/s", "higher")], ["nginx", "ab"], ab_close))
+    s["short"].append(Case("short", "redis-benchmark -c 16 -k 0 (connection per request)", rps,
+                           ["redis-server", "redis-benchmark"], redis_close))
+    s["short"].append(Case("short", "pgbench -C -S -c 4 (connection per transaction)",
+                           [("tps", "tps", "higher")], ["setpriv"], pgbench_connect))
+    tw = ("tw", "TIME-WAIT sockets at start", "info")
+    rr = [("p50", "p50 µs", "lower"), ("p99", "p99 µs", "lower"), tw]
+    s["short"].append(Case("short", "connrr: connect + 64 B request/response + close", rr, [],
+                           connrr_latency()))
+    s["short"].append(Case("short", "connrr, RINGSOCK_SHORT_MS=0 (every connection offered a ring)",
+                           rr, [], connrr_latency(0)))
+    churn_metrics = [("rate", "conn/s achieved", "higher"),
+                     ("flat", "flat (1 yes, 0 no)", "info"),
+                     ("fds", "fds left, server+daemon", "info"),
+                     ("rings", "ring memfds left", "info"),
+                     ("peak_fds", "fds peak, client+server", "info"),
+                     ("peak_rings", "ring memfds peak, client+server", "info"),
+                     ("rss_cli", "client RSS growth KiB", "info"),
+                     ("rss_srv", "server RSS growth KiB", "info"),
+                     ("rss_daemon", "daemon RSS growth KiB", "info"),
+                     ("fds_daemon", "daemon fds left", "info"),
+                     ("offers_left", "offer table entries left", "info"),
+                     ("offers_peak", "offer table entries peak", "info"),
+                     ("offers_overflow", "offer table overflow left", "info"), tw]
+    s["short"].append(Case("short", f"connrr churn, 2 threads, target {CHURN_RATE} conn/s",
+                           churn_metrics, [], churn(CHURN_RATE)))
+    s["short"].append(Case("short", f"connrr churn, RINGSOCK_SHORT_MS=0, target {CHURN_RATE} conn/s",
+                           churn_metrics, [], churn(CHURN_RATE, short_ms=0)))
     for p in (1, 4):
         s["iperf3"].append(Case("iperf3", f"iperf3 -P {p}", [("tput", "Gbit/s", "higher")],
                                 ["iperf3"], iperf3_streams(p)))

@@ -5,7 +5,10 @@
 //! its connections there are short: after `STREAK` short ones in a row it
 //! connects there over plain TCP, trying a ring again after a number of
 //! connections that doubles each time (up to `MAX_SKIP`), and at once when
-//! one of its TCP connections there turns out long.
+//! one of its TCP connections there turns out long. Only one connection at
+//! a time tries a ring between skips: with several connections open at
+//! once, the ones made before the tried one closes would otherwise all
+//! offer rings before the record knows whether it was short.
 //!
 //! Short: closed within RINGSOCK_SHORT_MS of the connect (0 turns the
 //! record off: every connection is offered a ring). The record is per
@@ -39,6 +42,10 @@ struct Dest {
     /// Connections still to skip, and the length of the last skip.
     skip: u32,
     last_skip: u32,
+    /// When the connection trying a ring after a skip started (0: none
+    /// open). Its close decides the next skip; one open longer than a
+    /// short connection lives is not short, so it no longer holds others.
+    probe_ns: u64,
 }
 
 struct Record {
@@ -84,6 +91,14 @@ pub fn ring_worth_trying(dest: SocketAddr) -> bool {
         Some(d) if d.skip > 0 => {
             d.skip -= 1;
             false
+        }
+        Some(d) if d.short >= STREAK => {
+            let now = sys::monotonic_ns();
+            if d.probe_ns != 0 && now.saturating_sub(d.probe_ns) < short_ns() {
+                return false;
+            }
+            d.probe_ns = now;
+            true
         }
         _ => true,
     }
@@ -135,6 +150,7 @@ fn note(r: &mut Record, dest: SocketAddr, lifetime_ns: u64) {
         return;
     }
     d.short += 1;
+    d.probe_ns = 0;
     if d.short >= STREAK && d.skip == 0 {
         d.last_skip = (d.last_skip * 2).clamp(STREAK, MAX_SKIP);
         d.skip = d.last_skip;
@@ -181,6 +197,36 @@ mod tests {
         skipped_closed(77);
         assert!(ring_worth_trying(d));
         assert!(ring_worth_trying(d));
+    }
+
+    #[test]
+    fn one_connection_at_a_time_tries_a_ring_between_skips() {
+        let d = dest(40_004);
+        ring_closed(d, 1);
+        ring_closed(d, 1);
+        for _ in 0..2 {
+            assert!(!ring_worth_trying(d), "the first skip");
+        }
+        assert!(ring_worth_trying(d), "a ring is tried after the skip");
+        for _ in 0..5 {
+            assert!(
+                !ring_worth_trying(d),
+                "connections opened while the tried one is open skip the ring"
+            );
+        }
+        ring_closed(d, 1);
+        let n = (0..10).take_while(|_| !ring_worth_trying(d)).count();
+        assert_eq!(n, 4, "its close doubles the skip");
+        // A tried connection open longer than a short one lives (or one
+        // whose close the record never sees) holds the others no longer.
+        {
+            let mut g = RECORD.lock();
+            let r = g.as_mut().unwrap();
+            let p = &mut r.dests.get_mut(&d).unwrap().probe_ns;
+            *p = p.saturating_sub(short_ns() + 1);
+        }
+        assert!(ring_worth_trying(d));
+        assert!(!ring_worth_trying(d));
     }
 
     #[test]
