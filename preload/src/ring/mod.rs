@@ -84,13 +84,13 @@ impl Attacher for ShmAttacher {
         _nonblocking: bool,
         connect: &mut dyn FnMut() -> Result<(), Errno>,
     ) -> (Result<(), Errno>, Decision) {
-        if !policy::ring_worth_trying(dest) {
+        if let Some(why) = policy::skip_reason(dest) {
             let res = connect();
             if matches!(res, Ok(()) | Err(Errno(libc::EINPROGRESS))) {
                 policy::skipped(fd, dest);
-                background::note_tcp(fd, Some(dest), TcpReason::ShortLived);
+                background::note_tcp(fd, Some(dest), why);
             }
-            return (res, Decision::Tcp(TcpReason::ShortLived));
+            return (res, Decision::Tcp(why));
         }
         let (res, d) = if local::is_local(dest.ip()) {
             shm::handshake::connect(fd, dest, connect)
@@ -99,6 +99,9 @@ impl Attacher for ShmAttacher {
         };
         if let Decision::Tcp(r) = &d {
             if matches!(res, Ok(()) | Err(Errno(libc::EINPROGRESS))) {
+                if *r == TcpReason::Declined {
+                    policy::turned_down(dest);
+                }
                 background::note_tcp(fd, Some(dest), *r);
             }
         }

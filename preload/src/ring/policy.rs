@@ -20,6 +20,7 @@ use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
 use super::plock::PLock;
+use crate::attached::TcpReason;
 use crate::{config, sys};
 
 /// A connection closed within this of its connect is short; 0: none is.
@@ -39,6 +40,8 @@ const MAX_DESTS: usize = 1024;
 struct Dest {
     /// Short connections in a row.
     short: u32,
+    /// The last of them was a ring the server turned down (`turned_down`).
+    refused: bool,
     /// Connections still to skip, and the length of the last skip.
     skip: u32,
     last_skip: u32,
@@ -78,30 +81,38 @@ fn canonical(dest: SocketAddr) -> SocketAddr {
     }
 }
 
-/// Whether a connection to `dest` should be offered a ring now (counts a
-/// skipped one down).
-pub fn ring_worth_trying(dest: SocketAddr) -> bool {
+/// Why a connection to `dest` should not be offered a ring now (counts a
+/// skipped one down); None: offer it one.
+pub fn skip_reason(dest: SocketAddr) -> Option<TcpReason> {
     if short_ns() == 0 {
-        return true;
+        return None;
     }
     let dest = canonical(dest);
     let mut g = RECORD.lock();
     let r = g.get_or_insert_with(fresh);
-    match r.dests.get_mut(&dest) {
-        Some(d) if d.skip > 0 => {
-            d.skip -= 1;
-            false
-        }
-        Some(d) if d.short >= STREAK => {
-            let now = sys::monotonic_ns();
-            if d.probe_ns != 0 && now.saturating_sub(d.probe_ns) < short_ns() {
-                return false;
-            }
-            d.probe_ns = now;
-            true
-        }
-        _ => true,
+    let d = r.dests.get_mut(&dest)?;
+    let why = if d.refused {
+        TcpReason::Declined
+    } else {
+        TcpReason::ShortLived
+    };
+    if d.skip > 0 {
+        d.skip -= 1;
+        return Some(why);
     }
+    if d.short >= STREAK {
+        let now = sys::monotonic_ns();
+        if d.probe_ns != 0 && now.saturating_sub(d.probe_ns) < short_ns() {
+            return Some(why);
+        }
+        d.probe_ns = now;
+    }
+    None
+}
+
+#[cfg(test)]
+fn ring_worth_trying(dest: SocketAddr) -> bool {
+    skip_reason(dest).is_none()
 }
 
 /// A connection to `dest` skipped the ring: remember it (its lifetime
@@ -136,6 +147,20 @@ pub fn ring_closed(dest: SocketAddr, lifetime_ns: u64) {
     note(r, dest, lifetime_ns);
 }
 
+/// A connection to `dest` offered a ring that the server turned down (no
+/// shim there, or one that declines or did not claim in time): it counts
+/// as a short connection, so a destination that never takes rings is
+/// offered one only now and then, as short connections are.
+pub fn turned_down(dest: SocketAddr) {
+    let dest = canonical(dest);
+    let mut g = RECORD.lock();
+    let r = g.get_or_insert_with(fresh);
+    note(r, dest, 0);
+    if let Some(d) = r.dests.get_mut(&dest) {
+        d.refused = true;
+    }
+}
+
 fn note(r: &mut Record, dest: SocketAddr, lifetime_ns: u64) {
     if r.dests.len() >= MAX_DESTS && !r.dests.contains_key(&dest) {
         // Forget one at random (the map's order): a bounded record.
@@ -150,6 +175,7 @@ fn note(r: &mut Record, dest: SocketAddr, lifetime_ns: u64) {
         return;
     }
     d.short += 1;
+    d.refused = false;
     d.probe_ns = 0;
     if d.short >= STREAK && d.skip == 0 {
         d.last_skip = (d.last_skip * 2).clamp(STREAK, MAX_SKIP);
@@ -163,6 +189,25 @@ mod tests {
 
     fn dest(port: u16) -> SocketAddr {
         SocketAddr::new("127.0.0.1".parse().unwrap(), port)
+    }
+
+    #[test]
+    fn a_destination_that_turns_rings_down_is_skipped() {
+        let d = dest(40_010);
+        assert!(ring_worth_trying(d));
+        turned_down(d);
+        assert!(ring_worth_trying(d), "one refusal is not a pattern");
+        turned_down(d);
+        for fd in [80, 81] {
+            assert!(!ring_worth_trying(d), "two refusals skip the next two");
+            skipped(fd, d);
+            skipped_closed(fd);
+        }
+        assert!(ring_worth_trying(d), "then one tries again");
+        turned_down(d);
+        assert_eq!(skip_reason(d), Some(TcpReason::Declined), "status says why");
+        let n = (0..10).take_while(|_| !ring_worth_trying(d)).count();
+        assert_eq!(n + 1, 4, "a refused retry doubles the skip");
     }
 
     #[test]

@@ -151,6 +151,9 @@ pub struct RingConn<W: Wire> {
     /// This end connected (the client), and when.
     initiated: bool,
     born_ns: u64,
+    /// The server turned the ring down at set-up (`fall_back`), which the
+    /// client's policy counted then, not at the close.
+    turned_down: AtomicBool,
     /// Queued on the background thread's flush list.
     dirty: AtomicBool,
     /// Whether the next send starts a message.
@@ -196,6 +199,7 @@ impl<W: Wire> RingConn<W> {
             connected: AtomicBool::new(!p.pending),
             initiated: p.pending,
             born_ns: sys::monotonic_ns(),
+            turned_down: AtomicBool::new(false),
             dirty: AtomicBool::new(false),
             message: MessageStart::new(),
             waiters: Mutex::new(Waiters::default()),
@@ -298,6 +302,10 @@ impl<W: Wire> RingConn<W> {
         self.mode.store(MODE_TCP, Ordering::Release);
         drop(tx);
         self.push_tx_spill();
+        if self.initiated {
+            self.turned_down.store(true, Ordering::Release);
+            super::policy::turned_down(self.peer);
+        }
         log::info!(
             "{} -> {}: plain TCP ({why}); {early} early bytes resent",
             self.local,
@@ -1373,7 +1381,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             return;
         }
         let mut ends = kind == ReleaseKind::Owner && W::is_user(self);
-        if ends && self.initiated {
+        if ends && self.initiated && !self.turned_down.load(Ordering::Acquire) {
             super::policy::ring_closed(self.peer, sys::monotonic_ns().saturating_sub(self.born_ns));
         }
         let mut shared = None;
