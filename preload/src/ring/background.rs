@@ -430,10 +430,11 @@ pub fn note_closed(conn: Arc<dyn Tracked>) {
     report(Report::RingClosed(conn));
 }
 
-/// A tracked socket stays plain TCP.
-pub fn note_tcp(fd: RawFd, peer: Option<SocketAddr>, reason: TcpReason) {
+/// A tracked socket stays plain TCP; an address the caller does not give
+/// is asked of the socket.
+pub fn note_tcp(fd: RawFd, local: Option<SocketAddr>, peer: Option<SocketAddr>, reason: TcpReason) {
     let (Some(local), Some(peer)) = (
-        sockaddr::query(fd, false),
+        local.or_else(|| sockaddr::query(fd, false)),
         peer.or_else(|| sockaddr::query(fd, true)),
     ) else {
         return;

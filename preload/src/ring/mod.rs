@@ -88,7 +88,7 @@ impl Attacher for ShmAttacher {
             let res = connect();
             if matches!(res, Ok(()) | Err(Errno(libc::EINPROGRESS))) {
                 policy::skipped(fd, dest);
-                background::note_tcp(fd, Some(dest), why);
+                background::note_tcp(fd, None, Some(dest), why);
             }
             return (res, Decision::Tcp(why));
         }
@@ -102,7 +102,7 @@ impl Attacher for ShmAttacher {
                 if *r == TcpReason::Declined {
                     policy::turned_down(dest);
                 }
-                background::note_tcp(fd, Some(dest), *r);
+                background::note_tcp(fd, None, Some(dest), *r);
             }
         }
         (res, d)
@@ -119,7 +119,7 @@ impl Attacher for ShmAttacher {
             d
         };
         if let Decision::Tcp(r) = &d {
-            background::note_tcp(fd, Some(peer), *r);
+            background::note_tcp(fd, Some(local), Some(peer), *r);
         }
         d
     }
@@ -138,7 +138,7 @@ impl Attacher for ShmAttacher {
     }
 
     fn tcp_decided(&self, fd: RawFd, reason: TcpReason) {
-        background::note_tcp(fd, None, reason);
+        background::note_tcp(fd, None, None, reason);
     }
 
     fn tcp_closed(&self, fd: RawFd) {
