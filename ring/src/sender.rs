@@ -562,7 +562,8 @@ impl<T: Transport> Sender<T> {
     /// `flush`, but leaves the check for a sleeping receiver (a fence and
     /// a load of its flag, which cost a stream of small writes more than
     /// the writes) to the next `flush`: a receiver that looks finds the
-    /// bytes at once, one that sleeps is woken by that flush.
+    /// bytes at once, one long asleep is woken now (its flag is visible
+    /// without the fence), one that arms meanwhile by that flush.
     /// `has_unflushed` is true until then.
     pub fn publish(&mut self) -> Result<(), RingError> {
         if let Some(e) = &self.failed {
@@ -571,7 +572,15 @@ impl<T: Transport> Sender<T> {
         self.quiet = true;
         let done = self.publish_all();
         self.quiet = false;
-        done
+        done?;
+        // A receiver that went to sleep a while ago shows its flag without
+        // the fence: ring it now rather than at the next flush. One that
+        // arms this very moment may not show yet; `check_owed` still
+        // leaves it to the flush, as above.
+        if self.check_owed && self.mem.ctrl().rx_waiting.value.load(Ordering::Relaxed) != 0 {
+            self.tail_visible()?;
+        }
+        Ok(())
     }
 
     fn publish_all(&mut self) -> Result<(), RingError> {

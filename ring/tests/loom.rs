@@ -70,9 +70,9 @@ fn data_is_published_and_sleeping_receiver_wakes() {
     });
 }
 
-/// A quiet publish makes the bytes readable at once and leaves the check
-/// for a sleeping receiver to the next flush: a receiver that reads finds
-/// them, one that went to sleep is woken by that flush.
+/// A quiet publish makes the bytes readable at once and may leave the
+/// check for a sleeping receiver to the next flush: a receiver that reads
+/// finds them, one that goes to sleep meanwhile is woken by that flush.
 #[test]
 fn quiet_publish_then_flush_wakes_a_sleeper() {
     model(|| {
@@ -83,7 +83,6 @@ fn quiet_publish_then_flush_wakes_a_sleeper() {
         let writer = thread::spawn(move || {
             tx.write(b"ab").unwrap();
             tx.publish().unwrap();
-            assert!(tx.has_unflushed(), "the sleeper check is owed");
             tx.write(b"c").unwrap();
             tx.publish().unwrap();
             tx.flush().unwrap();
@@ -91,6 +90,37 @@ fn quiet_publish_then_flush_wakes_a_sleeper() {
         });
         assert_eq!(read_all(&mut rx, &bell, 3), b"abc");
         writer.join().unwrap();
+    });
+}
+
+/// A receiver already asleep when a quiet publish comes is woken by that
+/// publish, with no flush after it (the sender holds on to its end).
+#[test]
+fn quiet_publish_wakes_a_receiver_long_asleep() {
+    model(|| {
+        let bell = Bell::default();
+        // Tails every 2 slots: the one-slot record waits for `publish`.
+        let c = RingConfig { alpha: 2, ..cfg(4) };
+        let (mut tx, mut rx) = heap_pair(c, Some(Box::new(bell.clone())), None).unwrap();
+        let armed = std::sync::Arc::new(loom::sync::atomic::AtomicBool::new(false));
+        let seen = armed.clone();
+        let writer = thread::spawn(move || {
+            while !seen.load(loom::sync::atomic::Ordering::Acquire) {
+                thread::yield_now();
+            }
+            tx.write(b"ab").unwrap();
+            tx.publish().unwrap();
+            tx
+        });
+        let mut out = [0u8; 2];
+        assert!(matches!(rx.read(&mut out), Err(RingError::WouldBlock)));
+        assert!(rx.prepare_wait().unwrap(), "nothing was sent yet");
+        armed.store(true, loom::sync::atomic::Ordering::Release);
+        bell.wait();
+        rx.finish_wait(true).unwrap();
+        assert_eq!(rx.read(&mut out).unwrap(), 2);
+        assert_eq!(&out, b"ab");
+        drop(writer.join().unwrap());
     });
 }
 
