@@ -189,8 +189,11 @@ impl Session {
             match ringsock_proto::client::recv_msg(sock, &mut self.scratch) {
                 Ok((Msg::Ok, _)) => self.owed -= 1,
                 Ok((other, _)) => {
-                    // Only an answer that came after its offer expired:
-                    // the segment's state word had decided already.
+                    // Only an answer read after its offer was gone: it
+                    // expired, or its client's session ended first (the
+                    // client took the ring from the segment, finished
+                    // and exited). The segment's state word decided
+                    // already, so nothing is wrong.
                     log::debug!("ctl: a request sent ahead was refused: {other:?}");
                     self.owed -= 1;
                 }
