@@ -175,6 +175,17 @@ pub trait AttachedConn: Send + Sync {
         self.disarm_waiter(interest, true)
     }
 
+    /// Ends an `arm` whose sleep returned with `woke`: those of its
+    /// `wait_fds` (with their revents; none if it did not sleep). Only a
+    /// doorbell among them can have rung, only the kernel socket among them
+    /// can have news, so the others need no drain and no look. A ring that
+    /// comes after the sleep's look stays in its doorbell and wakes the
+    /// next sleep, which drains it.
+    fn disarm_after(&self, interest: Ready, woke: &[libc::pollfd]) {
+        let _ = woke;
+        self.disarm(interest)
+    }
+
     /// `arm_waiter` for an edge-triggered waiter.
     fn arm_edge(&self, interest: Ready) -> Ready {
         self.arm_waiter(interest, false)

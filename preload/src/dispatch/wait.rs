@@ -164,7 +164,7 @@ pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Op
     }
     loop {
         if conn.arm(interest).intersects(want) {
-            conn.disarm(interest);
+            conn.disarm_after(interest, &[]);
             return Woke::Ready;
         }
         let mut pfds = [libc::pollfd {
@@ -191,7 +191,10 @@ pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Op
             Some(deadline.map_or(slice, |d| d.min(slice))),
             None,
         );
-        conn.disarm(interest);
+        match r {
+            Ok(_) => conn.disarm_after(interest, &pfds[..n]),
+            Err(_) => conn.disarm(interest),
+        }
         match r {
             Ok(_) => {}
             Err(libc::EINTR) => return Woke::Interrupted,
