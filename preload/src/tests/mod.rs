@@ -208,7 +208,11 @@ fn a_ready_kernel_fd_answers_a_mixed_poll_without_arming_the_ring() {
     // SAFETY: p is a valid pollfd array.
     assert_eq!(unsafe { ph::poll(p.as_mut_ptr(), 2, 5000) }, 1);
     assert_eq!((p[0].revents, p[1].revents), (0, libc::POLLIN));
-    assert_eq!(b.arm_calls.load(Ordering::Relaxed), arms, "no arm, no sleep");
+    assert_eq!(
+        b.arm_calls.load(Ordering::Relaxed),
+        arms,
+        "no arm, no sleep"
+    );
     // The same with the ring ready too: both entries, as the kernel would.
     let fa = ring_fd(a);
     assert_eq!(write(fa, b"r"), 1);
