@@ -145,6 +145,10 @@ pub trait AttachedConn: Send + Sync {
 
     /// Looks at `readiness` a spinning waiter takes back to back before it
     /// yields the CPU between looks (`ringsock_ring::sleep::backoff::CompletionWait`).
+    /// Fewer than `SPIN_TURNS` says the medium's own progress may need this
+    /// CPU (a software RDMA device's kernel work): a yield that runs
+    /// something else then carries the data, and is no sign of an
+    /// oversubscribed machine (`dispatch::wait::spin`).
     fn spin_looks(&self) -> u32 {
         ringsock_ring::sleep::backoff::SPIN_TURNS
     }

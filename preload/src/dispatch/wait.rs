@@ -132,16 +132,26 @@ fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> Spun
     // the data (a software RDMA device's softirqs), may need this CPU to
     // make the very progress we wait for (`AttachedConn::spin_looks`).
     let mut relax = ringsock_ring::sleep::backoff::CompletionWait::with_spin_turns(looks);
+    // Where yields carry the data (fewer looks than the default) a long
+    // yield is progress, not a lost CPU, and the clock is read every 64
+    // turns, most of them yields: where yields are slow (an emulated
+    // machine) such a spin runs past its budget, and catches the replies
+    // a spin held to it would sleep through. Elsewhere the clock is read
+    // after every yield and every LOOKS_PER_CLOCK busy looks.
+    let yields_carry = looks < ringsock_ring::sleep::backoff::SPIN_TURNS;
     loop {
         if ready() {
             return Spun::Hit;
         }
         i = i.wrapping_add(1);
-        // Past `looks` every turn is a yield (a system call), so the clock
-        // is read after each; before, every LOOKS_PER_CLOCK turns.
-        if i > looks || i.is_multiple_of(LOOKS_PER_CLOCK) {
+        let read_clock = if yields_carry {
+            i.is_multiple_of(64)
+        } else {
+            i > looks || i.is_multiple_of(LOOKS_PER_CLOCK)
+        };
+        if read_clock {
             let now = sys::monotonic_ns();
-            if now.saturating_sub(last) > DESCHEDULED_NS {
+            if !yields_carry && now.saturating_sub(last) > DESCHEDULED_NS {
                 return Spun::Descheduled(ready());
             }
             if now.saturating_sub(start) >= limit_ns {
