@@ -145,6 +145,10 @@ pub trait AttachedConn: Send + Sync {
 
     /// Looks at `readiness` a spinning waiter takes back to back before it
     /// yields the CPU between looks (`ringsock_ring::sleep::backoff::CompletionWait`).
+    /// Fewer than `SPIN_TURNS` says the medium's own progress may need this
+    /// CPU (a software RDMA device's kernel work): a yield that runs
+    /// something else then carries the data, and is no sign of an
+    /// oversubscribed machine (`dispatch::wait::spin`).
     fn spin_looks(&self) -> u32 {
         ringsock_ring::sleep::backoff::SPIN_TURNS
     }
@@ -173,6 +177,17 @@ pub trait AttachedConn: Send + Sync {
     /// Ends an `arm`.
     fn disarm(&self, interest: Ready) {
         self.disarm_waiter(interest, true)
+    }
+
+    /// Ends an `arm` whose sleep returned with `woke`: those of its
+    /// `wait_fds` (with their revents; none if it did not sleep). Only a
+    /// doorbell among them can have rung, only the kernel socket among them
+    /// can have news, so the others need no drain and no look. A ring that
+    /// comes after the sleep's look stays in its doorbell and wakes the
+    /// next sleep, which drains it.
+    fn disarm_after(&self, interest: Ready, woke: &[libc::pollfd]) {
+        let _ = woke;
+        self.disarm(interest)
     }
 
     /// `arm_waiter` for an edge-triggered waiter.

@@ -6,7 +6,9 @@
 //! loop: answer from the rings; if nothing is ready, arm every ring for the
 //! requested events (arm re-checks), sleep, disarm, answer again. Kernel fds
 //! are polled with a zero timeout whenever a ring is ready, so one call
-//! returns everything that is ready, as the kernel would.
+//! returns everything that is ready, as the kernel would; and before the
+//! rings are spun on or armed, so a ready kernel fd costs one ppoll, as a
+//! kernel select does.
 
 use libc::{c_int, pollfd};
 
@@ -54,19 +56,43 @@ pub fn poll_mixed(
         a.flush_all();
     }
     let looks = fewest_looks(rings.iter().flatten().filter_map(|st| st.conn()));
+    let has_kernel = rings.iter().any(Option::is_none);
     loop {
         // 1. Rings first; if one is ready, collect the kernel side without
         //    sleeping and return.
-        let mut ready = answer_rings(fds, &rings);
-        let may_spin = deadline.is_none_or(|d| d > sys::monotonic_ns());
-        if ready == 0 && may_spin && spin(looks, || answer_rings(fds, &rings) > 0) {
-            ready = 1;
-        }
-        if ready > 0 {
+        if answer_rings(fds, &rings) > 0 {
             return collect_kernel(fds, &rings);
         }
-        // 2. Arm every ring; a ring that turns out ready after arming means
-        //    no sleep.
+        // 2. One look, without sleeping or arming, at everything the sleep
+        //    would watch: a ready kernel entry answers the call as it is,
+        //    unless a ring's doorbell or socket needs the full wait's
+        //    drain and check.
+        let mut looked = false;
+        if has_kernel {
+            let mut set = sleep_set(fds, &rings);
+            if let Err(e) = sleep(&mut set.set, Some(sys::monotonic_ns()), None) {
+                sys::set_errno(e);
+                return -1;
+            }
+            let kernel_ready = scatter(fds, &rings, &set);
+            let ring_woke = (0..fds.len()).any(|i| rings[i].is_some() && set.woke(i));
+            if !ring_woke {
+                if kernel_ready > 0 {
+                    return kernel_ready as c_int;
+                }
+                if deadline.is_some_and(|d| d <= sys::monotonic_ns()) {
+                    return 0;
+                }
+            }
+            looked = kernel_ready > 0 || ring_woke;
+        }
+        // 3. Spin on the rings while nothing else is known to be ready.
+        let may_spin = !looked && deadline.is_none_or(|d| d > sys::monotonic_ns());
+        if may_spin && spin(looks, || answer_rings(fds, &rings) > 0) {
+            return collect_kernel(fds, &rings);
+        }
+        // 4. Arm every ring; a ring that turns out ready after arming means
+        //    no sleep: disarm and answer from the top.
         let mut armed_ready = false;
         for (p, r) in fds.iter().zip(&rings) {
             if let Some(conn) = r.as_ref().and_then(|s| s.conn()) {
@@ -79,51 +105,28 @@ pub fn poll_mixed(
                 }
             }
         }
-        let slept = if armed_ready {
-            Ok(0)
-        } else {
-            // 3. Sleep on the kernel entries plus every ring's wait fds.
-            let mut set: Vec<pollfd> = Vec::with_capacity(fds.len() + 2 * rings.len());
+        if armed_ready {
             for (p, r) in fds.iter().zip(&rings) {
-                match r.as_ref().and_then(|s| s.conn()) {
-                    None => set.push(pollfd {
-                        fd: p.fd,
-                        events: p.events,
-                        revents: 0,
-                    }),
-                    Some(conn) => {
-                        let interest = Ready(p.events as u16 as u32);
-                        for w in conn.wait_fds(p.fd, interest).into_iter().flatten() {
-                            set.push(pollfd {
-                                fd: w.fd,
-                                events: w.events,
-                                revents: 0,
-                            });
-                        }
-                    }
+                if let Some(conn) = r.as_ref().and_then(|s| s.conn()) {
+                    conn.disarm_after(Ready(p.events as u16 as u32), &[]);
                 }
             }
-            sleep(&mut set, deadline, sigmask)
-                .map(|_| {
-                    let mut i = 0;
-                    for (p, r) in fds.iter_mut().zip(&rings) {
-                        match r.as_ref().and_then(|s| s.conn()) {
-                            None => {
-                                p.revents = set[i].revents;
-                                i += 1;
-                            }
-                            Some(conn) => {
-                                let interest = Ready(p.events as u16 as u32);
-                                i += conn.wait_fds(p.fd, interest).iter().flatten().count();
-                            }
-                        }
-                    }
-                })
-                .map(|_| 0)
-        };
-        for (p, r) in fds.iter().zip(&rings) {
+            continue;
+        }
+        // 5. Sleep on the kernel entries plus every ring's wait fds; each
+        //    ring learns which of its fds woke the sleep (`disarm_after`).
+        let mut set = sleep_set(fds, &rings);
+        let slept = sleep(&mut set.set, deadline, sigmask);
+        if slept.is_ok() {
+            scatter(fds, &rings, &set);
+        }
+        for (i, (p, r)) in fds.iter().zip(&rings).enumerate() {
             if let Some(conn) = r.as_ref().and_then(|s| s.conn()) {
-                conn.disarm(Ready(p.events as u16 as u32));
+                let interest = Ready(p.events as u16 as u32);
+                match slept {
+                    Ok(_) => conn.disarm_after(interest, set.of(i)),
+                    Err(_) => conn.disarm(interest),
+                }
             }
         }
         if let Err(e) = slept {
@@ -147,6 +150,71 @@ pub fn poll_mixed(
             }
         }
     }
+}
+
+/// The set a wait sleeps on: each kernel entry as it is, each ring entry
+/// as its connection's wait fds; with, for each entry, where its pollfds
+/// start (`starts[i]..starts[i + 1]`: a ring's fds change when it leaves).
+struct SleepSet {
+    set: Vec<pollfd>,
+    starts: Vec<usize>,
+}
+
+fn sleep_set(fds: &[pollfd], rings: &[Option<FdRef>]) -> SleepSet {
+    let mut set: Vec<pollfd> = Vec::with_capacity(fds.len() + 2 * rings.len());
+    let mut starts = Vec::with_capacity(fds.len() + 1);
+    for (p, r) in fds.iter().zip(rings) {
+        starts.push(set.len());
+        match r {
+            None => set.push(pollfd {
+                fd: p.fd,
+                events: p.events,
+                revents: 0,
+            }),
+            Some(st) => {
+                let interest = Ready(p.events as u16 as u32);
+                for w in st
+                    .conn()
+                    .into_iter()
+                    .flat_map(|c| c.wait_fds(p.fd, interest))
+                    .flatten()
+                {
+                    set.push(pollfd {
+                        fd: w.fd,
+                        events: w.events,
+                        revents: 0,
+                    });
+                }
+            }
+        }
+    }
+    starts.push(set.len());
+    SleepSet { set, starts }
+}
+
+impl SleepSet {
+    /// The pollfds that stand for entry `i`.
+    fn of(&self, i: usize) -> &[pollfd] {
+        &self.set[self.starts[i]..self.starts[i + 1]]
+    }
+
+    /// Whether any pollfd of entry `i` has revents.
+    fn woke(&self, i: usize) -> bool {
+        self.of(i).iter().any(|q| q.revents != 0)
+    }
+}
+
+/// After a ppoll of a `SleepSet`: copies the kernel entries' revents back
+/// into `fds`; returns how many kernel entries are ready.
+fn scatter(fds: &mut [pollfd], rings: &[Option<FdRef>], s: &SleepSet) -> usize {
+    let mut kernel_ready = 0;
+    for (i, (p, r)) in fds.iter_mut().zip(rings).enumerate() {
+        if r.is_none() {
+            p.revents = s.of(i).first().map_or(0, |q| q.revents);
+            kernel_ready += usize::from(p.revents != 0);
+        }
+    }
+    kernel_ready
 }
 
 /// Fills revents of ring entries; returns how many are non-zero.

@@ -7,11 +7,13 @@
 //! only keep the order: flush our own batches, spin, arm, re-check the value
 //! `arm` returned, sleep in ppoll on the connection's wait fds, disarm.
 //!
-//! The spin budget adapts per thread: a spin that found the connection
-//! ready doubles it (up to RINGSOCK_SPIN_US), a spin that ended in sleep
-//! halves it down to an eighth of that (`ringsock_ring::SpinBudget`), so an idle
-//! program spins little before each sleep and a busy ping-pong keeps
-//! spinning.
+//! The spin budget adapts per thread (`ringsock_ring::SpinBudget`): a spin
+//! that found the connection ready doubles it (up to RINGSOCK_SPIN_US), a
+//! spin that ended in sleep halves it, to zero past an eighth of the
+//! maximum, and a spin that lost its CPU zeroes it, so a busy ping-pong
+//! keeps spinning while an idle program, or any program on an
+//! oversubscribed machine, sleeps at once as over kernel TCP. A zero budget
+//! probes with a full spin every few waits.
 
 use std::cell::Cell;
 use std::time::Duration;
@@ -54,27 +56,35 @@ fn wanted(interest: Ready) -> Ready {
 }
 
 /// Spins until `ready()` returns true or the per-thread budget is spent.
-/// True if it became ready. The budget adapts by the ring library's rule
-/// (`SpinBudget`: doubles on a hit, halves on a miss, never below an
-/// eighth of RINGSOCK_SPIN_US). This copy of the rule had lost the floor:
-/// one miss after another took the budget to zero, where a stream only
-/// recovers through a hit within its first look.
+/// True if it became ready. A spin that lost its CPU (`Spun::Descheduled`)
+/// zeroes the budget: the machine has more runnable work than CPUs, the
+/// answer came only once the peer got a CPU back, and the kernel runs a
+/// sleeper's peer sooner than a spinner's.
 pub fn spin(looks: u32, mut ready: impl FnMut() -> bool) -> bool {
     let mut budget = BUDGET.with(|b| {
         b.get()
             .unwrap_or_else(|| SpinBudget::new(Duration::from_micros(config::get().spin_us.into())))
     });
-    let limit = budget.current().as_nanos() as u64;
+    let limit = budget.limit().as_nanos() as u64;
     let hit = if limit == 0 {
+        // A connection ready at the first look says nothing about spinning.
         ready()
     } else {
-        spin_for(limit, looks, &mut ready)
+        match spin_for(limit, looks, &mut ready) {
+            Spun::Hit => {
+                budget.hit();
+                true
+            }
+            Spun::Missed => {
+                budget.miss();
+                false
+            }
+            Spun::Descheduled(ready) => {
+                budget.late();
+                ready
+            }
+        }
     };
-    if hit {
-        budget.hit();
-    } else {
-        budget.miss();
-    }
     BUDGET.with(|b| b.set(Some(budget)));
     hit
 }
@@ -89,28 +99,65 @@ pub fn fewest_looks<'a>(conns: impl Iterator<Item = &'a dyn AttachedConn>) -> u3
         .unwrap_or(ringsock_ring::sleep::backoff::SPIN_TURNS)
 }
 
+/// How a spin ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Spun {
+    /// Ready, and the spinner held its CPU throughout.
+    Hit,
+    /// The budget ran out.
+    Missed,
+    /// The spinner lost its CPU for longer than `DESCHEDULED_NS` (to a
+    /// yield or a preemption) and stopped at once; whether it was ready
+    /// at its last look.
+    Descheduled(bool),
+}
+
+/// A gap between two looks of a spin longer than this means another task
+/// ran on our CPU: a look, even a yield that finds nobody else runnable,
+/// takes a few microseconds at most.
+const DESCHEDULED_NS: u64 = 30_000;
+
+/// Busy looks between two clock reads (a read costs about as much as a
+/// look at a shared-memory ring).
+const LOOKS_PER_CLOCK: u32 = 16;
+
 /// Polls `ready` for up to `limit_ns`, yielding the CPU between polls
 /// after the first `looks`.
-fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> bool {
+fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> Spun {
     let start = sys::monotonic_ns();
+    let mut last = start;
     let mut i = 0u32;
     // After `looks` busy looks the spin yields the CPU between looks: on
     // an oversubscribed machine the peer, or the kernel work that carries
     // the data (a software RDMA device's softirqs), may need this CPU to
     // make the very progress we wait for (`AttachedConn::spin_looks`).
     let mut relax = ringsock_ring::sleep::backoff::CompletionWait::with_spin_turns(looks);
+    // Where yields carry the data (fewer looks than the default) a long
+    // yield is progress, not a lost CPU, and the clock is read every 64
+    // turns, most of them yields: where yields are slow (an emulated
+    // machine) such a spin runs past its budget, and catches the replies
+    // a spin held to it would sleep through. Elsewhere the clock is read
+    // after every yield and every LOOKS_PER_CLOCK busy looks.
+    let yields_carry = looks < ringsock_ring::sleep::backoff::SPIN_TURNS;
     loop {
         if ready() {
-            return true;
+            return Spun::Hit;
         }
         i = i.wrapping_add(1);
-        // Reading the clock every iteration would dominate a short spin,
-        // so it is read every 64 turns, most of them yields past `looks`:
-        // where yields are slow (an emulated machine) a spin runs past its
-        // budget, and catches the replies a spin held to it would sleep
-        // through.
-        if i.is_multiple_of(64) && sys::monotonic_ns().saturating_sub(start) >= limit_ns {
-            return false;
+        let read_clock = if yields_carry {
+            i.is_multiple_of(64)
+        } else {
+            i > looks || i.is_multiple_of(LOOKS_PER_CLOCK)
+        };
+        if read_clock {
+            let now = sys::monotonic_ns();
+            if !yields_carry && now.saturating_sub(last) > DESCHEDULED_NS {
+                return Spun::Descheduled(ready());
+            }
+            if now.saturating_sub(start) >= limit_ns {
+                return Spun::Missed;
+            }
+            last = now;
         }
         relax.relax();
     }
@@ -127,7 +174,7 @@ pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Op
     }
     loop {
         if conn.arm(interest).intersects(want) {
-            conn.disarm(interest);
+            conn.disarm_after(interest, &[]);
             return Woke::Ready;
         }
         let mut pfds = [libc::pollfd {
@@ -154,7 +201,10 @@ pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Op
             Some(deadline.map_or(slice, |d| d.min(slice))),
             None,
         );
-        conn.disarm(interest);
+        match r {
+            Ok(_) => conn.disarm_after(interest, &pfds[..n]),
+            Err(_) => conn.disarm(interest),
+        }
         match r {
             Ok(_) => {}
             Err(libc::EINTR) => return Woke::Interrupted,

@@ -183,6 +183,57 @@ fn poll_and_select_wake_on_ring_data() {
 }
 
 #[test]
+fn a_ready_kernel_fd_answers_a_mixed_poll_without_arming_the_ring() {
+    let _fds = many_fds();
+    let (a, b) = pair(64);
+    let fb = ring_fd(b.clone());
+    let mut pipe = [0i32; 2];
+    // SAFETY: pipe writes two fds into the array.
+    assert_eq!(unsafe { libc::pipe(pipe.as_mut_ptr()) }, 0);
+    // SAFETY: one byte from a valid buffer into our pipe.
+    assert_eq!(unsafe { libc::write(pipe[1], b"k".as_ptr().cast(), 1) }, 1);
+    let mut p = [
+        libc::pollfd {
+            fd: fb,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: pipe[0],
+            events: libc::POLLIN | libc::POLLPRI,
+            revents: -1,
+        },
+    ];
+    let arms = b.arm_calls.load(Ordering::Relaxed);
+    // SAFETY: p is a valid pollfd array.
+    assert_eq!(unsafe { ph::poll(p.as_mut_ptr(), 2, 5000) }, 1);
+    assert_eq!((p[0].revents, p[1].revents), (0, libc::POLLIN));
+    assert_eq!(
+        b.arm_calls.load(Ordering::Relaxed),
+        arms,
+        "no arm, no sleep"
+    );
+    // The same with the ring ready too: both entries, as the kernel would.
+    let fa = ring_fd(a);
+    assert_eq!(write(fa, b"r"), 1);
+    // SAFETY: as above.
+    assert_eq!(unsafe { ph::poll(p.as_mut_ptr(), 2, 5000) }, 2);
+    assert_eq!((p[0].revents, p[1].revents), (libc::POLLIN, libc::POLLIN));
+    // And with nothing ready a zero timeout returns at once.
+    assert_eq!(read(fb, 8, 0).1, b"r");
+    let mut k = [0u8; 1];
+    // SAFETY: one byte into a valid buffer from our pipe.
+    assert_eq!(unsafe { libc::read(pipe[0], k.as_mut_ptr().cast(), 1) }, 1);
+    // SAFETY: as above.
+    assert_eq!(unsafe { ph::poll(p.as_mut_ptr(), 2, 0) }, 0);
+    assert_eq!((p[0].revents, p[1].revents), (0, 0));
+    for fd in [fa, fb, pipe[0], pipe[1]] {
+        // SAFETY: closing fds this test opened.
+        unsafe { fdh::close(fd) };
+    }
+}
+
+#[test]
 fn epoll_level_edge_oneshot() {
     let (a, b) = pair(64);
     let (fa, fb) = (ring_fd(a), ring_fd(b));

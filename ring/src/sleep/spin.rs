@@ -10,20 +10,35 @@ use crate::transport::Transport;
 use std::time::{Duration, Instant};
 
 /// Adaptive spin budget: doubles (up to the configured maximum) when a spin
-/// found what it waited for, halves when the wait had to sleep anyway, but
-/// never below an eighth of the maximum: a budget allowed to reach zero can
-/// only recover through a hit within a few dozen iterations, so a short
-/// hiccup (the peer descheduled once) would lock a busy stream into
-/// sleep/wake mode for good. An idle end still sleeps after the floor.
+/// found what it waited for, halves when the wait had to sleep anyway, and
+/// drops to zero once halving would take it below an eighth of the
+/// maximum: a peer that keeps missing the spin is idle, or not running.
+/// A spin that found the waiter descheduled (`late`) drops it to zero at
+/// once: the CPU is oversubscribed, and spinning takes it from the very
+/// peer, or other work, that the kernel would run while we sleep.
+///
+/// At zero, every `PROBE_EVERY`-th wait spins the full maximum (`limit`),
+/// and a probe that hits restores the maximum: so a stream recovers even
+/// when both ends sleep, each end's probe catching the other's answer
+/// through its wake-up, until both spin again.
 #[derive(Clone, Copy, Debug)]
 pub struct SpinBudget {
     max: Duration,
     now: Duration,
+    /// Waits at a zero budget since the last probe.
+    quiet: u32,
 }
+
+/// Waits at a zero budget between two probes.
+pub const PROBE_EVERY: u32 = 32;
 
 impl SpinBudget {
     pub fn new(max: Duration) -> Self {
-        SpinBudget { max, now: max }
+        SpinBudget {
+            max,
+            now: max,
+            quiet: 0,
+        }
     }
 
     pub fn current(&self) -> Duration {
@@ -34,14 +49,43 @@ impl SpinBudget {
         self.max / 8
     }
 
-    /// A spin found what it waited for.
+    /// How long the next wait may spin: the budget, or at a zero budget
+    /// the maximum once every `PROBE_EVERY` waits.
+    pub fn limit(&mut self) -> Duration {
+        if !self.now.is_zero() {
+            return self.now;
+        }
+        self.quiet += 1;
+        if self.quiet >= PROBE_EVERY {
+            self.quiet = 0;
+            return self.max;
+        }
+        Duration::ZERO
+    }
+
+    /// A spin found what it waited for, without losing its CPU.
     pub fn hit(&mut self) {
-        self.now = (self.now * 2).min(self.max);
+        self.now = if self.now.is_zero() {
+            self.max
+        } else {
+            (self.now * 2).min(self.max)
+        };
     }
 
     /// The wait had to sleep after all.
     pub fn miss(&mut self) {
-        self.now = (self.now / 2).max(self.floor());
+        let half = self.now / 2;
+        self.now = if half < self.floor() {
+            Duration::ZERO
+        } else {
+            half
+        };
+    }
+
+    /// The spinner lost its CPU while it spun: someone else needed it.
+    pub fn late(&mut self) {
+        self.now = Duration::ZERO;
+        self.quiet = 0;
     }
 
     /// Spins until `ready()` or the budget runs out. Returns whether ready
@@ -50,7 +94,8 @@ impl SpinBudget {
         &mut self,
         mut ready: impl FnMut() -> Result<bool, RingError>,
     ) -> Result<(bool, u64), RingError> {
-        if self.max.is_zero() {
+        let limit = self.limit();
+        if limit.is_zero() {
             return Ok((ready()?, 0));
         }
         let start = Instant::now();
@@ -62,7 +107,7 @@ impl SpinBudget {
             }
             iters += 1;
             // Reading the clock costs ~20 ns; look at it every 64 turns.
-            if iters.is_multiple_of(64) && start.elapsed() >= self.now {
+            if iters.is_multiple_of(64) && start.elapsed() >= limit {
                 self.miss();
                 return Ok((false, iters));
             }
@@ -126,18 +171,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn budget_halves_to_a_floor_and_recovers() {
+    fn misses_halve_the_budget_to_zero_past_the_floor() {
         let mut b = SpinBudget::new(Duration::from_micros(64));
-        for _ in 0..40 {
+        for want in [32, 16, 8, 0, 0] {
             b.miss();
+            assert_eq!(b.current(), Duration::from_micros(want));
         }
-        assert_eq!(b.current(), Duration::from_micros(8));
+        let mut b = SpinBudget::new(Duration::from_micros(64));
+        b.miss();
+        b.miss();
         b.hit();
-        assert_eq!(b.current(), Duration::from_micros(16));
+        assert_eq!(b.current(), Duration::from_micros(32));
         for _ in 0..10 {
             b.hit();
         }
         assert_eq!(b.current(), Duration::from_micros(64));
+    }
+
+    #[test]
+    fn a_zero_budget_probes_and_a_hit_restores_the_maximum() {
+        let max = Duration::from_micros(64);
+        let mut b = SpinBudget::new(max);
+        b.late();
+        assert_eq!(b.current(), Duration::ZERO);
+        for _ in 1..PROBE_EVERY {
+            assert_eq!(b.limit(), Duration::ZERO);
+        }
+        assert_eq!(b.limit(), max, "every PROBE_EVERY-th wait probes");
+        b.miss();
+        assert_eq!(b.current(), Duration::ZERO, "a failed probe stays at zero");
+        for _ in 1..PROBE_EVERY {
+            assert_eq!(b.limit(), Duration::ZERO);
+        }
+        assert_eq!(b.limit(), max);
+        b.hit();
+        assert_eq!(b.current(), max, "a probe that hits restores the maximum");
+        assert_eq!(b.limit(), max);
     }
 
     #[test]

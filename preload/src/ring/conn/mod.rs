@@ -896,7 +896,9 @@ impl<W: Wire> RingConn<W> {
         self.readiness()
     }
 
-    fn disarm_inner(&self, interest: Ready, level: bool) {
+    /// `rung`: a doorbell may have rung (else there is nothing to drain);
+    /// `socket`: the kernel socket may have news (else no look at it).
+    fn disarm_inner(&self, interest: Ready, level: bool, rung: bool, socket: bool) {
         {
             let mut w = lock(&self.waiters);
             if level {
@@ -925,7 +927,7 @@ impl<W: Wire> RingConn<W> {
             // that set's wake-up. If edge arms remain after a drain and what
             // they wait for is already there, the ring that told them may
             // just have been drained: ring again.
-            if level && w.level == 0 && self.wire.drain_bells() && w.any_armed() {
+            if rung && level && w.level == 0 && self.wire.drain_bells() && w.any_armed() {
                 let r = self.readiness();
                 let rx_ready =
                     w.rx > 0 && r.intersects(Ready::IN | Ready::RDHUP | Ready::HUP | Ready::ERR);
@@ -935,7 +937,9 @@ impl<W: Wire> RingConn<W> {
                 }
             }
         }
-        self.check_tcp();
+        if socket {
+            self.check_tcp();
+        }
         self.settle();
     }
 
@@ -1233,7 +1237,14 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     }
 
     fn disarm_waiter(&self, interest: Ready, level: bool) {
-        self.disarm_inner(interest, level)
+        self.disarm_inner(interest, level, true, true)
+    }
+
+    fn disarm_after(&self, interest: Ready, woke: &[libc::pollfd]) {
+        let fired = |fd: RawFd| woke.iter().any(|p| p.fd == fd && p.revents != 0);
+        let rung = self.wire.bell_fds().into_iter().flatten().any(fired);
+        let tcp = self.tcp_fd();
+        self.disarm_inner(interest, true, rung, tcp >= 0 && fired(tcp))
     }
 
     fn wait_fds(&self, _fd: RawFd, interest: Ready) -> WaitFds {
