@@ -29,7 +29,7 @@ pub use compare::diff;
 pub const DEADLINE: Duration = Duration::from_secs(20);
 
 /// How long the ring check waits for both ends' reports.
-const RING_WAIT: Duration = Duration::from_secs(5);
+pub(super) const RING_WAIT: Duration = Duration::from_secs(5);
 
 /// How long leftovers (processes, ring memfds) may take to go.
 const CLEANUP: Duration = Duration::from_secs(5);

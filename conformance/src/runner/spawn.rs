@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::RING_WAIT;
 use crate::role::{Side, ENV_SERVER_IP};
 use crate::sync::ENV_FD;
 
@@ -94,6 +95,14 @@ pub fn start(a: &RoleArgs<'_>, chan: &OwnedFd) -> Child {
         cmd.env("LD_PRELOAD", shim)
             .env("RINGSOCK_LOG", level)
             .env("RINGSOCK_CTL_SOCK", ctl_sock);
+        // The suite compares the ring's behaviour with the kernel's, so a
+        // server slowed past the default claim wait (1 s) by a loaded
+        // machine must not turn the connection into plain TCP: the claim
+        // gets as long as the runner's ring check waits, unless the
+        // caller chose a bound.
+        if std::env::var_os("RINGSOCK_CLAIM_WAIT_MS").is_none() {
+            cmd.env("RINGSOCK_CLAIM_WAIT_MS", RING_WAIT.as_millis().to_string());
+        }
     }
     let fd = chan.as_raw_fd();
     // SAFETY: the closure runs between fork and exec and only makes
