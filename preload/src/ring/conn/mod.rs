@@ -35,6 +35,8 @@
 mod fork;
 mod leave;
 mod lock;
+#[cfg(test)]
+pub mod seam;
 mod share;
 mod tcp;
 mod wire;
@@ -1097,6 +1099,10 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             }
             _ => {}
         }
+        // An empty ring is the peer's end of stream only if the peer was
+        // known gone before we looked: its FIN follows everything it put in
+        // the ring, so a FIN seen after the look may have bytes ahead of it.
+        let gone_before = self.peer_gone();
         let mut guard = self.rx.lock();
         if self.mode() == MODE_TCP {
             // The peer left while we waited for the lock.
@@ -1174,7 +1180,9 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         }
         match outcome {
             None => {
-                if self.peer_gone.load(Ordering::Relaxed) {
+                #[cfg(test)]
+                seam::after_empty_look();
+                if gone_before {
                     return self.nothing_to_read();
                 }
                 // The kernel socket may hold news the ring does not: the
@@ -1182,6 +1190,12 @@ impl<W: Wire> AttachedConn for RingConn<W> {
                 self.check_tcp();
                 if self.mode() == MODE_TCP {
                     return self.tcp_recv(bufs, peek);
+                }
+                if self.peer_gone() {
+                    // Gone since we looked (seen here or by another
+                    // thread): what it wrote before is in the ring now. The
+                    // second look ends at `gone_before`.
+                    return self.try_recv(bufs, peek);
                 }
                 self.nothing_to_read()
             }

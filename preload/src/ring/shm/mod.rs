@@ -10,6 +10,8 @@
 //! background thread (`decline_from_ctl`).
 
 pub mod handshake;
+#[cfg(test)]
+mod tests;
 
 use std::io::IoSlice;
 use std::os::fd::RawFd;

@@ -1,0 +1,165 @@
+//! A shared-memory connection's two ends in one process, over a real
+//! loopback TCP connection, driven through the calls the hooks make.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ringsock_ring::{EventFd, Receiver, Segment, Sender, ShmTransport};
+
+use super::super::conn::{seam, Parts, RingConn, MODE_RING};
+use super::super::setup::{dup_cloexec, ring_config, Medium};
+use super::super::tracked::Tracked;
+use super::{PeerBell, ShmConn, ShmWire, Side, STATE_ACCEPTED, WORD_STATE};
+use crate::attached::{AttachedConn, Errno, ReleaseKind};
+
+/// Both ends of one connection the server took, and the program's own
+/// kernel sockets under them (the ends hold duplicates).
+struct Pair {
+    client: Arc<ShmConn>,
+    server: Arc<ShmConn>,
+    client_sock: TcpStream,
+    server_sock: TcpStream,
+}
+
+/// A doorbell as its owner keeps it, and the peer's copy of it.
+fn bell() -> (EventFd, Arc<EventFd>) {
+    let own = OwnedFd::from(EventFd::new().expect("eventfd"));
+    let copy = own.try_clone().expect("dup");
+    (
+        EventFd::from_owned(own),
+        Arc::new(EventFd::from_owned(copy)),
+    )
+}
+
+fn dup(fd: RawFd) -> RawFd {
+    dup_cloexec(fd).expect("dup")
+}
+
+/// Sets a pair up as `handshake` does: the client's segment and doorbells,
+/// the server's claim moving the state word to accepted.
+fn pair() -> Pair {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let client_sock = TcpStream::connect(l.local_addr().unwrap()).expect("connect");
+    let (server_sock, _) = l.accept().expect("accept");
+    let (local, peer) = (
+        client_sock.local_addr().unwrap(),
+        client_sock.peer_addr().unwrap(),
+    );
+    let cfg = ring_config(Medium::Shm);
+    let cseg = Segment::create(&cfg, 2).expect("segment");
+    let sseg = Segment::attach(cseg.share_fd().expect("memfd")).expect("attach");
+    let (cbell, to_client) = bell();
+    let (sbell, to_server) = bell();
+    let end = |seg: &Segment, ring: u32, to: &Arc<EventFd>| {
+        ShmTransport::new(seg.ring(ring), Some(Box::new(PeerBell(to.clone()))))
+    };
+    let ctx = Sender::new(cseg.ring(0), end(&cseg, 0, &to_server), cfg).expect("tx");
+    let crx = Receiver::new(cseg.ring(1), end(&cseg, 1, &to_server), cfg).expect("rx");
+    let client = RingConn::new(Parts {
+        offer_id: 1,
+        local,
+        peer,
+        wire: ShmWire::new(Side::Client, cseg, cbell),
+        tx: Some(ctx),
+        rx: Some(crx),
+        tcp: dup(client_sock.as_raw_fd()),
+        pending: true,
+    });
+    let srx = Receiver::new(sseg.ring(0), end(&sseg, 0, &to_client), cfg).expect("rx");
+    let stx = Sender::new(sseg.ring(1), end(&sseg, 1, &to_client), cfg).expect("tx");
+    sseg.header().user[WORD_STATE].store(STATE_ACCEPTED, Ordering::Release);
+    let server = RingConn::new(Parts {
+        offer_id: 1,
+        local: peer,
+        peer: local,
+        wire: ShmWire::new(Side::Server, sseg, sbell),
+        tx: Some(stx),
+        rx: Some(srx),
+        tcp: dup(server_sock.as_raw_fd()),
+        pending: false,
+    });
+    Pair {
+        client,
+        server,
+        client_sock,
+        server_sock,
+    }
+}
+
+fn send(c: &ShmConn, data: &[u8]) {
+    assert_eq!(c.try_send(&[IoSlice::new(data)]), Ok(data.len()));
+}
+
+fn recv(c: &ShmConn, n: usize) -> Result<Vec<u8>, Errno> {
+    let mut buf = vec![0u8; n];
+    let got = c.try_recv(&mut [IoSliceMut::new(&mut buf)], false)?;
+    buf.truncate(got);
+    Ok(buf)
+}
+
+/// Waits (bounded) until the kernel socket under `c` has the peer's FIN.
+fn fin_arrived(c: &ShmConn) {
+    for _ in 0..10_000 {
+        let mut p = libc::pollfd {
+            fd: c.tcp_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, 1 ms timeout.
+        if unsafe { libc::poll(&mut p, 1, 1) } == 1 {
+            return;
+        }
+    }
+    panic!("the peer's FIN never arrived");
+}
+
+/// The server answers and closes first in the window between the client's
+/// empty look at its ring and its look at the kernel socket (connrr under
+/// churn): the FIN found there follows a response already in the ring,
+/// which the client must read before the end of stream. Both with the FIN
+/// found by the reading thread itself and by another one (the background
+/// thread's check of the socket).
+#[test]
+fn a_fin_seen_after_an_empty_look_does_not_hide_the_response() {
+    for fin_seen_elsewhere in [false, true] {
+        let p = pair();
+        send(&p.client, b"request");
+        assert_eq!(p.client.settle(), MODE_RING);
+        assert_eq!(recv(&p.server, 64), Ok(b"request".to_vec()));
+
+        let server = p.server.clone();
+        let client = p.client.clone();
+        let server_sock = p.server_sock;
+        let ran = Arc::new(AtomicBool::new(false));
+        let ran_too = ran.clone();
+        seam::after_empty_look_do(move || {
+            send(&server, b"response");
+            server.release(-1, ReleaseKind::Owner);
+            drop(server_sock);
+            fin_arrived(&client);
+            if fin_seen_elsewhere {
+                client.check_socket();
+                assert!(client.peer_gone());
+            }
+            ran_too.store(true, Ordering::Relaxed);
+        });
+        let mut got = Vec::new();
+        loop {
+            match recv(&p.client, 64) {
+                Ok(b) if b.is_empty() => break,
+                Ok(b) => got.extend(b),
+                Err(e) => panic!("read: {e:?} after {got:?}"),
+            }
+        }
+        assert!(
+            ran.load(Ordering::Relaxed),
+            "the client never found its ring empty"
+        );
+        assert_eq!(got, b"response", "fin seen elsewhere: {fin_seen_elsewhere}");
+        p.client.release(-1, ReleaseKind::Owner);
+        drop(p.client_sock);
+    }
+}
