@@ -1091,6 +1091,16 @@ impl<W: Wire> AttachedConn for RingConn<W> {
                 // Nothing can be in our ring before the server decided; TCP
                 // data would mean it declined without telling us.
                 self.check_tcp();
+                if !W::DECISION_IN_SEGMENT
+                    && self.peer_gone()
+                    && !self.reset.load(Ordering::Acquire)
+                    && self.mode() == MODE_PENDING
+                {
+                    // The server's FIN came ahead of its decision: learn
+                    // the decision (one daemon round trip, bounded) before
+                    // an empty answer may read as end of stream.
+                    W::await_decision(self, false);
+                }
                 match self.settle() {
                     MODE_TCP => return self.tcp_recv(bufs, peek),
                     MODE_PENDING => return self.nothing_to_read(),

@@ -55,6 +55,14 @@ pub trait Wire: Sized + Send + Sync + 'static {
     /// flush.
     const PUBLISHES_EACH_SEND: bool;
 
+    /// Whether the server's decision is readable in the ring's own memory
+    /// before any byte it sends (shared memory: the segment's state word).
+    /// Where it is not (verbs: it travels through the daemons), a client
+    /// still pending when the server's FIN arrives must wait for it: the
+    /// server may have taken the ring, written and closed, and its bytes
+    /// be on their way.
+    const DECISION_IN_SEGMENT: bool;
+
     /// Looks a spinning waiter takes back to back before it yields.
     fn spin_looks(&self) -> u32 {
         ringsock_ring::sleep::backoff::SPIN_TURNS

@@ -181,6 +181,7 @@ impl Wire for RdmaWire {
     const FAILURES_ARE_FATAL: bool = true;
     const REAPS_COMPLETIONS: bool = true;
     const PUBLISHES_EACH_SEND: bool = false;
+    const DECISION_IN_SEGMENT: bool = false;
 
     /// A look takes both ring locks and polls both completion queues, and
     /// where the device is kernel work (Soft-RoCE) it needs this CPU: a

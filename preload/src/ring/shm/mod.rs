@@ -123,6 +123,7 @@ impl Wire for ShmWire {
     const FAILURES_ARE_FATAL: bool = false;
     const REAPS_COMPLETIONS: bool = false;
     const PUBLISHES_EACH_SEND: bool = true;
+    const DECISION_IN_SEGMENT: bool = true;
 
     fn bell_fds(&self) -> [Option<RawFd>; 2] {
         [Some(self.bell.fd()), None]
