@@ -286,6 +286,26 @@ impl Server {
         self.status
     }
 
+    /// As `wait_ok` for a client of `server`, which is stopped once the
+    /// client is done; a failure shows both outputs. Returns the client's
+    /// stdout and stderr and the server's stderr.
+    pub fn wait_ok_beside(
+        &mut self,
+        server: &mut Server,
+        timeout: Duration,
+    ) -> (String, String, String) {
+        let status = self.wait(timeout);
+        let (o, e) = self.output();
+        let (_, so, se) = server.stop();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "{} {status:?}:\n{o}{e}\n{}:\n{so}{se}",
+            self.label,
+            server.label
+        );
+        (o, e, se)
+    }
+
     /// Waits for it to exit within `timeout` and asserts success; returns
     /// its output.
     pub fn wait_ok(&mut self, timeout: Duration) -> (String, String) {

@@ -33,13 +33,7 @@ fn run(client: impl FnOnce(&Ctl, u16, &std::path::Path) -> Cmd) -> String {
         "both connections must be on rings: {links:?}"
     );
     std::fs::write(dir.path().join("go.2"), b"").unwrap();
-    let status = client.wait(Duration::from_secs(120));
-    let (out, err) = client.output();
-    let (_, eout, eerr) = echo.stop();
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "client {status:?}:\n{out}{err}\necho server:\n{eout}{eerr}"
-    );
+    let (out, err, eerr) = client.wait_ok_beside(&mut echo, Duration::from_secs(120));
     assert_shim_silent("client", &err);
     assert_shim_silent("echo server", &eerr);
     out

@@ -52,13 +52,7 @@ fn run_as(filter: &str, extra: &[&str], start: impl Fn(&Ctl) -> Cmd) {
         "not on a ring before the filter: {links:?}"
     );
     std::fs::write(&go, b"").unwrap();
-    let status = client.wait(Duration::from_secs(120));
-    let (out, err) = client.output();
-    let (_, eout, eerr) = echo.stop();
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "client {status:?}:\n{out}{err}\necho server:\n{eout}{eerr}"
-    );
+    let (out, err, eerr) = client.wait_ok_beside(&mut echo, Duration::from_secs(120));
     let mut all = payload(BYTES, 0x5ecc_0a11);
     all.extend(payload(BYTES, 0x5ecc_0a12));
     all.extend(payload(BYTES, 0x5ecc_0a13));
