@@ -83,8 +83,9 @@ pub enum VerbsError {
     Params(&'static str),
     /// The peer sent what this end's protocol does not allow.
     Protocol(&'static str),
-    /// An RDMA READ got no answer within `secs` seconds.
-    ReadTimeout { secs: u64 },
+    /// A request (`op`: an RDMA READ, a WRITE) got no answer within
+    /// `secs` seconds: the peer is gone or unreachable.
+    Unanswered { op: &'static str, secs: u64 },
     /// The caller asked the transport for a transfer outside its ring.
     OutOfRing(&'static str),
 }
@@ -192,10 +193,10 @@ impl fmt::Display for VerbsError {
             }
             VerbsError::Params(what) => write!(f, "bad connection parameters: {what}"),
             VerbsError::Protocol(what) => write!(f, "protocol violation: {what}"),
-            VerbsError::ReadTimeout { secs } => {
+            VerbsError::Unanswered { op, secs } => {
                 write!(
                     f,
-                    "an RDMA READ was not answered within {secs} s (peer gone?)"
+                    "an RDMA {op} was not answered within {secs} s (peer gone?)"
                 )
             }
             VerbsError::OutOfRing(what) => write!(f, "{what}"),

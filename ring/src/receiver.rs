@@ -12,7 +12,7 @@ use crate::error::{Corruption, RingError};
 use crate::layout::{bump, RingControl};
 use crate::memory::RingMem;
 use crate::record::{self, Header, HEADER_BYTES};
-use crate::sleep::backoff::CompletionWait;
+use crate::sleep::backoff::{CompletionWait, WORD_LIMIT};
 use crate::sleep::flags;
 use crate::sync::{fence, Ordering};
 use crate::transport::{PeerWord, Transport, Visibility};
@@ -465,7 +465,10 @@ impl<T: Transport> Receiver<T> {
     /// Before sleeping on an empty ring: announce it (`rx_waiting`), then
     /// look at the tail once more (see `Sender::tail_visible` for why this
     /// order cannot lose a wakeup). Returns true when it is safe to block
-    /// on our doorbell; false when data (or the end mark) arrived.
+    /// on our doorbell; false when data (or the end mark) arrived;
+    /// `Err(WouldBlock)` when the flag's WRITE went unreported for
+    /// `WORD_LIMIT` (the peer is slow or gone, and may ring no bell): sleep
+    /// a bounded time, then look again.
     ///
     /// With a standing flag still honoured (`sleep::flags`) there is nothing to
     /// announce: it was placed before an earlier look at the tail, so the
@@ -528,7 +531,11 @@ impl<T: Transport> Receiver<T> {
                 .map_err(|e| self.fail(e))?
                 == 0
             {
-                wait.relax();
+                if !wait.relax_within(WORD_LIMIT) {
+                    // Unconfirmed: the caller sleeps a bounded time and
+                    // looks again; the report is reaped by a later poll.
+                    return Err(RingError::WouldBlock);
+                }
             }
             // That report also covers a head push made just above: run its
             // doorbell check, which `poll` will not see any more (verbs).

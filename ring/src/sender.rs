@@ -30,7 +30,7 @@ use crate::error::{Corruption, RingError};
 use crate::layout::{bump, RingControl};
 use crate::memory::RingMem;
 use crate::record::{self, Header, FLAG_EOS, HEADER_BYTES};
-use crate::sleep::backoff::CompletionWait;
+use crate::sleep::backoff::{CompletionWait, WORD_LIMIT};
 use crate::sleep::flags;
 use crate::sync::{fence, Ordering};
 use crate::transport::{ExternalSrc, PeerWord, Transport, Visibility};
@@ -641,7 +641,8 @@ impl<T: Transport> Sender<T> {
     /// Before sleeping on a full ring: publish everything, announce that we
     /// wait (`tx_waiting`), then look at the head once more. Returns true
     /// when it is safe to block on our doorbell (the receiver will ring it
-    /// after its next head push); false when space appeared meanwhile.
+    /// after its next head push); false when space appeared meanwhile;
+    /// `Err(WouldBlock)` as `Receiver::prepare_wait`.
     pub fn prepare_wait(&mut self) -> Result<bool, RingError> {
         self.flush()?;
         if self.writable()? {
@@ -695,7 +696,10 @@ impl<T: Transport> Sender<T> {
                 }
                 return Ok(());
             }
-            wait.relax();
+            if !wait.relax_within(WORD_LIMIT) {
+                // Unconfirmed: as `Receiver::prepare_wait`.
+                return Err(RingError::WouldBlock);
+            }
         }
     }
 

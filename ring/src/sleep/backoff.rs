@@ -13,13 +13,25 @@
 /// `spin_loop` hints on current x86 cores).
 pub const SPIN_TURNS: u32 = 256;
 
-/// The state of one completion wait: call `relax` once per poll that
-/// found nothing.
+/// Longest a sleeper waits for the report of its sleeping flag's WRITE
+/// (a round trip: microseconds on a NIC, milliseconds under emulation)
+/// before it gives up on having it confirmed (`Receiver::prepare_wait`).
+pub const WORD_LIMIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Longest a request of the verbs transport may go unanswered (its send
+/// queue full, a zero-copy WRITE of the program's buffer) before the
+/// connection is failed.
+pub const REQUEST_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The state of one completion wait: call `relax` (or `relax_within`)
+/// once per poll that found nothing.
 #[derive(Debug)]
 pub struct CompletionWait {
     turns: u32,
     /// Busy turns before the yields start.
     spin_turns: u32,
+    /// When the first yield came (`relax_within` measures from it).
+    yielding_since: Option<std::time::Instant>,
 }
 
 impl Default for CompletionWait {
@@ -40,7 +52,27 @@ impl CompletionWait {
         CompletionWait {
             turns: 0,
             spin_turns,
+            yielding_since: None,
         }
+    }
+
+    /// `relax`, for a wait that gives up: false once `limit` has passed
+    /// since the wait began yielding (the spin turns are not timed, so a
+    /// completion a NIC reports at once costs no clock read). A device
+    /// completes or fails every request in time, except where the peer's
+    /// queue pair is gone and the device raises no error for it
+    /// (Soft-RoCE): then only such a bound ends the wait.
+    pub fn relax_within(&mut self, limit: std::time::Duration) -> bool {
+        if self.turns >= self.spin_turns {
+            let since = *self
+                .yielding_since
+                .get_or_insert_with(std::time::Instant::now);
+            if since.elapsed() >= limit {
+                return false;
+            }
+        }
+        self.relax();
+        true
     }
 
     /// Between two polls: a spin hint at first, then a yield of the CPU.
@@ -70,6 +102,25 @@ mod tests {
         w.relax();
         w.relax();
         assert_eq!(w.turns, SPIN_TURNS);
+    }
+
+    #[test]
+    fn a_bounded_wait_gives_up_after_its_limit() {
+        let mut w = CompletionWait::with_spin_turns(4);
+        let limit = std::time::Duration::from_millis(20);
+        let start = std::time::Instant::now();
+        let mut turns = 0u64;
+        while w.relax_within(limit) {
+            turns += 1;
+        }
+        assert!(
+            start.elapsed() >= limit,
+            "gave up after {:?}",
+            start.elapsed()
+        );
+        assert!(turns > 4, "only {turns} turns before giving up");
+        // Once given up it stays given up.
+        assert!(!w.relax_within(limit));
     }
 
     #[test]

@@ -116,6 +116,11 @@ impl SpinBudget {
     }
 }
 
+/// How long a blocking helper sleeps when its sleeping flag's placement
+/// went unconfirmed (`Receiver::prepare_wait`'s `WouldBlock`) before it
+/// looks again: the peer may not know it sleeps, so it may ring no bell.
+const UNCONFIRMED_NAP: Duration = Duration::from_millis(10);
+
 /// Reads at least one byte, spinning then sleeping on `bell` (this end's
 /// doorbell, the one the sender rings). `Ok(0)` means end of stream.
 pub fn recv_blocking<T: Transport>(
@@ -134,9 +139,17 @@ pub fn recv_blocking<T: Transport>(
         if ready {
             continue;
         }
-        if rx.prepare_wait()? {
-            let woken = bell.wait(None)?;
-            rx.finish_wait(woken)?;
+        match rx.prepare_wait() {
+            Ok(true) => {
+                let woken = bell.wait(None)?;
+                rx.finish_wait(woken)?;
+            }
+            Ok(false) => {}
+            Err(RingError::WouldBlock) => {
+                let woken = bell.wait(Some(UNCONFIRMED_NAP))?;
+                rx.finish_wait(woken)?;
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -155,9 +168,19 @@ pub fn send_all_blocking<T: Transport>(
             Err(RingError::WouldBlock) => {
                 let (ready, iters) = spin.spin(|| tx.writable())?;
                 tx.note_spins(iters);
-                if !ready && tx.prepare_wait()? {
-                    let woken = bell.wait(None)?;
-                    tx.finish_wait(woken)?;
+                if !ready {
+                    match tx.prepare_wait() {
+                        Ok(true) => {
+                            let woken = bell.wait(None)?;
+                            tx.finish_wait(woken)?;
+                        }
+                        Ok(false) => {}
+                        Err(RingError::WouldBlock) => {
+                            let woken = bell.wait(Some(UNCONFIRMED_NAP))?;
+                            tx.finish_wait(woken)?;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
             }
             Err(e) => return Err(e),

@@ -4,7 +4,9 @@
 //! it carried, a switch that makes `fetch_tail` fail the way a verbs
 //! receive queue flushed in error does, and a scribbler that overwrites
 //! the part of each transmitted range's last slot that the sender said
-//! holds no record bytes (a copying transport leaves it out).
+//! holds no record bytes (a copying transport leaves it out), and a
+//! switch that makes sleeping-flag writes complete later and never report
+//! (verbs to a peer whose queue pair is gone, on Soft-RoCE).
 
 // Each test file that includes this module uses a part of it.
 #![allow(dead_code)]
@@ -32,6 +34,9 @@ pub struct Probes {
     pub broken: Arc<AtomicBool>,
     /// Every `write_slots` call: (first, count, last_bytes).
     pub slot_writes: Arc<Mutex<Vec<(u32, u32, u32)>>>,
+    /// From now on sleeping-flag writes say `AtCompletion` and
+    /// `poll_completions` reports nothing.
+    pub unreported: Arc<AtomicBool>,
 }
 
 impl Probes {
@@ -41,6 +46,10 @@ impl Probes {
 
     pub fn break_fetch(&self) {
         self.broken.store(true, Ordering::Relaxed);
+    }
+
+    pub fn stop_reports(&self) {
+        self.unreported.store(true, Ordering::Relaxed);
     }
 }
 
@@ -106,10 +115,18 @@ impl Transport for Probed {
         if word == PeerWord::LocalTail {
             self.probes.tails.fetch_add(1, Ordering::Relaxed);
         }
-        self.inner.write_word(word, value, signaled)
+        let vis = self.inner.write_word(word, value, signaled)?;
+        let flag = matches!(word, PeerWord::RxWaiting | PeerWord::TxWaiting);
+        if flag && self.probes.unreported.load(Ordering::Relaxed) {
+            return Ok(Visibility::AtCompletion);
+        }
+        Ok(vis)
     }
 
     fn poll_completions(&mut self) -> Result<u32, RingError> {
+        if self.probes.unreported.load(Ordering::Relaxed) {
+            return Ok(0);
+        }
         self.inner.poll_completions()
     }
 

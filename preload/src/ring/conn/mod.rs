@@ -880,17 +880,26 @@ impl<W: Wire> RingConn<W> {
         // Counts depend on `interest` alone, so that `disarm` undoes
         // exactly what this did even if the mode changed meanwhile. While
         // pending the server's decision rings our bell whatever the flags
-        // say.
+        // say. A peer known gone announces nothing: readiness shows it
+        // (read and write both end), and its queue pair may never report
+        // a flag WRITE to it. A flag whose report does not come in time
+        // (`prepare_wait`'s WouldBlock) leaves the sleep bounded by
+        // `settle_words` and the waiter's re-check.
+        let gone = self.peer_gone();
         if interest.intersects(Ready::INPUT) {
             w.rx += 1;
-            if let Some(rx) = self.rx.lock().as_mut() {
-                let _ = rx.prepare_wait();
+            if !gone {
+                if let Some(rx) = self.rx.lock().as_mut() {
+                    let _ = rx.prepare_wait();
+                }
             }
         }
         if interest.intersects(Ready::OUTPUT) {
             w.tx += 1;
-            if let Some(tx) = self.tx.lock().as_mut() {
-                let _ = tx.prepare_wait();
+            if !gone {
+                if let Some(tx) = self.tx.lock().as_mut() {
+                    let _ = tx.prepare_wait();
+                }
             }
         }
         drop(w);

@@ -272,15 +272,17 @@ impl End {
         c.tx.flush()?;
         settle(&mut c.tx, &mut c.rx)?;
         let mut armed_tx = false;
+        // An unconfirmed flag (`Err(WouldBlock)`) is no safe sleep: the
+        // caller looks again, as after data arrived.
         if want_tx {
-            if !c.tx.prepare_wait()? {
+            if !armed(c.tx.prepare_wait())? {
                 return Ok(());
             }
             armed_tx = true;
         }
         let mut armed_rx = false;
         if want_rx {
-            if !c.rx.prepare_wait()? {
+            if !armed(c.rx.prepare_wait())? {
                 if armed_tx {
                     c.tx.finish_wait(false)?;
                 }
@@ -629,4 +631,12 @@ pub fn pingpong(o: &Opts) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// A `prepare_wait` result as "safe to sleep": an unconfirmed flag is not.
+fn armed(r: Result<bool, RingError>) -> Result<bool, RingError> {
+    match r {
+        Err(RingError::WouldBlock) => Ok(false),
+        other => other,
+    }
 }

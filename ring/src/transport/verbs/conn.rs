@@ -20,6 +20,7 @@ use crate::memory::RingMem;
 use crate::receiver::Receiver;
 use crate::record::{self, Header};
 use crate::sender::Sender;
+use crate::sleep::backoff::REQUEST_LIMIT;
 use crate::sleep::flags::STANDING_KICKS;
 use crate::transport::{ExternalSrc, PeerWord, Ring, Transport, Visibility};
 use rdma_sys::*;
@@ -1140,9 +1141,35 @@ impl Shared {
         let mut wait = crate::sleep::backoff::CompletionWait::new();
         while st.posted + n - st.done > self.sq_depth as u64 {
             self.reap(st)?;
-            wait.relax();
+            if !wait.relax_within(REQUEST_LIMIT) {
+                return Err(self.give_up(st, "WRITE"));
+            }
         }
         Ok(st.posted + 1)
+    }
+
+    /// Fails the connection after a request went unanswered for
+    /// `REQUEST_LIMIT`. The queue pair goes to the error state, which
+    /// flushes every outstanding request: none may still read the
+    /// program's memory (a zero-copy WRITE) or land later. Caller holds
+    /// `sq`.
+    fn give_up(&self, st: &mut SqState, op: &'static str) -> RingError {
+        // SAFETY: zeroed is a valid ibv_qp_attr.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        // A queue pair that cannot even be moved to the error state is
+        // beyond use already; the connection fails either way.
+        let _ = self.modify(
+            &mut a,
+            ibv_qp_attr_mask::IBV_QP_STATE,
+            "ibv_modify_qp to ERR",
+        );
+        let e = RingError::from(VerbsError::Unanswered {
+            op,
+            secs: REQUEST_LIMIT.as_secs(),
+        });
+        st.failed = Some(e.clone());
+        e
     }
 
     fn next_seq(&self, st: &mut SqState) -> Result<u64, RingError> {
@@ -1684,7 +1711,14 @@ impl Transport for VerbsTransport {
                     return Ok(());
                 }
             }
-            wait.relax();
+            if !wait.relax_within(REQUEST_LIMIT) {
+                let mut st = lock(&s.sq);
+                s.reap(&mut st)?;
+                if st.done >= token {
+                    return Ok(());
+                }
+                return Err(s.give_up(&mut st, "WRITE"));
+            }
         }
     }
 

@@ -352,12 +352,14 @@ pub use stats::VerbsCounters;
 
 /// Polls both ends until neither has an unreported control-word write:
 /// every tail and head this process published has reached the peer and
-/// the matching sleeping-flag check ran. Call before blocking.
+/// the matching sleeping-flag check ran. Call before blocking. Bounded:
+/// `Unanswered` once a word went unreported for `REQUEST_LIMIT`.
 #[cfg(all(feature = "verbs", not(loom)))]
 pub fn settle(
     tx: &mut crate::Sender<VerbsTransport>,
     rx: &mut crate::Receiver<VerbsTransport>,
 ) -> Result<(), crate::RingError> {
+    let limit = crate::sleep::backoff::REQUEST_LIMIT;
     let mut wait = crate::sleep::backoff::CompletionWait::new();
     loop {
         tx.poll()?;
@@ -365,7 +367,13 @@ pub fn settle(
         if !tx.transport_mut().words_pending() && !rx.transport_mut().words_pending() {
             return Ok(());
         }
-        wait.relax();
+        if !wait.relax_within(limit) {
+            return Err(crate::VerbsError::Unanswered {
+                op: "WRITE",
+                secs: limit.as_secs(),
+            }
+            .into());
+        }
     }
 }
 

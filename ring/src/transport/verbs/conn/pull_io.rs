@@ -236,7 +236,8 @@ impl Shared {
         if st.done >= seq {
             return Ok(());
         }
-        let e = RingError::from(VerbsError::ReadTimeout {
+        let e = RingError::from(VerbsError::Unanswered {
+            op: "READ",
             secs: READ_LIMIT.as_secs(),
         });
         st.failed = Some(e.clone());

@@ -1,0 +1,109 @@
+//! A sleeping flag whose WRITE never reports (verbs to a peer whose queue
+//! pair is gone: Soft-RoCE raises no error for it) must not hold its end
+//! in `prepare_wait`: after `WORD_LIMIT` it answers `WouldBlock` ("look
+//! again after a bounded sleep") and the ring stays usable.
+
+#![cfg(not(loom))]
+
+mod shm_probe;
+
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use ringsock_ring::sleep::backoff::WORD_LIMIT;
+use ringsock_ring::{Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport};
+use shm_probe::{probed_sender, Probed, Probes};
+
+/// Far beyond `WORD_LIMIT` on any machine: only a wait without a bound
+/// takes this long.
+const HANG: Duration = Duration::from_secs(60);
+
+fn cfg() -> RingConfig {
+    RingConfig {
+        slots: 64,
+        slot_size: 64,
+        alpha: 1,
+        beta: 1,
+        gamma: 1,
+        max_record_slots: 16,
+        ..RingConfig::default()
+    }
+}
+
+/// Runs `f` on a thread; fails the test if it has not returned by `HANG`.
+fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (done, got) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(f());
+    });
+    got.recv_timeout(HANG)
+        .expect("prepare_wait did not return: an unbounded wait")
+}
+
+#[test]
+fn a_receiver_gives_up_on_an_unreported_flag_and_goes_on() {
+    let cfg = cfg();
+    let mem = RingMem::heap(&cfg);
+    let mut tx = Sender::new(mem.clone(), ShmTransport::new(mem.clone(), None), cfg).unwrap();
+    let probes = Probes::default();
+    let mut rx = Receiver::new(
+        mem.clone(),
+        Probed {
+            inner: ShmTransport::new(mem, None),
+            streams: false,
+            probes: probes.clone(),
+            scribble: None,
+        },
+        cfg,
+    )
+    .unwrap();
+    probes.stop_reports();
+    let (r, waited, mut rx) = bounded(move || {
+        let start = Instant::now();
+        let r = rx.prepare_wait();
+        (r, start.elapsed(), rx)
+    });
+    assert_eq!(r, Err(RingError::WouldBlock));
+    assert!(waited >= WORD_LIMIT, "gave up after {waited:?}");
+    rx.finish_wait(false).unwrap();
+
+    // Not failed: what the sender writes next is read.
+    assert_eq!(tx.write(b"after").unwrap(), 5);
+    tx.flush().unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(rx.read(&mut buf).unwrap(), 5);
+    assert_eq!(&buf[..5], b"after");
+}
+
+#[test]
+fn a_sender_gives_up_on_an_unreported_flag_and_goes_on() {
+    let (mut tx, mut rx, probes) = probed_sender(cfg(), false, false);
+    let chunk = [7u8; 512];
+    let mut sent = 0usize;
+    loop {
+        match tx.write(&chunk) {
+            Ok(n) => sent += n,
+            Err(RingError::WouldBlock) => break,
+            Err(e) => panic!("write: {e}"),
+        }
+    }
+    tx.flush().unwrap();
+    probes.stop_reports();
+    let (r, waited, mut tx) = bounded(move || {
+        let start = Instant::now();
+        let r = tx.prepare_wait();
+        (r, start.elapsed(), tx)
+    });
+    assert_eq!(r, Err(RingError::WouldBlock));
+    assert!(waited >= WORD_LIMIT, "gave up after {waited:?}");
+    tx.finish_wait(false).unwrap();
+
+    // Not failed: once the receiver drains, the sender writes again.
+    let mut buf = vec![0u8; sent];
+    let mut got = 0;
+    while got < sent {
+        got += rx.read(&mut buf[got..]).unwrap();
+    }
+    assert!(buf.iter().all(|&b| b == 7));
+    assert!(tx.write(b"more").unwrap() > 0);
+}
