@@ -2,7 +2,7 @@
  * tests/tests/signal_deferral.rs (built there with cc).
  *
  *   sigdefer actions                       sigaction/signal round trips, printed
- *   sigdefer sink TOTAL MSGS               listens ("listening PORT"), checks the
+ *   sigdefer sink TOTAL MSGS PORT          listens ("listening PORT"), checks the
  *                                          stream, answers and prints a verdict
  *   sigdefer burst PORT BYTES SIGNALS GO   main thread sends BYTES in large sends
  *                                          while another thread sends it SIGNALS
@@ -10,7 +10,7 @@
  *                                          one 64-byte message on the socket;
  *                                          prints the sink's verdict, then waits
  *                                          for the file GO before closing
- *   sigdefer jumpsink GO                   listens, waits for GO, reads to EOF,
+ *   sigdefer jumpsink GO PORT              listens, waits for GO, reads to EOF,
  *                                          prints "got N tail T" (T: the trailer
  *                                          was whole and last)
  *   sigdefer jump PORT MODE                block-recv | block-send | nonblock:
@@ -64,11 +64,14 @@ static void wait_file(const char *path) {
     exit(2);
 }
 
-static int listen_any(void) {
+static int listen_on(int port) {
     int l = socket(AF_INET, SOCK_STREAM, 0);
     if (l < 0)
         die("socket");
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     if (bind(l, (struct sockaddr *)&a, sizeof a) != 0 || listen(l, 4) != 0)
         die("bind/listen");
     socklen_t len = sizeof a;
@@ -215,8 +218,8 @@ static int actions(void) {
 
 /* ---- sink: checks a stream of main bytes and handler messages ---- */
 
-static int sink(long long total, int msgs) {
-    int l = listen_any();
+static int sink(long long total, int msgs, int port) {
+    int l = listen_on(port);
     int s = accept(l, NULL, NULL);
     if (s < 0)
         die("accept");
@@ -391,8 +394,8 @@ static void jump_handler(int sig) {
     longjmp(jump_env, 1);
 }
 
-static int jumpsink(const char *go) {
-    int l = listen_any();
+static int jumpsink(const char *go, int port) {
+    int l = listen_on(port);
     int s = accept(l, NULL, NULL);
     if (s < 0)
         die("accept");
@@ -471,12 +474,12 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 2 && strcmp(argv[1], "actions") == 0)
         return actions();
-    if (argc == 4 && strcmp(argv[1], "sink") == 0)
-        return sink(atoll(argv[2]), atoi(argv[3]));
+    if (argc == 5 && strcmp(argv[1], "sink") == 0)
+        return sink(atoll(argv[2]), atoi(argv[3]), atoi(argv[4]));
     if (argc == 6 && strcmp(argv[1], "burst") == 0)
         return burst(atoi(argv[2]), atoll(argv[3]), atoi(argv[4]), argv[5]);
-    if (argc == 3 && strcmp(argv[1], "jumpsink") == 0)
-        return jumpsink(argv[2]);
+    if (argc == 4 && strcmp(argv[1], "jumpsink") == 0)
+        return jumpsink(argv[2], atoi(argv[3]));
     if (argc == 4 && strcmp(argv[1], "jump") == 0)
         return jump(atoi(argv[2]), argv[3]);
     fprintf(stderr, "usage: see the top of sigdefer.c\n");
