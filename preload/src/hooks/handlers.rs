@@ -27,7 +27,7 @@ use crate::interpose::defer::{program_flags, trampoline_address, trampoline_flag
 use crate::process;
 use crate::real;
 use crate::signals::action::KernelAction;
-use crate::signals::mask::BlockAll;
+use crate::signals::mask::block_all;
 use crate::signals::table::{self, Handler};
 
 hooks! {
@@ -104,7 +104,7 @@ pub unsafe fn exchange(
     // `old`, which may be the same struct, is written.
     let mut k = unsafe { *act };
     let caught = k.sa_sigaction != libc::SIG_DFL && k.sa_sigaction != libc::SIG_IGN;
-    let _blocked = BlockAll::new();
+    let _blocked = block_all();
     let _locked = table::lock(sig);
     let prev = table::get(sig);
     if caught {
@@ -180,7 +180,7 @@ fn adopt(sig: c_int, install: impl FnOnce() -> sighandler_t) -> sighandler_t {
 /// Puts the trampoline in place of the program handler the kernel holds
 /// for `sig`, if it holds one.
 fn take_over(sig: c_int) {
-    let _blocked = BlockAll::new();
+    let _blocked = block_all();
     let _locked = table::lock(sig);
     // SAFETY: a zeroed sigaction is a valid out-parameter; querying.
     let mut k: libc::sigaction = unsafe { std::mem::zeroed() };

@@ -52,10 +52,9 @@ pub fn unblock(bits: u64) {
 /// leaves SIGKILL and SIGSTOP alone).
 pub struct BlockAll(u64);
 
-impl BlockAll {
-    pub fn new() -> BlockAll {
-        BlockAll(procmask(libc::SIG_SETMASK, Some(!0)))
-    }
+/// Blocks every signal on the calling thread until the value is dropped.
+pub fn block_all() -> BlockAll {
+    BlockAll(procmask(libc::SIG_SETMASK, Some(!0)))
 }
 
 impl Drop for BlockAll {
@@ -67,7 +66,7 @@ impl Drop for BlockAll {
 /// Runs `f` with every signal blocked on the calling thread: a thread it
 /// starts inherits that mask and takes none of the program's signals.
 pub fn with_all_blocked<R>(f: impl FnOnce() -> R) -> R {
-    let _b = BlockAll::new();
+    let _b = block_all();
     f()
 }
 
@@ -101,7 +100,7 @@ mod tests {
     fn block_all_restores_the_mask() {
         let before = current();
         {
-            let _b = BlockAll::new();
+            let _b = block_all();
             let during = current();
             assert_eq!(during & bit(libc::SIGTERM), bit(libc::SIGTERM));
         }

@@ -10,7 +10,7 @@
 //! included. A word of 0 means no handler is recorded.
 //!
 //! Installs of one signal are serialised by a per-signal spin flag, taken
-//! only with every signal blocked on the taking thread (`mask::BlockAll`),
+//! only with every signal blocked on the taking thread (`mask::block_all`),
 //! so a handler can never interrupt its holder and spin on it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -112,7 +112,7 @@ pub fn take_once(sig: c_int, h: Handler) -> bool {
 pub struct Locked(usize);
 
 /// Takes `sig`'s install lock. The caller must have every signal blocked
-/// (`mask::BlockAll`): the holder is then never interrupted on its thread,
+/// (`mask::block_all`): the holder is then never interrupted on its thread,
 /// and other threads wait for one system call at most.
 pub fn lock(sig: c_int) -> Option<Locked> {
     let i = slot(sig)?;
