@@ -70,6 +70,15 @@ libc_fns! {
         fallback(crate::sys::sys_call!(libc::SYS_epoll_ctl, epfd, op, fd, event) as c_int)
     fn epoll_wait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int) -> c_int;
         fallback(crate::sys::sys_call!(libc::SYS_epoll_wait, epfd, events, maxevents, timeout) as c_int)
+    // glibc always defines sigaction; the kernel's rt_sigaction takes
+    // another layout (and a restorer on x86-64), so no raw fallback stands
+    // in for it: without libc's, installs fail with ENOSYS.
+    fn sigaction(sig: c_int, act: *const libc::sigaction, old: *mut libc::sigaction) -> c_int;
+        fallback({
+            let _ = (sig, act, old);
+            crate::sys::set_errno(libc::ENOSYS);
+            -1
+        })
     fn epoll_pwait(epfd: c_int, events: *mut epoll_event, maxevents: c_int, timeout: c_int, mask: *const sigset_t) -> c_int;
         fallback(crate::sys::sys_call!(libc::SYS_epoll_pwait, epfd, events, maxevents, timeout, mask, 8usize) as c_int)
 }

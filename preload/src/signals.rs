@@ -8,6 +8,13 @@
 //! SA_RESTART, restarting is what the kernel would have done; if any lacks
 //! it, EINTR is the safe answer (the program may be waiting for exactly that
 //! interruption). Runs only after an EINTR, so its ~64 syscalls are rare.
+//!
+//! Below it: the program's handlers as the trampoline sees them (`table`)
+//! the thread's mask (`mask`) and the kernel's action (`action`), for signal deferral (interpose/defer.rs).
+
+pub mod action;
+pub mod mask;
+pub mod table;
 
 /// True if a blocking socket call interrupted by a signal should restart.
 /// Calls with SO_RCVTIMEO/SO_SNDTIMEO never restart (signal(7)).

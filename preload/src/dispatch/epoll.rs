@@ -1248,15 +1248,20 @@ fn kernel_events(
     };
     // A blocking wait holds no lock: the program's signal handlers may run
     // in it as the program's own code (guard::sleeping).
-    let _asleep = block.then(guard::sleeping);
-    // SAFETY: out is valid for out.len() entries.
+    let mut asleep = block.then(guard::sleeping);
+    let mask = match asleep.as_mut() {
+        Some(a) => a.mask(sigmask),
+        None => sigmask.unwrap_or(std::ptr::null()),
+    };
+    // SAFETY: out is valid for out.len() entries; the mask is null, the
+    // caller's, or `asleep`'s, alive for the call.
     let r = unsafe {
         real::epoll_pwait(
             epfd,
             out.as_mut_ptr(),
             out.len().min(c_int::MAX as usize) as c_int,
             timeout_ms,
-            sigmask.unwrap_or(std::ptr::null()),
+            mask,
         )
     };
     if r < 0 {

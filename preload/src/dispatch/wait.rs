@@ -243,17 +243,12 @@ pub fn sleep(
     let tsp = ts
         .as_ref()
         .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    let _asleep = guard::sleeping();
+    let mut asleep = guard::sleeping();
+    let mask = asleep.mask(sigmask);
     // SAFETY: pfds is a valid array of its length; tsp is null or points to
-    // `ts`, alive for the call; the mask, if any, is the caller's.
-    let r = unsafe {
-        real::ppoll(
-            pfds.as_mut_ptr(),
-            pfds.len() as libc::nfds_t,
-            tsp,
-            sigmask.unwrap_or(std::ptr::null()),
-        )
-    };
+    // `ts`, alive for the call; the mask is null, the caller's, or
+    // `asleep`'s, alive for the call.
+    let r = unsafe { real::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, tsp, mask) };
     if r < 0 {
         Err(sys::errno())
     } else {

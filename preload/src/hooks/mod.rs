@@ -5,6 +5,7 @@ mod define;
 pub mod epoll;
 pub mod exec;
 pub mod fd;
+pub mod handlers;
 mod hidden;
 pub mod io;
 #[cfg(feature = "verbs")]
@@ -21,6 +22,7 @@ pub fn resolve_all() {
     epoll::resolve_all();
     exec::resolve_all();
     fd::resolve_caller_hooks();
+    handlers::resolve_all();
     io::resolve_all();
     #[cfg(feature = "verbs")]
     {

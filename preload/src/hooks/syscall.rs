@@ -14,6 +14,7 @@
 //! Poll-style calls with descriptor arrays (poll, ppoll, select, pselect6)
 //! made this way are not followed (docs/limits.md). A prctl or seccomp
 //! call that installs a filter enters the sandbox first (seccomp.rs).
+//! rt_sigaction goes through the sigaction hook (handlers.rs).
 
 use libc::{c_int, c_long, c_uint, c_void, epoll_event, iovec, mmsghdr, msghdr, sigset_t};
 use libc::{size_t, sockaddr, socklen_t};
@@ -64,6 +65,18 @@ pub unsafe extern "C" fn syscall(
 /// # Safety
 /// The system call's contract for `a`.
 unsafe fn routed(n: c_long, a: [c_long; 6]) -> Option<c_long> {
+    if n == libc::SYS_rt_sigaction {
+        // SAFETY: rt_sigaction's contract, the caller's.
+        let r = unsafe {
+            super::handlers::rt_sigaction(
+                a[0] as c_int,
+                a[1] as usize,
+                a[2] as usize,
+                a[3] as usize,
+            )
+        };
+        return r.map(|r| r as c_long);
+    }
     let fd = a[0] as c_int;
     let tracked = |fd: c_int| fdtable::is_tracked(fd);
     let concerns_us = match n {

@@ -12,6 +12,10 @@
 //! destructor: its access never allocates and registers nothing at thread
 //! exit. A preloaded library's TLS lives in the static TLS block, so the
 //! access is a couple of instructions.
+//!
+//! A program's signal handler never runs inside a scope (defer.rs): it is
+//! deferred to the moment the thread leaves its outermost scope, or goes
+//! to sleep in one.
 
 use std::cell::Cell;
 
@@ -40,9 +44,13 @@ pub fn enter() -> Shim {
 }
 
 impl Drop for Shim {
+    #[inline]
     fn drop(&mut self) {
         let was = self.was;
         IN_SHIM.with(|c| c.set(was));
+        if !was {
+            super::defer::flush();
+        }
     }
 }
 
@@ -54,9 +62,58 @@ impl Drop for Shim {
 /// select, and that write must go through the ring, not straight to the
 /// kernel socket underneath it. The sleeping thread holds no lock of the
 /// shim's, so the handler's call cannot deadlock on one.
-pub fn sleeping() -> Shim {
+///
+/// Signals deferred earlier in the call must interrupt the sleep, as a
+/// signal that arrived during a kernel call interrupts its wait: the sleep
+/// passes `Sleep::mask` to its ppoll or epoll_pwait, which unblocks them
+/// for the wait only.
+pub fn sleeping() -> Sleep {
     let was = IN_SHIM.with(|c| c.replace(false));
-    Shim { was }
+    Sleep {
+        was,
+        deferred: super::defer::requeue_for_sleep(),
+        // SAFETY: an all-zero sigset_t is the empty set.
+        mask: unsafe { std::mem::zeroed() },
+    }
+}
+
+/// A sleeping scope (see `sleeping`).
+#[must_use = "the scope only lasts as long as the value"]
+pub struct Sleep {
+    was: bool,
+    /// Signals deferred before the sleep, queued again and still blocked.
+    deferred: u64,
+    /// The wait's mask when it must differ from the program's.
+    mask: libc::sigset_t,
+}
+
+impl Sleep {
+    /// The signal mask for the wait, given the program's (None: the
+    /// thread's). The pointer is valid while `self` lives.
+    pub fn mask(&mut self, program: Option<*const libc::sigset_t>) -> *const libc::sigset_t {
+        match program {
+            // The program's wait mask is exactly what the wait would have
+            // had; a deferred signal it blocks waits for `drop`.
+            Some(p) => p,
+            None if self.deferred == 0 => std::ptr::null(),
+            None => {
+                let set = crate::signals::mask::current() & !self.deferred;
+                // SAFETY: a sigset_t is at least 8 bytes and 8-aligned; the
+                // kernel reads its first 8 (_NSIG / 8), our set's bits.
+                unsafe { *(&mut self.mask as *mut libc::sigset_t).cast::<u64>() = set };
+                &self.mask
+            }
+        }
+    }
+}
+
+impl Drop for Sleep {
+    fn drop(&mut self) {
+        // Those the wait's mask kept blocked are delivered here.
+        crate::signals::mask::unblock(self.deferred);
+        let was = self.was;
+        IN_SHIM.with(|c| c.set(was));
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! nothing the raw system call it wraps stands in for it.
 
 pub mod caller;
+pub mod defer;
 pub mod guard;
 mod symbol;
 

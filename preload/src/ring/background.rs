@@ -214,10 +214,15 @@ fn ensure_thread() {
             crate::fdspace::close(old);
         }
     }
-    let spawned = std::thread::Builder::new()
-        .name("ringsock".into())
-        .stack_size(256 * 1024)
-        .spawn(run);
+    // Started with every signal blocked, a mask it keeps: the program's
+    // signals go to the program's threads (this one never leaves its shim
+    // scope, where a handler would wait forever: interpose/defer.rs).
+    let spawned = crate::signals::mask::with_all_blocked(|| {
+        std::thread::Builder::new()
+            .name("ringsock".into())
+            .stack_size(256 * 1024)
+            .spawn(run)
+    });
     match spawned {
         // Kept unjoined (never detached): `stop` may join it.
         Ok(t) => THREAD.store(t.into_pthread_t(), Ordering::Release),

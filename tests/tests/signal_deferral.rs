@@ -1,0 +1,232 @@
+//! A program's signal handler never runs inside the shim's own code
+//! (preload/src/interpose/defer.rs), with tests/tests/c/sigdefer.c, a C
+//! program built here with cc (longjmp out of a handler, as iperf3 does,
+//! has no Rust spelling):
+//! * its handlers, as sigaction, signal(3), sysv_signal, sigset,
+//!   siginterrupt and rt_sigaction through syscall(2) install and report
+//!   them and as they run, are exactly what they are without the shim;
+//! * a handler that writes on a ring connection while the main thread is
+//!   inside long sends on it: every byte arrives, each handler message
+//!   whole, between runs of the main thread's bytes in order, and the
+//!   connection stays on the ring;
+//! * a handler that longjmps out of a blocking recv, a blocking send or a
+//!   loop of nonblocking calls on a ring connection and then writes on it
+//!   and exits: no hang, its bytes arrive last and whole;
+//! * a real iperf3 client interrupted by SIGTERM mid-test: the server hears
+//!   the client's termination, and both exit.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ringsock_integration::{
+    assert_shim_silent, free_port, require, which, Cmd, Ctl, Server, TempDir,
+};
+
+/// Builds sigdefer.c into `dir`; None (and a SKIP line) without cc.
+fn build(dir: &TempDir) -> Option<PathBuf> {
+    if which("cc").is_none() {
+        println!("SKIP: no C compiler (cc) to build tests/tests/c/sigdefer.c");
+        return None;
+    }
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/sigdefer.c");
+    let bin = dir.path().join("sigdefer");
+    let out = std::process::Command::new("cc")
+        .args(["-O1", "-w", "-pthread", "-o"])
+        .arg(&bin)
+        .arg(src)
+        .output()
+        .expect("cc runs");
+    assert!(
+        out.status.success(),
+        "cc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(bin)
+}
+
+fn path(p: &std::path::Path) -> &str {
+    p.to_str().expect("a UTF-8 temp path")
+}
+
+#[test]
+fn handlers_read_back_as_without_the_shim() {
+    let dir = TempDir::new("sigdefer_actions");
+    let Some(bin) = build(&dir) else { return };
+    let (plain, _) = Cmd::plain(path(&bin))
+        .arg("actions")
+        .run_ok(Duration::from_secs(20));
+    let (shimmed, err) = Cmd::shimmed(path(&bin))
+        .arg("actions")
+        .run_ok(Duration::from_secs(20));
+    assert_shim_silent("sigdefer actions", &err);
+    assert!(
+        plain.contains("done"),
+        "incomplete without the shim:\n{plain}"
+    );
+    assert_eq!(shimmed, plain, "the shim changed what the program sees");
+    // Pinned, so that a probe that checks nothing cannot pass.
+    for line in [
+        "siginfo hits=1 value=42 code=-1 self=1",
+        "replaced: old=h_info old_flags_siginfo=1 old_restart=1",
+        "oneshot ran=1",
+        "signal second old=h_plain",
+        "raw query rc=0 handler=h_other flags_siginfo=0",
+        "raw ran=1",
+    ] {
+        assert!(
+            shimmed.lines().any(|l| l == line),
+            "missing `{line}` in:\n{shimmed}"
+        );
+    }
+    assert!(
+        shimmed
+            .lines()
+            .any(|l| l.starts_with("after oneshot: handler=SIG_DFL")),
+        "SA_RESETHAND did not reset:\n{shimmed}"
+    );
+}
+
+#[test]
+fn a_handler_writes_whole_messages_between_long_sends() {
+    let dir = TempDir::new("sigdefer_burst");
+    let Some(bin) = build(&dir) else { return };
+    let ctl = Ctl::start();
+    const BYTES: u64 = 256 << 20;
+    const SIGNALS: u64 = 40;
+    let port = free_port();
+    let go = dir.path().join("go");
+    let total = (BYTES + 64 * SIGNALS).to_string();
+    let mut sink = ctl
+        .shimmed(path(&bin))
+        .args(["sink", &total, &SIGNALS.to_string(), &port.to_string()])
+        .spawn();
+    sink.wait_line("listening", Duration::from_secs(20));
+    let mut client = ctl
+        .shimmed(path(&bin))
+        .args(["burst", &port.to_string(), &BYTES.to_string()])
+        .arg(SIGNALS.to_string())
+        .arg(&go)
+        .spawn();
+    let verdict = client.wait_line("verdict", Duration::from_secs(300));
+    let (cout, _) = client.output();
+    assert!(verdict.starts_with("verdict ok"), "{verdict}\n{cout}");
+    println!("{cout}");
+    let links = ctl.wait_links(port, 1, Duration::from_secs(30));
+    assert!(
+        links.iter().all(|l| l.is_shm()),
+        "the connection left the ring: {links:?}"
+    );
+    let moved = links[0].client.stat("c2s_bytes");
+    assert!(
+        moved >= BYTES,
+        "the ring carried {moved} of {BYTES} B: the rest bypassed it"
+    );
+    std::fs::write(&go, b"").unwrap();
+    let (_, cerr, serr) = client.wait_ok_beside(&mut sink, Duration::from_secs(60));
+    assert_shim_silent("burst client", &cerr);
+    assert_shim_silent("sink", &serr);
+}
+
+/// SIGTERM while the client is in `mode`; its handler longjmps out.
+fn jump(mode: &str) {
+    let dir = TempDir::new("sigdefer_jump");
+    let Some(bin) = build(&dir) else { return };
+    let ctl = Ctl::start();
+    let port = free_port();
+    let go = dir.path().join("go");
+    let mut sink = ctl
+        .shimmed(path(&bin))
+        .args(["jumpsink", path(&go), &port.to_string()])
+        .spawn();
+    sink.wait_line("listening", Duration::from_secs(20));
+    let mut client = ctl
+        .shimmed(path(&bin))
+        .args(["jump", &port.to_string(), mode])
+        .spawn();
+    client.wait_line("ready", Duration::from_secs(20));
+    let links = ctl.wait_links(port, 1, Duration::from_secs(30));
+    assert!(links.iter().all(|l| l.is_shm()), "not on a ring: {links:?}");
+    // Into the loop proper (a blocking send fills the ring first).
+    std::thread::sleep(Duration::from_millis(300));
+    terminate(&client);
+    if mode == "block-send" {
+        // The send sleeps on a full ring until the sink reads.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::write(&go, b"").unwrap();
+    let status = client.wait(Duration::from_secs(60));
+    let (cout, cerr) = client.output();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "client ({mode}) hung or failed: {status:?}\n{cout}{cerr}"
+    );
+    assert_shim_silent("jump client", &cerr);
+    let sstatus = sink.wait(Duration::from_secs(60));
+    let (sout, serr) = sink.output();
+    assert!(
+        sstatus.is_some_and(|s| s.success()) && sout.contains("tail whole"),
+        "sink ({mode}) {sstatus:?}:\n{sout}{serr}\nclient:\n{cout}"
+    );
+    assert_shim_silent("jump sink", &serr);
+}
+
+fn terminate(s: &Server) {
+    // SAFETY: signalling our own child by pid.
+    unsafe { libc::kill(s.pid() as libc::pid_t, libc::SIGTERM) };
+}
+
+#[test]
+fn longjmp_out_of_a_blocking_recv() {
+    jump("block-recv");
+}
+
+#[test]
+fn longjmp_out_of_a_blocking_send() {
+    jump("block-send");
+}
+
+#[test]
+fn longjmp_out_of_nonblocking_calls() {
+    jump("nonblock");
+}
+
+#[test]
+fn iperf3_client_terminated_mid_test() {
+    require!("iperf3");
+    let ctl = Ctl::start();
+    let port = free_port().to_string();
+    let mut server = ctl
+        .shimmed("iperf3")
+        .args(["-s", "-1", "--forceflush", "-B", "127.0.0.1", "-p", &port])
+        .spawn();
+    server.wait_line("Server listening", Duration::from_secs(20));
+    let mut client = ctl
+        .shimmed("iperf3")
+        .args(["-c", "127.0.0.1", "-p", &port, "-t", "60", "--forceflush"])
+        .spawn();
+    client.wait_line("[  5]", Duration::from_secs(30));
+    let links = ctl.wait_links(port.parse().unwrap(), 2, Duration::from_secs(30));
+    assert!(links.iter().all(|l| l.is_shm()), "not on rings: {links:?}");
+    terminate(&client);
+    let cstatus = client.wait(Duration::from_secs(60));
+    let (cout, cerr) = client.output();
+    assert!(
+        cstatus.is_some(),
+        "the iperf3 client hung after SIGTERM:\n{cout}{cerr}"
+    );
+    assert!(
+        cerr.contains("the client has terminated"),
+        "client:\n{cout}{cerr}"
+    );
+    let sstatus = server.wait(Duration::from_secs(60));
+    let (sout, serr) = server.output();
+    assert!(sstatus.is_some(), "the iperf3 server hung:\n{sout}{serr}");
+    assert!(
+        serr.contains("the client has terminated") || sout.contains("the client has terminated"),
+        "the server did not hear the client's termination:\n{sout}{serr}"
+    );
+    assert!(
+        !serr.contains("ringsock"),
+        "shim complaints in the server:\n{serr}"
+    );
+}
