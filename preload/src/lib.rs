@@ -83,6 +83,7 @@ extern "C" fn ringsock_init() {
 #[cfg(not(test))]
 extern "C" fn drain_at_exit() {
     lifecycle::drain_at_exit();
+    interpose::defer::flush();
 }
 
 #[used]

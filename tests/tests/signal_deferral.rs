@@ -154,6 +154,18 @@ fn jump(mode: &str) {
         std::thread::sleep(Duration::from_millis(200));
     }
     std::fs::write(&go, b"").unwrap();
+    if mode == "nonblock-stay" {
+        // The end of the stream must reach the sink while the client
+        // lives: the close after the longjmp released the connection.
+        client.wait_line("closed", Duration::from_secs(60));
+        let sstatus = sink.wait(Duration::from_secs(60));
+        let (sout, serr) = sink.output();
+        assert!(
+            sstatus.is_some_and(|s| s.success()) && sout.contains("tail whole"),
+            "sink ({mode}) {sstatus:?}: no end of stream while the client lives\n{sout}{serr}"
+        );
+        return;
+    }
     let status = client.wait(Duration::from_secs(60));
     let (cout, cerr) = client.output();
     assert!(
@@ -188,6 +200,11 @@ fn longjmp_out_of_a_blocking_send() {
 #[test]
 fn longjmp_out_of_nonblocking_calls() {
     jump("nonblock");
+}
+
+#[test]
+fn a_connection_closed_after_a_longjmp_ends() {
+    jump("nonblock-stay");
 }
 
 #[test]

@@ -141,6 +141,8 @@ macro_rules! hooks {
                 #[allow(clippy::redundant_closure_call, unused_unsafe)]
                 let ret = (|| -> $ret { $body })();
                 ::core::mem::forget(bomb);
+                // The body's values are dropped: signals it deferred run.
+                $crate::interpose::defer::flush();
                 ret
             }
         )*
@@ -234,6 +236,8 @@ macro_rules! caller_hooks {
                 #[allow(clippy::redundant_closure_call, unused_unsafe)]
                 let ret = (|| -> $ret { $body })();
                 ::core::mem::forget(bomb);
+                // As in `hooks!`.
+                $crate::interpose::defer::flush();
                 ret
             }
         )*

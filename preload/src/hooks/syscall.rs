@@ -52,6 +52,8 @@ pub unsafe extern "C" fn syscall(
         None => unsafe { sys::syscall6(n, args) },
     };
     std::mem::forget(bomb);
+    // As in `hooks!`: signals deferred during the call run now.
+    crate::interpose::defer::flush();
     r
 }
 

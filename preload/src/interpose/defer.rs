@@ -9,8 +9,8 @@
 //! lock held. So the trampoline saves the siginfo, marks the signal pending
 //! for the thread, and blocks it in the context it returns to, so that
 //! further instances wait in the kernel's queue (real-time ones keep their
-//! count). When the thread leaves its outermost shim scope (`flush`) or
-//! goes to sleep in one (`guard::Sleep`), the saved signals are queued to
+//! count). When the exported entry point that entered the scope ends
+//! (`flush`) or the thread goes to sleep in a scope (`guard::Sleep`), the saved signals are queued to
 //! the thread again and unblocked: the handler runs in a real signal
 //! context, with its sa_mask, before the program's next instruction. A
 //! shim call thus behaves as if the deferrable signals were blocked during
@@ -123,8 +123,10 @@ fn reset_to_default(sig: c_int, h: Option<table::Handler>) {
     });
 }
 
-/// The thread left its outermost shim scope: the signals deferred in it
-/// run now. One thread-local read when there are none.
+/// An exported entry point of the shim ends (hooks!, caller_hooks!,
+/// syscall, the atexit handler): the signals deferred in its scopes run
+/// now, once nothing of the call is left to drop. One thread-local read
+/// when there are none.
 #[inline]
 pub fn flush() {
     let bits = PENDING.with(Cell::get);

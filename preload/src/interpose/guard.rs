@@ -14,8 +14,10 @@
 //! access is a couple of instructions.
 //!
 //! A program's signal handler never runs inside a scope (defer.rs): it is
-//! deferred to the moment the thread leaves its outermost scope, or goes
-//! to sleep in one.
+//! deferred to the end of the exported entry point that entered the scope
+//! (`defer::flush` in the hook epilogues, after every value of the call is
+//! dropped, so a handler that longjmps skips nothing of the shim's), or to
+//! a sleep inside one.
 
 use std::cell::Cell;
 
@@ -48,9 +50,6 @@ impl Drop for Shim {
     fn drop(&mut self) {
         let was = self.was;
         IN_SHIM.with(|c| c.set(was));
-        if !was {
-            super::defer::flush();
-        }
     }
 }
 

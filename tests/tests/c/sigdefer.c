@@ -13,11 +13,12 @@
  *   sigdefer jumpsink GO PORT              listens, waits for GO, reads to EOF,
  *                                          prints "got N tail T" (T: the trailer
  *                                          was whole and last)
- *   sigdefer jump PORT MODE                block-recv | block-send | nonblock:
- *                                          loops in that call until SIGTERM, whose
- *                                          handler (installed with signal(), as
- *                                          iperf3 does) longjmps out; then writes
- *                                          a 16-byte trailer and exits
+ *   sigdefer jump PORT MODE                block-recv | block-send | nonblock |
+ *                                          nonblock-stay: loops in that call until
+ *                                          SIGTERM, whose handler (installed with
+ *                                          signal(), as iperf3 does) longjmps out;
+ *                                          then writes a 16-byte trailer, closes
+ *                                          and exits (nonblock-stay: lives on)
  *
  * Main-thread bytes are the stream position mod 127 (below 0x80); handler
  * message k is 64 bytes of 0x80|k; the trailer is 16 bytes of 0xfe. */
@@ -443,13 +444,20 @@ static int jump(int port, const char *mode) {
         printf("terminated after %lld\n", sent);
         fflush(stdout);
         close(s);
+        if (strcmp(mode, "nonblock-stay") == 0) {
+            /* The peer must see the end while this process lives on. */
+            printf("closed\n");
+            fflush(stdout);
+            sleep(120);
+        }
         exit(0);
     }
     if (signal(SIGTERM, jump_handler) == SIG_ERR)
         die("signal");
     for (size_t i = 0; i < sizeof buf; i++)
         buf[i] = (unsigned char)(i % 127);
-    if (strcmp(mode, "nonblock") == 0)
+    int nonblock = strncmp(mode, "nonblock", 8) == 0;
+    if (nonblock)
         fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
     printf("ready\n");
     fflush(stdout);
@@ -458,11 +466,11 @@ static int jump(int port, const char *mode) {
             recv(s, buf, sizeof buf, 0);
         } else {
             /* Sends of whole pattern periods, so the stream stays in order. */
-            size_t want = strcmp(mode, "nonblock") == 0 ? 1270 : 127 * 256;
+            size_t want = nonblock ? 1270 : 127 * 256;
             ssize_t n = send(s, buf + sent % 127, want, 0);
             if (n > 0)
                 sent += n;
-            if (strcmp(mode, "nonblock") == 0) {
+            if (nonblock) {
                 char c;
                 recv(s, &c, 1, 0);
             }
