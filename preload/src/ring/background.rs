@@ -53,6 +53,13 @@ const DAEMON_RETRY_NS: u64 = 1_000_000_000;
 /// connections are the common case of a busy server, and status only
 /// lists live ones).
 const REPORT_DELAY_NS: u64 = 5_000_000;
+/// A report still queued this long is sent by the program itself, ahead
+/// (no wait for the reply), the next time it is about to block
+/// (`flush_all`): the thread may not have run yet (it starts with the
+/// first report of a process, and a CPU-bound machine can keep a new
+/// thread waiting for most of a second) or may have failed to start, and
+/// a connection the program uses must not stay out of status meanwhile.
+const REPORT_OVERDUE_NS: u64 = 4 * REPORT_DELAY_NS;
 
 enum Report {
     Ring(Arc<dyn Tracked>, RawFd, Option<OwnedFd>),
@@ -88,6 +95,13 @@ static TCP_ADDRS: PLock<BTreeMap<RawFd, (SocketAddr, SocketAddr)>> =
 static LIVE: PLock<BTreeMap<RawFd, (u64, Msg)>> = PLock::new(BTreeMap::new(), BTreeMap::new);
 /// Reports waiting to be sent, with the time they were queued.
 static REPORTS: PLock<VecDeque<(u64, Report)>> = PLock::new(VecDeque::new(), VecDeque::new);
+/// When the report at the front of REPORTS was queued, 0 while it is
+/// empty: `flush_all` sees with one load whether one is overdue.
+static OLDEST_REPORT: AtomicU64 = AtomicU64::new(0);
+/// Held from taking a report off REPORTS until it is sent, by the thread
+/// or by the program (`send_overdue`): reports reach the daemon in the
+/// order they were queued (an open before its close).
+static SENDING: PLock<()> = PLock::new((), || ());
 
 /// The thread's sleep (`ringsock_ring::sleep::park`, loom-modelled):
 /// every post bumps it, and a post rings `WAKE_FD` only while the thread
@@ -238,7 +252,14 @@ fn ensure_thread() {
 /// call), this process makes no system call of the thread's again. A
 /// forked child has no thread of its own; none is started after this.
 pub fn stop() {
-    let queued = std::mem::take(&mut *REPORTS.lock());
+    let queued = {
+        let _sending = SENDING.lock();
+        let mut q = REPORTS.lock();
+        let all = std::mem::take(&mut *q);
+        all.iter().for_each(|(_, r)| mark_taken(r));
+        set_oldest(&q);
+        all
+    };
     for (_, r) in queued {
         send_report(r);
     }
@@ -300,6 +321,7 @@ pub fn blocks() -> u64 {
 /// blocks). Two atomic operations when there is nothing to do.
 pub fn flush_all() {
     BLOCKS.fetch_add(1, Ordering::Relaxed);
+    send_overdue();
     if DIRTY.load(Ordering::Acquire) == 0 {
         return;
     }
@@ -360,13 +382,106 @@ fn report(r: Report) {
             q.retain(|(_, open)| !r.closes(open));
             if q.len() != before {
                 // Opened and closed before the daemon heard of it.
+                set_oldest(&q);
                 return;
             }
         }
         q.push_back((sys::monotonic_ns(), r));
+        set_oldest(&q);
     }
     ensure_thread();
     wake();
+}
+
+/// Publishes when the front of `q` was queued (with REPORTS held).
+fn set_oldest(q: &VecDeque<(u64, Report)>) {
+    OLDEST_REPORT.store(q.front().map_or(0, |(t, _)| *t), Ordering::Release);
+}
+
+/// A report taken off the queue to be sent: an open one counts as this
+/// process's from now on (with REPORTS held, so `note_closed`, which
+/// looks under that lock, either still finds it queued or sends the
+/// close after it).
+fn mark_taken(r: &Report) {
+    if let Report::Ring(conn, _, _) = r {
+        if !conn.is_released() {
+            let st = conn.report_state();
+            st.reported.store(true, Ordering::Release);
+            st.reporter_pid.store(process::pid(), Ordering::Release);
+        }
+    }
+}
+
+/// What the front of the queue asks for, reports queued at least `delay`
+/// ago being due.
+enum Next {
+    Send(Report),
+    /// The front is due in this many ns.
+    Wait(u64),
+    Empty,
+}
+
+/// Takes the front report off `q` if it is due (see `Next`).
+fn take_due(q: &mut VecDeque<(u64, Report)>, now: u64, delay: u64) -> Next {
+    match q.front() {
+        Some((t, _)) if now.saturating_sub(*t) >= delay => {
+            let Some((_, r)) = q.pop_front() else {
+                return Next::Empty;
+            };
+            mark_taken(&r);
+            set_oldest(q);
+            Next::Send(r)
+        }
+        Some((t, _)) => Next::Wait(delay - now.saturating_sub(*t)),
+        None => Next::Empty,
+    }
+}
+
+/// The program is about to block: reports the thread left queued past
+/// `REPORT_OVERDUE_NS` go to the daemon now, sent ahead on this
+/// process's session. Nothing is waited for: a session or queue in use
+/// (by the thread, or by this very thread in a signal handler) leaves
+/// them to the thread. One atomic load when none is overdue.
+fn send_overdue() {
+    let oldest = OLDEST_REPORT.load(Ordering::Acquire);
+    if oldest == 0 || sys::monotonic_ns().saturating_sub(oldest) < REPORT_OVERDUE_NS {
+        return;
+    }
+    if process::sandbox_begun() {
+        return;
+    }
+    let _g = guard::enter();
+    let Some(_sending) = SENDING.try_lock() else {
+        return;
+    };
+    let Some(mut session) = ctl::try_ahead() else {
+        return;
+    };
+    // Remembered once the session is let go: `reports_stale` takes the
+    // session's lock while it holds LIVE's.
+    let mut told = Vec::new();
+    loop {
+        let next = match REPORTS.try_lock() {
+            Some(mut q) => take_due(&mut q, sys::monotonic_ns(), REPORT_OVERDUE_NS),
+            None => break,
+        };
+        let Next::Send(r) = next else {
+            break;
+        };
+        let Some((msg, memfd)) = prepare(r) else {
+            continue;
+        };
+        let fds: Vec<RawFd> = memfd.iter().map(|f| f.as_raw_fd()).collect();
+        let sent = session.send(&msg, &fds).is_ok();
+        told.push((msg, if sent { session.session() } else { 0 }));
+        if !sent {
+            break;
+        }
+    }
+    drop(session);
+    for (msg, heard) in told {
+        remember(msg, heard);
+    }
 }
 
 /// A ring was attached to `fd` (client or server side).
@@ -423,14 +538,19 @@ pub fn note_fallback(conn: Arc<dyn Tracked>) {
 
 /// The connection's last fd in this process is gone.
 pub fn note_closed(conn: Arc<dyn Tracked>) {
-    if conn.report_state().reporter_pid.load(Ordering::Acquire) != process::pid() {
-        // Not reported by this process, so no close to send (`send_report`):
-        // only an open report still queued here is cancelled, and no thread
-        // starts. A forked child closing what it inherited often closes
-        // the shim's descriptors in the same close_range.
-        let close = Report::RingClosed(conn);
-        REPORTS.lock().retain(|(_, open)| !close.closes(open));
-        return;
+    {
+        let mut q = REPORTS.lock();
+        if conn.report_state().reporter_pid.load(Ordering::Acquire) != process::pid() {
+            // Not taken to be sent by this process (`mark_taken`), so no
+            // close to send: only an open report still queued here is
+            // cancelled, and no thread starts. A forked child closing what
+            // it inherited often closes the shim's descriptors in the same
+            // close_range.
+            let close = Report::RingClosed(conn);
+            q.retain(|(_, open)| !close.closes(open));
+            set_oldest(&q);
+            return;
+        }
     }
     report(Report::RingClosed(conn));
 }
@@ -478,14 +598,31 @@ fn reason_text(r: TcpReason) -> &'static str {
     }
 }
 
+/// Sends one report and waits for the daemon's reply (the thread).
 fn send_report(r: Report) {
-    let (msg, memfd) = match r {
+    let Some((msg, memfd)) = prepare(r) else {
+        return;
+    };
+    let fds: Vec<RawFd> = memfd.iter().map(|f| f.as_raw_fd()).collect();
+    let sent = ctl::call(&msg, &fds).is_ok();
+    let session = if sent {
+        ctl::current_session().unwrap_or(0)
+    } else {
+        0
+    };
+    remember(msg, session);
+}
+
+/// What `r` tells the daemon, with the ring's memfd for an open one;
+/// None when there is nothing to tell.
+fn prepare(r: Report) -> Option<(Msg, Option<OwnedFd>)> {
+    Some(match r {
         Report::RingClosed(conn) => {
             let st = conn.report_state();
             if !st.reported.load(Ordering::Acquire)
                 || st.reporter_pid.load(Ordering::Acquire) != process::pid()
             {
-                return;
+                return None;
             }
             (
                 Msg::ConnClosed {
@@ -497,12 +634,13 @@ fn send_report(r: Report) {
             )
         }
         Report::Ring(conn, fd, memfd) => {
-            if conn.is_released() {
-                return;
-            }
             let st = conn.report_state();
-            st.reported.store(true, Ordering::Release);
-            st.reporter_pid.store(process::pid(), Ordering::Release);
+            if conn.is_released() {
+                // Closed since it was taken: a close queued meanwhile is
+                // not sent either.
+                st.reported.store(false, Ordering::Release);
+                return None;
+            }
             // A client offered from a wildcard address; by now the kernel
             // has picked the real one.
             let local = match sockaddr::query(fd, false) {
@@ -529,7 +667,7 @@ fn send_report(r: Report) {
         Report::Fallback(conn) => {
             let st = conn.report_state();
             if !st.reported.load(Ordering::Acquire) {
-                return;
+                return None;
             }
             (
                 Msg::ConnReport {
@@ -560,14 +698,13 @@ fn send_report(r: Report) {
             None,
         ),
         Report::Closed(fd, local, peer) => (Msg::ConnClosed { fd, local, peer }, None),
-    };
-    let fds: Vec<RawFd> = memfd.iter().map(|f| f.as_raw_fd()).collect();
-    let sent = ctl::call(&msg, &fds).is_ok();
-    let session = if sent {
-        ctl::current_session().unwrap_or(0)
-    } else {
-        0
-    };
+    })
+}
+
+/// Keeps what the daemon was told of each live connection (`LIVE`), with
+/// the session that heard it (0: none did). Never called with the
+/// session's lock held (see `send_overdue`).
+fn remember(msg: Msg, session: u64) {
     let mut live = LIVE.lock();
     match msg {
         Msg::ConnReport { fd, .. } => {
@@ -729,20 +866,15 @@ fn run() {
         let mut now = sys::monotonic_ns();
         let mut report_wait = None;
         loop {
-            let next = {
-                let mut q = REPORTS.lock();
-                match q.front() {
-                    Some((t, _)) if now.saturating_sub(*t) >= REPORT_DELAY_NS => q.pop_front(),
-                    Some((t, _)) => {
-                        report_wait = Some(REPORT_DELAY_NS - now.saturating_sub(*t));
-                        None
-                    }
-                    None => None,
-                }
-            };
+            let _sending = SENDING.lock();
+            let next = take_due(&mut REPORTS.lock(), now, REPORT_DELAY_NS);
             match next {
-                Some((_, r)) => send_report(r),
-                None => break,
+                Next::Send(r) => send_report(r),
+                Next::Wait(ns) => {
+                    report_wait = Some(ns);
+                    break;
+                }
+                Next::Empty => break,
             }
             now = sys::monotonic_ns();
         }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use ringsock_proto::offers::{self, Table};
 use ringsock_proto::{Client, Fds, Msg};
 
-use super::plock::PLock;
+use super::plock::{PGuard, PLock};
 use crate::{config, process, sys};
 
 /// Pause between attempts to reach an absent daemon.
@@ -203,11 +203,11 @@ impl Session {
         Ok(())
     }
 
-    fn send_only(&mut self, msg: &Msg) -> Result<(), CtlError> {
+    fn send_only(&mut self, msg: &Msg, fds: &[RawFd]) -> Result<(), CtlError> {
         let Some(c) = self.client.as_ref() else {
             return Err(CtlError::Unavailable);
         };
-        match ringsock_proto::client::send_msg(c.as_raw_fd(), msg, &[]) {
+        match ringsock_proto::client::send_msg(c.as_raw_fd(), msg, fds) {
             Ok(()) => {
                 self.owed += 1;
                 Ok(())
@@ -286,7 +286,32 @@ pub fn send_only(msg: &Msg) -> Result<(), CtlError> {
     if s.pid != process::pid() || s.client.is_none() {
         return Err(CtlError::Unavailable);
     }
-    s.send_only(msg)
+    s.send_only(msg, &[])
+}
+
+/// This process's open session, held for requests sent ahead (`send`)
+/// by a caller that must not wait on anyone.
+pub struct Ahead(PGuard<'static, Session>);
+
+impl Ahead {
+    /// Sends `msg` (and `fds`) without waiting for the reply, which is
+    /// read before the next call's (as `send_only`).
+    pub fn send(&mut self, msg: &Msg, fds: &[RawFd]) -> Result<(), CtlError> {
+        self.0.send_only(msg, fds)
+    }
+
+    /// The session's number (see `current_session`).
+    pub fn session(&self) -> u64 {
+        self.0.opened
+    }
+}
+
+/// The session, if it is open in this process and free right now: None
+/// while another call holds it (or this very thread does, interrupted by
+/// a signal) and where only a call could open it.
+pub fn try_ahead() -> Option<Ahead> {
+    let s = SESSION.try_lock()?;
+    (s.pid == process::pid() && s.client.is_some()).then_some(Ahead(s))
 }
 
 /// One request/reply with the daemon.

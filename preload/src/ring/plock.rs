@@ -78,6 +78,28 @@ impl<T> PLock<T> {
     }
 }
 
+impl<T> PLock<T> {
+    /// The lock if it is free right now (or held by the parent we were
+    /// forked from, as `lock`); None while a thread of this process holds
+    /// it, which may be the caller itself, interrupted by a signal.
+    pub fn try_lock(&self) -> Option<PGuard<'_, T>> {
+        let me = process::pid();
+        let cur = self.holder.load(Ordering::Relaxed);
+        if cur == me {
+            return None;
+        }
+        if cur == 0 {
+            return self
+                .holder
+                .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+                .then_some(PGuard { lock: self });
+        }
+        // Held by our parent at fork time: taken over as `lock` does.
+        Some(self.lock())
+    }
+}
+
 impl<T> Deref for PGuard<'_, T> {
     type Target = T;
     fn deref(&self) -> &T {
@@ -120,6 +142,18 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(*L.lock(), 40_000);
+    }
+
+    #[test]
+    fn try_lock_fails_only_while_held_here() {
+        let l = PLock::new(7u32, || 0);
+        let g = l.try_lock().expect("free");
+        assert!(l.try_lock().is_none(), "held by this process");
+        drop(g);
+        assert_eq!(*l.try_lock().expect("free again"), 7);
+        l.holder
+            .store(process::pid() + 1_000_000, Ordering::Relaxed);
+        assert_eq!(*l.try_lock().expect("a parent's hold is taken over"), 0);
     }
 
     #[test]
