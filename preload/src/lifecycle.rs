@@ -59,7 +59,14 @@ fn excluded_reason(e: Excluded) -> TcpReason {
 }
 
 /// accept()/accept4() on tracked listener `lfd` returned `fd`.
-pub fn on_accepted(lfd: c_int, listener: &FdRef, fd: c_int, flags: c_int) {
+/// `peer` is the address accept gave the program, if it asked for it.
+pub fn on_accepted(
+    lfd: c_int,
+    listener: &FdRef,
+    fd: c_int,
+    flags: c_int,
+    peer: Option<SocketAddr>,
+) {
     if !may_track() {
         return;
     }
@@ -71,7 +78,10 @@ pub fn on_accepted(lfd: c_int, listener: &FdRef, fd: c_int, flags: c_int) {
         st.set_tcp_reason(TcpReason::NoTransport);
         return;
     };
-    let (Some(local), Some(peer)) = (sockaddr::query(fd, false), sockaddr::query(fd, true)) else {
+    let (Some(local), Some(peer)) = (
+        sockaddr::query(fd, false),
+        peer.or_else(|| sockaddr::query(fd, true)),
+    ) else {
         st.set_tcp_reason(TcpReason::Family);
         return;
     };

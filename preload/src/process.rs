@@ -12,14 +12,19 @@
 //! every fork, in parent and child alike: a connection claimed before a fork
 //! must be claimed again afterwards (docs/design.md, "fork, exec, dup").
 //!
-//! `vfork` is deliberately not interposed (see hooks/process.rs): a vfork
-//! child shares this process's memory, including the fd table, while having
-//! its own kernel fd table. Hooks that change the fd table therefore ask
-//! `owns_memory()` first, which compares the cached pid with the real one: a
-//! mismatch means a child that shares our memory without having gone through
-//! our fork path, and such a child must leave the table alone.
+//! A child that shares this process's memory (vfork, clone(CLONE_VM))
+//! has its own kernel fd table, so hooks that change the shim's tables ask
+//! `owns_memory()` first, and such a child leaves them alone. Every way a
+//! program makes such a child through libc passes a hook of ours first,
+//! which marks it (hooks/process.rs: vfork, clone; hooks/syscall.rs: raw
+//! clone, clone3, fork and vfork): `owns_memory()` makes no system call
+//! until one did. posix_spawn's internal clone needs no mark, since its
+//! child runs only glibc's internal functions, never a hook. A child made
+//! by a `syscall` instruction of the program's own, outside libc, is not
+//! seen (docs/limits.md).
 
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
 
 use libc::pid_t;
 
@@ -95,12 +100,57 @@ pub fn fork_epoch() -> u64 {
     FORK_EPOCH.load(Ordering::Acquire)
 }
 
+/// Set, for good, once this process made a child that may share its
+/// memory for as long as it lives (clone(CLONE_VM) without CLONE_THREAD),
+/// or a fork child that none of our fork bookkeeping reached (it keeps a
+/// stale cached pid, so must not take the tables for its own): from then
+/// on `owns_memory` asks the kernel.
+static SHARED_VM: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// This thread called vfork and has not yet seen, as the parent, that
+    /// it owns the memory again. The vfork child runs on this thread's TLS
+    /// while the parent thread is suspended, so the child sees the mark;
+    /// other threads have their own, unmarked.
+    static VFORKED: Cell<bool> = const { Cell::new(false) };
+}
+
 /// True when the calling process owns this memory image, false in a child
 /// that shares it (vfork, clone(CLONE_VM)) and must not change shim state.
-/// Costs one getpid syscall: callers use it only on paths that also make a
-/// system call of their own.
+/// No system call unless a hook marked such a child (module docs); then
+/// one getpid.
 pub fn owns_memory() -> bool {
-    sys::getpid() == pid()
+    let vforked = VFORKED.with(Cell::get);
+    if !vforked && !SHARED_VM.load(Ordering::Acquire) {
+        return true;
+    }
+    let owns = sys::getpid() == pid();
+    if owns && vforked {
+        // The parent after vfork returned: the child exec'd or exited.
+        VFORKED.with(|v| v.set(false));
+    }
+    owns
+}
+
+/// The calling thread is about to vfork: the child runs on this thread's
+/// memory until it execs or exits (hooks/process.rs, `vfork`).
+pub fn before_vfork() {
+    pid();
+    VFORKED.with(|v| v.set(true));
+}
+
+/// A child that may share this memory (or that keeps a stale cached pid)
+/// is about to be made: `owns_memory` asks the kernel from now on.
+pub fn before_shared_child() {
+    pid();
+    SHARED_VM.store(true, Ordering::Release);
+}
+
+/// Whether a clone with these flags makes another process (no
+/// CLONE_THREAD): with CLONE_VM it shares our memory, without it it is a
+/// fork child that none of our fork bookkeeping reached.
+pub fn clone_makes_process(flags: u64) -> bool {
+    flags & libc::CLONE_THREAD as u64 == 0
 }
 
 /// Called just before the real fork in the parent: connections claimed so far

@@ -37,12 +37,9 @@ pub fn own(fd: RawFd) {
 /// Forgets `fd` (it is about to be closed or replaced). Any number may be
 /// passed: whatever the shim closes is no longer its own.
 pub fn disown(fd: RawFd) {
-    if fd >= 0 && (fd as usize) < LIMIT && process::owns_memory() {
-        let word = &BITS[fd as usize / 64];
-        if word.load(Ordering::Relaxed) & (1 << (fd % 64)) != 0 {
-            word.fetch_and(!(1 << (fd % 64)), Ordering::Release);
-            forget_mover(fd);
-        }
+    if is_own(fd) && process::owns_memory() {
+        BITS[fd as usize / 64].fetch_and(!(1 << (fd % 64)), Ordering::Release);
+        forget_mover(fd);
     }
 }
 

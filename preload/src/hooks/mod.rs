@@ -31,6 +31,7 @@ pub fn resolve_all() {
     }
     poll::resolve_all();
     process::resolve_all();
+    process::resolve_vfork();
     seccomp::resolve_all();
     socket::resolve_all();
 }

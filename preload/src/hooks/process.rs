@@ -8,19 +8,19 @@
 //! released without end-of-stream by a process that closes them without
 //! having used them (docs/design.md, "fork, exec, dup").
 //!
-//! `vfork` is deliberately NOT interposed. A vfork child borrows the
-//! parent's stack and memory until it calls exec or _exit; a Rust wrapper
-//! that called the real vfork and then returned would let the child clobber
-//! the wrapper's own stack frame, which the parent later returns through.
-//! Forwarding it with a tail jump would add nothing. Left alone, vfork keeps
-//! its exact semantics, and the shim copes with a child that shares its
-//! memory: every hook that changes the fd table first checks
-//! `process::owns_memory()` (real pid == cached pid) and leaves the shared
-//! table alone in such a child.
+//! `vfork` and `clone` mark the child that shares this memory
+//! (`process::owns_memory`, which hooks that change the shim's tables ask
+//! first). `vfork` is a naked stub that marks the calling thread and jumps
+//! to libc's vfork, which returns straight to our caller: a Rust wrapper
+//! that called vfork and then returned would let the child clobber the
+//! wrapper's frame, which the parent later returns through.
+
+use std::ffi::c_void;
 
 use libc::{c_int, pid_t};
 
 use super::define::hooks;
+use crate::interpose::Symbol;
 use crate::{lifecycle, process};
 
 hooks! {
@@ -52,6 +52,23 @@ hooks! {
         pid
     }
 
+    /// clone(2) through glibc. Variadic in C (`parent_tid, tls, child_tid`
+    /// follow `arg`): read as fixed arguments, which is sound on the
+    /// x86-64 and AArch64 Linux ABIs for the reason hooks/syscall.rs gives,
+    /// and passed on unchanged. The child runs `f` on its own stack, so the
+    /// parent returns through this frame untouched.
+    fn clone(f: *mut c_void, stack: *mut c_void, flags: c_int, arg: *mut c_void, ptid: *mut pid_t, tls: *mut c_void, ctid: *mut pid_t) -> c_int;
+        fallback({
+            crate::sys::set_errno(libc::ENOSYS);
+            -1
+        })
+    |next| {
+        if process::clone_makes_process(flags as u32 as u64) {
+            process::before_shared_child();
+        }
+        next()
+    }
+
     /// _exit(2) skips atexit handlers (the constructor's drain for `exit`),
     /// but the kernel still delivers what a socket left open was given:
     /// so must the rings (`lifecycle::drain_at_exit`, which takes no lock
@@ -76,4 +93,63 @@ hooks! {
         lifecycle::drain_at_exit();
         next()
     }
+}
+
+/// libc's vfork.
+static VFORK: Symbol = Symbol::new("vfork\0");
+
+/// Resolves libc's vfork (the constructor calls it with the hooks' own).
+pub fn resolve_vfork() {
+    let _ = VFORK.get();
+}
+
+/// Marks the calling thread as vforking (outside a sandbox, where the shim
+/// keeps no state to protect) and returns the vfork to jump to: libc's, or
+/// our fork hook, a vfork POSIX allows, should libc have none.
+extern "C" fn vfork_target() -> usize {
+    if !process::sandboxed() {
+        process::before_vfork();
+    }
+    match VFORK.get() {
+        Some(f) => f as usize,
+        None => fork as unsafe extern "C" fn() -> pid_t as usize,
+    }
+}
+
+/// vfork(2): see the module docs. The stub keeps the stack as the caller
+/// left it, so libc's vfork sees its caller's return address on top.
+///
+/// # Safety
+/// Called by C code with vfork's contract.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> pid_t {
+    core::arch::naked_asm!(
+        "sub rsp, 8",
+        "call {target}",
+        "add rsp, 8",
+        "jmp rax",
+        target = sym vfork_target,
+    )
+}
+
+/// vfork(2): see the module docs (AArch64: the link register is restored
+/// before the jump, so libc's vfork returns to our caller).
+///
+/// # Safety
+/// Called by C code with vfork's contract.
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn vfork() -> pid_t {
+    core::arch::naked_asm!(
+        "stp x29, x30, [sp, #-16]!",
+        "mov x29, sp",
+        "bl {target}",
+        "ldp x29, x30, [sp], #16",
+        "mov x16, x0",
+        "br x16",
+        target = sym vfork_target,
+    )
 }

@@ -70,16 +70,18 @@ hooks! {
     fn accept(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int;
         fallback(crate::sys::sys_call!(libc::SYS_accept, fd, addr, len) as c_int)
     |next| {
+        let cap = capacity(len);
         let nfd = next();
-        after_accept(fd, nfd, 0);
+        after_accept(fd, nfd, 0, addr, len, cap);
         nfd
     }
 
     /// As accept; SOCK_NONBLOCK is mirrored into the new socket's state.
     fn accept4(fd: c_int, addr: *mut sockaddr, len: *mut socklen_t, flags: c_int) -> c_int;
     |next| {
+        let cap = capacity(len);
         let nfd = next();
-        after_accept(fd, nfd, flags);
+        after_accept(fd, nfd, flags, addr, len, cap);
         nfd
     }
 
@@ -210,13 +212,54 @@ hooks! {
     }
 }
 
-fn after_accept(lfd: c_int, nfd: c_int, flags: c_int) {
+/// The room the program gave accept for the peer's address (0: none).
+fn capacity(len: *const socklen_t) -> socklen_t {
+    if len.is_null() {
+        0
+    } else {
+        // SAFETY: accept's contract: a non-null `len` points at the size
+        // of the caller's `addr` buffer.
+        unsafe { *len }
+    }
+}
+
+/// The peer address accept wrote for the program, where it fit in the
+/// `cap` bytes given (else the new socket is asked).
+fn accepted_peer(
+    addr: *const sockaddr,
+    len: *const socklen_t,
+    cap: socklen_t,
+) -> Option<std::net::SocketAddr> {
+    if addr.is_null() || cap == 0 {
+        return None;
+    }
+    // SAFETY: accept succeeded, so it stored the address's full size in
+    // `*len` and, where that is at most `cap`, the whole address in
+    // `addr`.
+    unsafe {
+        let real = *len;
+        if real > cap {
+            return None;
+        }
+        addr::to_std(addr, real)
+    }
+}
+
+fn after_accept(
+    lfd: c_int,
+    nfd: c_int,
+    flags: c_int,
+    addr: *const sockaddr,
+    len: *const socklen_t,
+    cap: socklen_t,
+) {
     if nfd < 0 || !fdtable::is_tracked(lfd) {
         return;
     }
     if let Some(l) = fdtable::get(lfd).filter(|l| l.kind() == Some(Kind::Listener)) {
         let saved = sys::errno();
-        lifecycle::on_accepted(lfd, &l, nfd, flags);
+        let peer = accepted_peer(addr, len, cap);
+        lifecycle::on_accepted(lfd, &l, nfd, flags, peer);
         sys::set_errno(saved);
     }
 }

@@ -45,6 +45,9 @@ pub unsafe extern "C" fn syscall(
     }
     let bomb = super::define::AbortOnUnwind("syscall");
     super::seccomp::before_syscall(n, &args);
+    if makes_shared_child(n, &args) {
+        crate::process::before_shared_child();
+    }
     // SAFETY: the program's call, under its contract.
     let r = match unsafe { routed(n, args) } {
         Some(r) => r,
@@ -213,6 +216,22 @@ unsafe fn routed(n: c_long, a: [c_long; 6]) -> Option<c_long> {
         }
     };
     Some(r)
+}
+
+/// Whether call `n` makes a child that may share our memory, or a fork
+/// child that keeps a stale cached pid (none of our fork bookkeeping runs
+/// on this door): clone without CLONE_THREAD, clone3, fork, vfork.
+fn makes_shared_child(n: c_long, a: &[c_long; 6]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if matches!(n, libc::SYS_fork | libc::SYS_vfork) {
+        return true;
+    }
+    match n {
+        libc::SYS_clone => crate::process::clone_makes_process(a[0] as u64),
+        // Its flags sit behind a pointer the kernel checks: asked of no one.
+        libc::SYS_clone3 => true,
+        _ => false,
+    }
 }
 
 /// The calls of one descriptor (their first argument) `routed` follows.

@@ -65,13 +65,16 @@ enum Report {
     Ring(Arc<dyn Tracked>, RawFd, Option<OwnedFd>),
     RingClosed(Arc<dyn Tracked>),
     Fallback(Arc<dyn Tracked>),
+    /// `local` is learnt when the report is sent (`tcp_local`): most
+    /// plain connections close before that and never ask for it.
     Tcp {
         fd: RawFd,
-        local: SocketAddr,
+        local: Option<SocketAddr>,
         peer: SocketAddr,
         reason: TcpReason,
     },
-    Closed(RawFd, SocketAddr, SocketAddr),
+    /// Without a local address the daemon never heard of the connection.
+    Closed(RawFd, Option<SocketAddr>, SocketAddr),
 }
 
 /// Connections with bytes or completions owed, with when they were queued.
@@ -85,8 +88,9 @@ static COLLECT: PLock<Vec<u64>> = PLock::new(Vec::new(), Vec::new);
 /// The addresses of each plain-TCP socket reported to the daemon, by fd:
 /// once the peer has reset the connection getpeername fails (ENOTCONN),
 /// and the close must still name the connection the daemon knows, or
-/// status shows it until the process exits or reuses the fd number.
-static TCP_ADDRS: PLock<BTreeMap<RawFd, (SocketAddr, SocketAddr)>> =
+/// status shows it until the process exits or reuses the fd number. The
+/// local address is None until the open report is sent.
+static TCP_ADDRS: PLock<BTreeMap<RawFd, (Option<SocketAddr>, SocketAddr)>> =
     PLock::new(BTreeMap::new(), BTreeMap::new);
 /// What the daemon was last told of each live connection, by fd, with the
 /// session that heard it: a restarted daemon knows nothing, so once a new
@@ -555,13 +559,10 @@ pub fn note_closed(conn: Arc<dyn Tracked>) {
     report(Report::RingClosed(conn));
 }
 
-/// A tracked socket stays plain TCP; an address the caller does not give
-/// is asked of the socket.
+/// A tracked socket stays plain TCP; a peer the caller does not give is
+/// asked of the socket, its local address only if the report is sent.
 pub fn note_tcp(fd: RawFd, local: Option<SocketAddr>, peer: Option<SocketAddr>, reason: TcpReason) {
-    let (Some(local), Some(peer)) = (
-        local.or_else(|| sockaddr::query(fd, false)),
-        peer.or_else(|| sockaddr::query(fd, true)),
-    ) else {
+    let Some(peer) = peer.or_else(|| sockaddr::query(fd, true)) else {
         return;
     };
     TCP_ADDRS.lock().insert(fd, (local, peer));
@@ -576,12 +577,27 @@ pub fn note_tcp(fd: RawFd, local: Option<SocketAddr>, peer: Option<SocketAddr>, 
 /// A tracked plain-TCP socket's last fd is being closed.
 pub fn note_tcp_closed(fd: RawFd) {
     let known = TCP_ADDRS.lock().remove(&fd);
-    let Some((local, peer)) =
-        known.or_else(|| Some((sockaddr::query(fd, false)?, sockaddr::query(fd, true)?)))
-    else {
+    let Some((local, peer)) = known.or_else(|| {
+        let local = sockaddr::query(fd, false)?;
+        Some((Some(local), sockaddr::query(fd, true)?))
+    }) else {
         return;
     };
     report(Report::Closed(fd, local, peer));
+}
+
+/// The local address of plain-TCP socket `fd` connected to `peer`, for
+/// its open report: asked of the socket while TCP_ADDRS still lists it
+/// (its close takes the entry out before the descriptor goes, so the
+/// number cannot name another socket meanwhile), and kept for its close.
+/// None once it is closed: then no report is owed.
+fn tcp_local(fd: RawFd, peer: SocketAddr) -> Option<SocketAddr> {
+    let mut addrs = TCP_ADDRS.lock();
+    let entry = addrs.get_mut(&fd).filter(|(_, p)| *p == peer)?;
+    if entry.0.is_none() {
+        entry.0 = sockaddr::query(fd, false);
+    }
+    entry.0
 }
 
 fn reason_text(r: TcpReason) -> &'static str {
@@ -686,18 +702,22 @@ fn prepare(r: Report) -> Option<(Msg, Option<OwnedFd>)> {
             local,
             peer,
             reason,
-        } => (
-            Msg::ConnReport {
-                fd,
-                local,
-                peer,
-                transport: Transport::Tcp,
-                reason: reason_text(reason).into(),
-                ring: None,
-            },
-            None,
-        ),
-        Report::Closed(fd, local, peer) => (Msg::ConnClosed { fd, local, peer }, None),
+        } => {
+            let local = local.or_else(|| tcp_local(fd, peer))?;
+            (
+                Msg::ConnReport {
+                    fd,
+                    local,
+                    peer,
+                    transport: Transport::Tcp,
+                    reason: reason_text(reason).into(),
+                    ring: None,
+                },
+                None,
+            )
+        }
+        Report::Closed(_, None, _) => return None,
+        Report::Closed(fd, Some(local), peer) => (Msg::ConnClosed { fd, local, peer }, None),
     })
 }
 
