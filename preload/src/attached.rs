@@ -370,8 +370,10 @@ pub trait Attacher: Send + Sync {
     /// this process.
     fn listener_closed(&self, _addr: SocketAddr) {}
 
-    /// A tracked connection `fd` stays plain TCP, for `reason`.
-    fn tcp_decided(&self, _fd: RawFd, _reason: TcpReason) {}
+    /// A tracked connection `fd` stays plain TCP, for `reason`; `peer`
+    /// where the caller knows it (a connect still in progress has no peer
+    /// the socket would tell yet).
+    fn tcp_decided(&self, _fd: RawFd, _peer: Option<SocketAddr>, _reason: TcpReason) {}
 
     /// The last fd of a tracked plain-TCP connection is being closed.
     fn tcp_closed(&self, _fd: RawFd) {}

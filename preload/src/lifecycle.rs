@@ -86,7 +86,7 @@ pub fn on_accepted(
         return;
     };
     if let Err(e) = config::get().allows(peer.ip(), local.port()) {
-        stay_tcp(fd, &st, excluded_reason(e));
+        stay_tcp(fd, &st, Some(peer), excluded_reason(e));
         return;
     }
     let _g = guard::enter();
@@ -115,7 +115,9 @@ pub fn connect(
     if let Some(r) = reason {
         let res = real_connect();
         if r != TcpReason::Family && matches!(res, Ok(()) | Err(Errno(libc::EINPROGRESS))) {
-            stay_tcp(fd, st, r);
+            // The destination is the peer: a connect still in progress
+            // has none to ask the socket for yet.
+            stay_tcp(fd, st, dest, r);
         } else {
             st.set_tcp_reason(r);
         }
@@ -147,11 +149,11 @@ pub fn on_listen(fd: c_int) {
 
 /// Records a plain-TCP decision made before the ring layer was asked, and
 /// tells it (for status).
-fn stay_tcp(fd: c_int, st: &FdRef, r: TcpReason) {
+fn stay_tcp(fd: c_int, st: &FdRef, peer: Option<SocketAddr>, r: TcpReason) {
     st.set_tcp_reason(r);
     if let Some(a) = attached::attacher() {
         let _g = guard::enter();
-        a.tcp_decided(fd, r);
+        a.tcp_decided(fd, peer, r);
     }
 }
 

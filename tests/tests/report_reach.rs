@@ -114,3 +114,84 @@ fn every_client_is_reported_beside_cpu_hogs() {
     server.stop();
     ctl.assert_clean("clients beside hogs", Duration::from_secs(15));
 }
+
+/// A listener on 127.0.0.1 whose accept queue takes one connection
+/// (listen backlog 0), and that connection, which fills it: a further
+/// SYN is dropped until the queue has room, so its connect stays in
+/// progress.
+fn full_listener() -> (std::net::TcpListener, std::net::TcpStream, u16) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor this function owns; the
+    // sockaddr is a valid sockaddr_in of its size.
+    let listener = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let mut sa: libc::sockaddr_in = std::mem::zeroed();
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        assert_eq!(
+            libc::bind(fd, (&sa as *const libc::sockaddr_in).cast(), len),
+            0
+        );
+        assert_eq!(libc::listen(fd, 0), 0);
+        std::net::TcpListener::from_raw_fd(fd)
+    };
+    let port = listener.local_addr().unwrap().port();
+    let filler = std::net::TcpStream::connect(("127.0.0.1", port)).expect("filler");
+    (listener, filler, port)
+}
+
+/// A connection kept off the ring by the port knobs shows in status with
+/// its reason, also when its non-blocking connect was still in progress
+/// when the shim decided (the socket had no peer to tell yet): here the
+/// server's accept queue is full at the connect, and gets room later.
+#[test]
+fn an_excluded_nonblocking_connect_is_reported() {
+    let ctl = Ctl::start();
+    let (listener, filler, port) = full_listener();
+    let script = format!(
+        "import socket, select, sys, time\n\
+         s = socket.socket()\n\
+         s.setblocking(False)\n\
+         r = s.connect_ex(('127.0.0.1', {port}))\n\
+         select.select([], [s], [], 20)\n\
+         print('connected', s.getsockname()[1], r, flush=True)\n\
+         time.sleep(60)\n"
+    );
+    let mut c = ctl
+        .shimmed("python3")
+        .env("RINGSOCK_EXCLUDE_PORTS", port.to_string())
+        .args(["-c", &script])
+        .spawn();
+    // Room in the queue once the client's first SYN was dropped: its
+    // retransmission (after about a second) completes the connect.
+    std::thread::sleep(Duration::from_millis(300));
+    let first = listener.accept().expect("accept");
+    drop(filler);
+    let line = c.wait_line("connected", REPORTED);
+    let mut words = line.split_whitespace().skip(1);
+    let local: u16 = words.next().and_then(|w| w.parse().ok()).expect("port");
+    let started = words.next().unwrap_or("");
+    let end = std::time::Instant::now() + REPORTED;
+    let found = loop {
+        let conns: Vec<Conn> = ctl.status();
+        if let Some(c) = conns.iter().find(|c| c.local.port() == local) {
+            break Some(c.clone());
+        }
+        if std::time::Instant::now() >= end {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let Some(conn) = found else {
+        panic!(
+            "the excluded client (connect_ex gave {started}) never appeared in status:\n{}",
+            show(&ctl.status())
+        );
+    };
+    assert_eq!(conn.transport, "tcp", "{conn:?}");
+    assert_eq!(conn.reason, "port excluded", "{conn:?}");
+    assert_eq!(conn.peer.port(), port, "{conn:?}");
+    drop((listener, first));
+}

@@ -137,8 +137,8 @@ impl Attacher for ShmAttacher {
         ctl::forget_listener(addr);
     }
 
-    fn tcp_decided(&self, fd: RawFd, reason: TcpReason) {
-        background::note_tcp(fd, None, None, reason);
+    fn tcp_decided(&self, fd: RawFd, peer: Option<SocketAddr>, reason: TcpReason) {
+        background::note_tcp(fd, None, peer, reason);
     }
 
     fn tcp_closed(&self, fd: RawFd) {
