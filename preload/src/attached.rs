@@ -200,6 +200,18 @@ pub trait AttachedConn: Send + Sync {
         self.disarm_waiter(interest, false)
     }
 
+    /// The kernel socket among `wait_fds`, or -1: an epoll set watches it
+    /// edge-triggered under its own tag and calls `socket_fired` whenever
+    /// it fires, so an edge arm need not look at it.
+    fn watched_socket(&self) -> RawFd {
+        -1
+    }
+
+    /// `watched_socket` fired in an epoll set: looks at it now (the
+    /// peer's EOF or reset, its leave header), as a level waiter that
+    /// woke on it does.
+    fn socket_fired(&self) {}
+
     /// The fds to sleep on after `arm(interest)`; they become readable (or
     /// report an error/hangup) when the connection's readiness may have
     /// changed. The set must not change during the life of the connection

@@ -858,12 +858,14 @@ impl<W: Wire> RingConn<W> {
     }
 
     fn arm_inner(&self, interest: Ready, level: bool) -> Ready {
-        if !level {
-            // An epoll set watches the kernel socket edge-triggered: if its
-            // EOF, reset or a leave header came while this registration was
-            // not armed, that edge is spent and will not come again, so look
-            // now, as the ring side's re-check does after prepare_wait.
-            // (Level waiters ppoll the socket itself.)
+        if !level && self.forked.load(Ordering::Acquire) {
+            // An epoll set looks at the kernel socket whenever it fires in
+            // its private set (`socket_fired`), so an edge arm need not.
+            // Except on a side a fork shared: the other process may have
+            // taken the edge from the set both hold, and not answered it
+            // (it is not the side's user), so look now, as the ring side's
+            // re-check does after prepare_wait. (Level waiters ppoll the
+            // socket itself.)
             self.check_tcp();
         }
         if self.settle() == MODE_TCP {
@@ -1270,7 +1272,10 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     }
 
     fn disarm_waiter(&self, interest: Ready, level: bool) {
-        self.disarm_inner(interest, level, true, true)
+        // An edge waiter's set calls `socket_fired` when the socket has
+        // news (see `arm_inner` for a side a fork shared).
+        let socket = level || self.forked.load(Ordering::Acquire);
+        self.disarm_inner(interest, level, true, socket)
     }
 
     fn disarm_after(&self, interest: Ready, woke: &[libc::pollfd]) {
@@ -1278,6 +1283,14 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         let rung = self.wire.bell_fds().into_iter().flatten().any(fired);
         let tcp = self.tcp_fd();
         self.disarm_inner(interest, true, rung, tcp >= 0 && fired(tcp))
+    }
+
+    fn watched_socket(&self) -> RawFd {
+        self.tcp_fd()
+    }
+
+    fn socket_fired(&self) {
+        self.check_tcp();
     }
 
     fn wait_fds(&self, _fd: RawFd, interest: Ready) -> WaitFds {
