@@ -1100,7 +1100,11 @@ unsafe fn wait_ring(
         // 2. Spin.
         // The busy looks are asked for only when there is a spin.
         let spin_looks = || fewest_looks(cands.iter().filter_map(|c| c.st.conn()));
-        if n == 0 && !cands.is_empty() && spin(spin_looks(), || cands.iter().any(Candidate::ready))
+        if n == 0
+            && !cands.is_empty()
+            && spin(spin_looks(), cands.len(), || {
+                cands.iter().any(Candidate::ready)
+            })
         {
             let mut locked = set.lock();
             let inner = &mut *locked;

@@ -88,7 +88,8 @@ pub fn poll_mixed(
         }
         // 3. Spin on the rings while nothing else is known to be ready.
         let may_spin = !looked && deadline.is_none_or(|d| d > sys::monotonic_ns());
-        if may_spin && spin(looks, || answer_rings(fds, &rings) > 0) {
+        let width = rings.iter().flatten().count();
+        if may_spin && spin(looks, width, || answer_rings(fds, &rings) > 0) {
             return collect_kernel(fds, &rings);
         }
         // 4. Arm every ring; a ring that turns out ready after arming means
