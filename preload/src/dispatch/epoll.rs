@@ -385,7 +385,7 @@ fn examine(r: &mut Reg, entry: Option<&mut ConnEntry>, private: c_int, arm: bool
     }
     let interest = interest_of(r.events);
     let wanted = Ready(interest.0 | ALWAYS);
-    let now = conn.readiness() & wanted;
+    let now = conn.readiness_for(interest) & wanted;
     if news(
         r.events,
         &mut r.last,
@@ -809,7 +809,7 @@ struct Candidate {
 impl Candidate {
     fn ready(&self) -> bool {
         self.st.conn().is_some_and(|c| {
-            let now = c.readiness() & (self.interest | Ready::ERR | Ready::HUP);
+            let now = c.readiness_for(self.interest) & (self.interest | Ready::ERR | Ready::HUP);
             self.seen.news(now, c.event_seq())
         })
     }

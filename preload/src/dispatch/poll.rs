@@ -31,7 +31,7 @@ fn ring_revents(st: &FdRef, events: i16) -> i16 {
         return libc::POLLNVAL;
     };
     let interest = Ready(events as u16 as u32) | Ready::ERR | Ready::HUP;
-    (conn.readiness() & interest).0 as i16
+    (conn.readiness_for(interest) & interest).0 as i16
 }
 
 /// poll(2) semantics over `fds`, `deadline` absolute monotonic ns (None =

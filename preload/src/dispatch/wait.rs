@@ -182,7 +182,9 @@ fn pace(looks: u32, width: usize) -> (u32, u32) {
 pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Option<u64>) -> Woke {
     let want = wanted(interest);
     conn.flush();
-    if spin(conn.spin_looks(), 1, || conn.readiness().intersects(want)) {
+    if spin(conn.spin_looks(), 1, || {
+        conn.readiness_for(interest).intersects(want)
+    }) {
         return Woke::Ready;
     }
     loop {
@@ -223,7 +225,7 @@ pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Op
             Err(libc::EINTR) => return Woke::Interrupted,
             Err(e) => return Woke::Failed(e),
         }
-        if conn.readiness().intersects(want) {
+        if conn.readiness_for(interest).intersects(want) {
             return Woke::Ready;
         }
         if let Some(d) = deadline {

@@ -788,11 +788,21 @@ impl<W: Wire> RingConn<W> {
         sockio::send_vec(self.tcp_fd(), bufs)
     }
 
-    /// Readiness while on the ring (or pending), as TCP's poll computes it.
-    fn ring_readiness(&self) -> Ready {
+    /// Readiness while on the ring (or pending), as TCP's poll computes it,
+    /// for a waiter that wants `interest`: exact for `interest`, ERR and
+    /// HUP; the other bits may be missing. A side that is not asked about
+    /// is not locked: the receive side matters to reading interest, and to
+    /// HUP once the sending side is shut; the sending side to writing
+    /// interest, and on a wire that reaps completions on every look.
+    fn ring_readiness(&self, interest: Ready) -> Ready {
         let gone = self.peer_gone();
         let reset = self.reset.load(Ordering::Acquire);
-        let (data, fin) = {
+        let snd_shut = reset || self.wr_shut.load(Ordering::Acquire);
+        let look_rx = interest.intersects(Ready::INPUT) || snd_shut;
+        let look_tx = interest.intersects(Ready::OUTPUT) || W::REAPS_COMPLETIONS;
+        let (data, fin) = if !look_rx {
+            (false, false)
+        } else {
             let mut rx = self.rx.lock();
             match rx.as_mut() {
                 Some(rx) => {
@@ -808,7 +818,6 @@ impl<W: Wire> RingConn<W> {
             }
         };
         let rcv_shut = fin || gone || reset || self.rd_shut.load(Ordering::Acquire);
-        let snd_shut = reset || self.wr_shut.load(Ordering::Acquire);
         let mut r = Ready::NONE;
         if data || rcv_shut {
             r = r | Ready::IN;
@@ -816,7 +825,9 @@ impl<W: Wire> RingConn<W> {
         if rcv_shut {
             r = r | Ready::RDHUP;
         }
-        let writable = if self.mode() == MODE_PENDING {
+        let writable = if !look_tx {
+            false
+        } else if self.mode() == MODE_PENDING {
             W::pending_room(self) > 0 && self.tcp_connected()
         } else {
             match self.tx.lock().as_mut() {
@@ -906,7 +917,7 @@ impl<W: Wire> RingConn<W> {
         }
         drop(w);
         self.settle_words();
-        self.readiness()
+        self.readiness_for(interest)
     }
 
     /// `rung`: a doorbell may have rung (else there is nothing to drain);
@@ -1257,9 +1268,13 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     }
 
     fn readiness(&self) -> Ready {
+        self.readiness_for(Ready(!0))
+    }
+
+    fn readiness_for(&self, interest: Ready) -> Ready {
         match self.settle() {
             MODE_TCP => self.tcp_readiness(),
-            _ => self.ring_readiness(),
+            _ => self.ring_readiness(interest),
         }
     }
 
