@@ -143,6 +143,14 @@ pub trait AttachedConn: Send + Sync {
     /// Current readiness, without blocking and without arming anything.
     fn readiness(&self) -> Ready;
 
+    /// `readiness` as a waiter for `interest` needs it: exact for
+    /// `interest`, ERR and HUP, other bits possibly missing (a side nobody
+    /// asked about need not be looked at).
+    fn readiness_for(&self, interest: Ready) -> Ready {
+        let _ = interest;
+        self.readiness()
+    }
+
     /// Looks at `readiness` a spinning waiter takes back to back before it
     /// yields the CPU between looks (`ringsock_ring::sleep::backoff::CompletionWait`).
     /// Fewer than `SPIN_TURNS` says the medium's own progress may need this
@@ -155,7 +163,8 @@ pub trait AttachedConn: Send + Sync {
 
     /// Asks to be woken through `wait_fds` when any of `interest` may have
     /// become true (publishes the "sleeping" flag), then re-checks and
-    /// returns the readiness seen *after* arming. If that intersects
+    /// returns the readiness seen *after* arming (as `readiness_for`
+    /// `interest`). If that intersects
     /// `interest` the caller does not sleep. Must be paired with
     /// `disarm_waiter` with the same `level`. `level`: the waiter sleeps in
     /// a level-triggered poll on the wait fds (`arm`); otherwise it watches
@@ -199,6 +208,18 @@ pub trait AttachedConn: Send + Sync {
     fn disarm_edge(&self, interest: Ready) {
         self.disarm_waiter(interest, false)
     }
+
+    /// The kernel socket among `wait_fds`, or -1: an epoll set watches it
+    /// edge-triggered under its own tag and calls `socket_fired` whenever
+    /// it fires, so an edge arm need not look at it.
+    fn watched_socket(&self) -> RawFd {
+        -1
+    }
+
+    /// `watched_socket` fired in an epoll set: looks at it now (the
+    /// peer's EOF or reset, its leave header), as a level waiter that
+    /// woke on it does.
+    fn socket_fired(&self) {}
 
     /// The fds to sleep on after `arm(interest)`; they become readable (or
     /// report an error/hangup) when the connection's readiness may have

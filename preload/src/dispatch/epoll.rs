@@ -100,6 +100,12 @@ pub const HOLD_MIN: usize = 64;
 /// addresses of fd states, never 0).
 const POKE_KEY: u64 = 0;
 
+/// Set in the epoll_data of a connection's kernel socket in the private
+/// set (keys are addresses of fd states, so their low bit is free): a
+/// harvest that sees it looks at the socket (`AttachedConn::socket_fired`),
+/// and arming need not.
+const SOCKET_TAG: u64 = 1;
+
 /// Ring registrations of one epoll instance.
 pub struct EpollSet {
     inner: Mutex<Inner>,
@@ -379,7 +385,7 @@ fn examine(r: &mut Reg, entry: Option<&mut ConnEntry>, private: c_int, arm: bool
     }
     let interest = interest_of(r.events);
     let wanted = Ready(interest.0 | ALWAYS);
-    let now = conn.readiness() & wanted;
+    let now = conn.readiness_for(interest) & wanted;
     if news(
         r.events,
         &mut r.last,
@@ -421,17 +427,24 @@ fn ensure_waits(
     conn: &dyn AttachedConn,
     interest: Ready,
 ) {
+    debug_assert_eq!(key & SOCKET_TAG, 0, "fd state addresses are aligned");
+    let socket = conn.watched_socket();
     for w in conn.wait_fds(fd, interest).into_iter().flatten() {
         let ev = u32::from(w.events as u16);
+        let data = if w.fd == socket {
+            key | SOCKET_TAG
+        } else {
+            key
+        };
         match e.waits.iter_mut().find(|(f, _)| *f == w.fd) {
             Some((_, have)) if *have & ev == ev => {}
             Some((_, have)) => {
                 *have |= ev;
-                set_wait_fd(private, w.fd, *have, key);
+                set_wait_fd(private, w.fd, *have, data);
             }
             None => {
                 e.waits.push((w.fd, ev));
-                set_wait_fd(private, w.fd, ev, key);
+                set_wait_fd(private, w.fd, ev, data);
             }
         }
     }
@@ -690,16 +703,23 @@ impl Inner {
                 break;
             }
             for e in &evs[..r as usize] {
-                let key = e.u64;
-                if key == POKE_KEY {
+                if e.u64 == POKE_KEY {
                     eventfd_drain(self.poke);
                     continue;
                 }
+                let key = e.u64 & !SOCKET_TAG;
                 let Some(c) = self.conns.get(&key) else {
                     // A connection that left the set; its wait fds may stay
                     // behind until they are closed.
                     continue;
                 };
+                if e.u64 & SOCKET_TAG != 0 {
+                    // Looked at even without registrations: a later one
+                    // arms without looking, and this edge is spent.
+                    if let Some(conn) = c.st.conn() {
+                        conn.socket_fired();
+                    }
+                }
                 for id in c.regs.clone() {
                     self.promote(id);
                 }
@@ -789,7 +809,7 @@ struct Candidate {
 impl Candidate {
     fn ready(&self) -> bool {
         self.st.conn().is_some_and(|c| {
-            let now = c.readiness() & (self.interest | Ready::ERR | Ready::HUP);
+            let now = c.readiness_for(self.interest) & (self.interest | Ready::ERR | Ready::HUP);
             self.seen.news(now, c.event_seq())
         })
     }
@@ -1080,7 +1100,11 @@ unsafe fn wait_ring(
         // 2. Spin.
         // The busy looks are asked for only when there is a spin.
         let spin_looks = || fewest_looks(cands.iter().filter_map(|c| c.st.conn()));
-        if n == 0 && !cands.is_empty() && spin(spin_looks(), || cands.iter().any(Candidate::ready))
+        if n == 0
+            && !cands.is_empty()
+            && spin(spin_looks(), cands.len(), || {
+                cands.iter().any(Candidate::ready)
+            })
         {
             let mut locked = set.lock();
             let inner = &mut *locked;

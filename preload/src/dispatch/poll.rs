@@ -31,7 +31,7 @@ fn ring_revents(st: &FdRef, events: i16) -> i16 {
         return libc::POLLNVAL;
     };
     let interest = Ready(events as u16 as u32) | Ready::ERR | Ready::HUP;
-    (conn.readiness() & interest).0 as i16
+    (conn.readiness_for(interest) & interest).0 as i16
 }
 
 /// poll(2) semantics over `fds`, `deadline` absolute monotonic ns (None =
@@ -88,7 +88,8 @@ pub fn poll_mixed(
         }
         // 3. Spin on the rings while nothing else is known to be ready.
         let may_spin = !looked && deadline.is_none_or(|d| d > sys::monotonic_ns());
-        if may_spin && spin(looks, || answer_rings(fds, &rings) > 0) {
+        let width = rings.iter().flatten().count();
+        if may_spin && spin(looks, width, || answer_rings(fds, &rings) > 0) {
             return collect_kernel(fds, &rings);
         }
         // 4. Arm every ring; a ring that turns out ready after arming means

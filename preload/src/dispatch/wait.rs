@@ -59,8 +59,9 @@ fn wanted(interest: Ready) -> Ready {
 /// True if it became ready. A spin that lost its CPU (`Spun::Descheduled`)
 /// zeroes the budget: the machine has more runnable work than CPUs, the
 /// answer came only once the peer got a CPU back, and the kernel runs a
-/// sleeper's peer sooner than a spinner's.
-pub fn spin(looks: u32, mut ready: impl FnMut() -> bool) -> bool {
+/// sleeper's peer sooner than a spinner's. `width`: the connections one
+/// call of `ready` looks at (see `spin_for`).
+pub fn spin(looks: u32, width: usize, mut ready: impl FnMut() -> bool) -> bool {
     let mut budget = BUDGET.with(|b| {
         b.get()
             .unwrap_or_else(|| SpinBudget::new(Duration::from_micros(config::get().spin_us.into())))
@@ -70,7 +71,7 @@ pub fn spin(looks: u32, mut ready: impl FnMut() -> bool) -> bool {
         // A connection ready at the first look says nothing about spinning.
         ready()
     } else {
-        match spin_for(limit, looks, &mut ready) {
+        match spin_for(limit, looks, width, &mut ready) {
             Spun::Hit => {
                 budget.hit();
                 true
@@ -122,16 +123,21 @@ const DESCHEDULED_NS: u64 = 30_000;
 const LOOKS_PER_CLOCK: u32 = 16;
 
 /// Polls `ready` for up to `limit_ns`, yielding the CPU between polls
-/// after the first `looks`.
-fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> Spun {
+/// after the first `looks`. `looks` and `LOOKS_PER_CLOCK` count looks at
+/// one connection: a poll over `width` of them counts as `width` looks, so
+/// that a spin over many connections yields, and sees a lost CPU, after as
+/// much busy time as a spin over one (else it spins its whole budget
+/// without yielding, taking the CPU its peers need on a busy machine).
+fn spin_for(limit_ns: u64, looks: u32, width: usize, ready: &mut impl FnMut() -> bool) -> Spun {
     let start = sys::monotonic_ns();
     let mut last = start;
     let mut i = 0u32;
+    let (busy, per_clock) = pace(looks, width);
     // After `looks` busy looks the spin yields the CPU between looks: on
     // an oversubscribed machine the peer, or the kernel work that carries
     // the data (a software RDMA device's softirqs), may need this CPU to
     // make the very progress we wait for (`AttachedConn::spin_looks`).
-    let mut relax = ringsock_ring::sleep::backoff::CompletionWait::with_spin_turns(looks);
+    let mut relax = ringsock_ring::sleep::backoff::CompletionWait::with_spin_turns(busy);
     // Where yields carry the data (fewer looks than the default) a long
     // yield is progress, not a lost CPU, and the clock is read every 64
     // turns, most of them yields: where yields are slow (an emulated
@@ -147,7 +153,7 @@ fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> Spun
         let read_clock = if yields_carry {
             i.is_multiple_of(64)
         } else {
-            i > looks || i.is_multiple_of(LOOKS_PER_CLOCK)
+            i > busy || i.is_multiple_of(per_clock)
         };
         if read_clock {
             let now = sys::monotonic_ns();
@@ -163,13 +169,22 @@ fn spin_for(limit_ns: u64, looks: u32, ready: &mut impl FnMut() -> bool) -> Spun
     }
 }
 
+/// For a spin whose polls look at `width` connections each: the busy polls
+/// before it yields, and the polls between two clock reads (`spin_for`).
+fn pace(looks: u32, width: usize) -> (u32, u32) {
+    let width = u32::try_from(width.max(1)).unwrap_or(u32::MAX);
+    ((looks / width).max(1), (LOOKS_PER_CLOCK / width).max(1))
+}
+
 /// Waits until `conn` (reached through kernel socket `fd`) is ready for
 /// `interest`, the deadline (absolute, monotonic ns) passes, or a signal
 /// arrives.
 pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Option<u64>) -> Woke {
     let want = wanted(interest);
     conn.flush();
-    if spin(conn.spin_looks(), || conn.readiness().intersects(want)) {
+    if spin(conn.spin_looks(), 1, || {
+        conn.readiness_for(interest).intersects(want)
+    }) {
         return Woke::Ready;
     }
     loop {
@@ -210,7 +225,7 @@ pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Op
             Err(libc::EINTR) => return Woke::Interrupted,
             Err(e) => return Woke::Failed(e),
         }
-        if conn.readiness().intersects(want) {
+        if conn.readiness_for(interest).intersects(want) {
             return Woke::Ready;
         }
         if let Some(d) = deadline {
@@ -253,5 +268,21 @@ pub fn sleep(
         Err(sys::errno())
     } else {
         Ok(r as usize)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wide_poll_counts_as_one_look_per_connection() {
+        let turns = ringsock_ring::sleep::backoff::SPIN_TURNS;
+        assert_eq!(pace(turns, 1), (turns, LOOKS_PER_CLOCK));
+        assert_eq!(pace(turns, 0), (turns, LOOKS_PER_CLOCK));
+        assert_eq!(pace(turns, 16), (turns / 16, 1));
+        // Never fewer than one busy poll, and the clock read on every poll.
+        assert_eq!(pace(turns, 100_000), (1, 1));
+        assert_eq!(pace(4, 8), (1, LOOKS_PER_CLOCK / 8));
     }
 }

@@ -103,10 +103,26 @@ pub struct MockConn {
     /// Calls of `readiness`, and of `arm`/`arm_edge`.
     pub readiness_calls: AtomicU64,
     pub arm_calls: AtomicU64,
+    /// Stands for the kernel socket under a ring connection (-1: none): an
+    /// eventfd that `socket_news` makes readable, as the peer's FIN would.
+    socket: RawFd,
+    /// `socket_fired` found the news: the peer is gone (read end shut).
+    peer_gone: AtomicBool,
+    /// Calls of `socket_fired`.
+    pub socket_looks: AtomicU64,
 }
 
 /// Two connected ends; each direction holds at most `cap` bytes.
 pub fn pair(cap: usize) -> (Arc<MockConn>, Arc<MockConn>) {
+    pair_of(cap, false)
+}
+
+/// `pair` whose ends also have a stand-in kernel socket each.
+pub fn pair_with_sockets(cap: usize) -> (Arc<MockConn>, Arc<MockConn>) {
+    pair_of(cap, true)
+}
+
+fn pair_of(cap: usize, sockets: bool) -> (Arc<MockConn>, Arc<MockConn>) {
     let (ab, ba) = (Pipe::new(cap), Pipe::new(cap));
     let mk = |rx: &Arc<Pipe>, tx: &Arc<Pipe>| {
         Arc::new(MockConn {
@@ -117,6 +133,9 @@ pub fn pair(cap: usize) -> (Arc<MockConn>, Arc<MockConn>) {
             last_release_owner: AtomicBool::new(false),
             readiness_calls: AtomicU64::new(0),
             arm_calls: AtomicU64::new(0),
+            socket: if sockets { eventfd() } else { -1 },
+            peer_gone: AtomicBool::new(false),
+            socket_looks: AtomicU64::new(0),
         })
     };
     (mk(&ba, &ab), mk(&ab, &ba))
@@ -130,7 +149,22 @@ fn wants_tx(interest: Ready) -> bool {
     interest.intersects(Ready::WRITE)
 }
 
+impl Drop for MockConn {
+    fn drop(&mut self) {
+        if self.socket >= 0 {
+            sys::close(self.socket);
+        }
+    }
+}
+
 impl MockConn {
+    /// The peer process died: its FIN reaches the kernel socket only, and
+    /// no doorbell rings.
+    pub fn socket_news(&self) {
+        assert!(self.socket >= 0, "a pair_with_sockets end");
+        ring(self.socket);
+    }
+
     /// Arms outstanding now.
     pub fn arms(&self) -> Arms {
         *self.arms.lock().unwrap()
@@ -142,7 +176,7 @@ impl MockConn {
         if !self.rx.buf.lock().unwrap().is_empty() {
             r = r | Ready::READ;
         }
-        if self.rx.eof.load(Ordering::Acquire) {
+        if self.rx.eof.load(Ordering::Acquire) || self.peer_gone.load(Ordering::Acquire) {
             r = r | Ready::READ | Ready::RDHUP;
         }
         // After our own shutdown a send fails at once (EPIPE), which counts
@@ -276,6 +310,21 @@ impl AttachedConn for MockConn {
         self.disarm_inner(interest, level)
     }
 
+    fn watched_socket(&self) -> RawFd {
+        self.socket
+    }
+
+    fn socket_fired(&self) {
+        self.socket_looks.fetch_add(1, Ordering::SeqCst);
+        let mut v = 0u64;
+        // SAFETY: reading 8 bytes from our non-blocking eventfd.
+        let n =
+            unsafe { crate::sys::sys_call!(libc::SYS_read, self.socket, &mut v as *mut u64, 8) };
+        if n == 8 {
+            self.peer_gone.store(true, Ordering::Release);
+        }
+    }
+
     fn wait_fds(&self, _fd: RawFd, _interest: Ready) -> WaitFds {
         [
             Some(WaitFd {
@@ -286,7 +335,10 @@ impl AttachedConn for MockConn {
                 fd: self.tx.room_bell,
                 events: libc::POLLIN,
             }),
-            None,
+            (self.socket >= 0).then_some(WaitFd {
+                fd: self.socket,
+                events: libc::POLLIN,
+            }),
         ]
     }
 

@@ -12,7 +12,7 @@ mod layers;
 mod mock;
 mod sandbox;
 
-use mock::{pair, MockConn};
+use mock::{pair, pair_with_sockets, MockConn};
 
 use crate::attached::{self, AttachedConn, Attacher, Decision, Errno, TcpReason};
 use crate::fdtable::{self, Kind};
@@ -752,6 +752,36 @@ fn epoll_edge_triggered_reports_each_arrival_and_sleeps_between() {
         assert_eq!(t.join().unwrap(), 1);
         assert!(epoll_wait(epfd, 4, 0).is_empty());
     }
+    // SAFETY: closing our fds.
+    unsafe {
+        fdh::close(epfd);
+        fdh::close(fa);
+        fdh::close(fb);
+    }
+}
+
+#[test]
+fn epoll_looks_at_the_kernel_socket_only_when_it_fires() {
+    let (a, b) = pair_with_sockets(64);
+    let (fa, fb) = (ring_fd(a), ring_fd(b.clone()));
+    // SAFETY: plain hook call.
+    let epfd = unsafe { ep::epoll_create1(0) };
+    let want = (libc::EPOLLIN | libc::EPOLLRDHUP) as u32;
+    epoll_add(epfd, fb, want as i32, 7);
+    // Nothing to report: the registration is armed, its socket unlooked at.
+    assert!(epoll_wait(epfd, 4, 0).is_empty());
+    assert!(epoll_wait(epfd, 4, 0).is_empty());
+    assert_eq!(b.socket_looks.load(Ordering::SeqCst), 0);
+    // The peer dies: only the socket hears of it, and the sleeping wait
+    // must look at it to report the end of the stream.
+    let b2 = b.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        b2.socket_news();
+    });
+    assert_eq!(epoll_wait(epfd, 4, 5000), vec![(want, 7)]);
+    t.join().unwrap();
+    assert_eq!(b.socket_looks.load(Ordering::SeqCst), 1);
     // SAFETY: closing our fds.
     unsafe {
         fdh::close(epfd);

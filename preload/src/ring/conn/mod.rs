@@ -788,11 +788,21 @@ impl<W: Wire> RingConn<W> {
         sockio::send_vec(self.tcp_fd(), bufs)
     }
 
-    /// Readiness while on the ring (or pending), as TCP's poll computes it.
-    fn ring_readiness(&self) -> Ready {
+    /// Readiness while on the ring (or pending), as TCP's poll computes it,
+    /// for a waiter that wants `interest`: exact for `interest`, ERR and
+    /// HUP; the other bits may be missing. A side that is not asked about
+    /// is not locked: the receive side matters to reading interest, and to
+    /// HUP once the sending side is shut; the sending side to writing
+    /// interest, and on a wire that reaps completions on every look.
+    fn ring_readiness(&self, interest: Ready) -> Ready {
         let gone = self.peer_gone();
         let reset = self.reset.load(Ordering::Acquire);
-        let (data, fin) = {
+        let snd_shut = reset || self.wr_shut.load(Ordering::Acquire);
+        let look_rx = interest.intersects(Ready::INPUT) || snd_shut;
+        let look_tx = interest.intersects(Ready::OUTPUT) || W::REAPS_COMPLETIONS;
+        let (data, fin) = if !look_rx {
+            (false, false)
+        } else {
             let mut rx = self.rx.lock();
             match rx.as_mut() {
                 Some(rx) => {
@@ -808,7 +818,6 @@ impl<W: Wire> RingConn<W> {
             }
         };
         let rcv_shut = fin || gone || reset || self.rd_shut.load(Ordering::Acquire);
-        let snd_shut = reset || self.wr_shut.load(Ordering::Acquire);
         let mut r = Ready::NONE;
         if data || rcv_shut {
             r = r | Ready::IN;
@@ -816,7 +825,9 @@ impl<W: Wire> RingConn<W> {
         if rcv_shut {
             r = r | Ready::RDHUP;
         }
-        let writable = if self.mode() == MODE_PENDING {
+        let writable = if !look_tx {
+            false
+        } else if self.mode() == MODE_PENDING {
             W::pending_room(self) > 0 && self.tcp_connected()
         } else {
             match self.tx.lock().as_mut() {
@@ -858,12 +869,14 @@ impl<W: Wire> RingConn<W> {
     }
 
     fn arm_inner(&self, interest: Ready, level: bool) -> Ready {
-        if !level {
-            // An epoll set watches the kernel socket edge-triggered: if its
-            // EOF, reset or a leave header came while this registration was
-            // not armed, that edge is spent and will not come again, so look
-            // now, as the ring side's re-check does after prepare_wait.
-            // (Level waiters ppoll the socket itself.)
+        if !level && self.forked.load(Ordering::Acquire) {
+            // An epoll set looks at the kernel socket whenever it fires in
+            // its private set (`socket_fired`), so an edge arm need not.
+            // Except on a side a fork shared: the other process may have
+            // taken the edge from the set both hold, and not answered it
+            // (it is not the side's user), so look now, as the ring side's
+            // re-check does after prepare_wait. (Level waiters ppoll the
+            // socket itself.)
             self.check_tcp();
         }
         if self.settle() == MODE_TCP {
@@ -904,7 +917,7 @@ impl<W: Wire> RingConn<W> {
         }
         drop(w);
         self.settle_words();
-        self.readiness()
+        self.readiness_for(interest)
     }
 
     /// `rung`: a doorbell may have rung (else there is nothing to drain);
@@ -1255,9 +1268,13 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     }
 
     fn readiness(&self) -> Ready {
+        self.readiness_for(Ready(!0))
+    }
+
+    fn readiness_for(&self, interest: Ready) -> Ready {
         match self.settle() {
             MODE_TCP => self.tcp_readiness(),
-            _ => self.ring_readiness(),
+            _ => self.ring_readiness(interest),
         }
     }
 
@@ -1270,7 +1287,10 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     }
 
     fn disarm_waiter(&self, interest: Ready, level: bool) {
-        self.disarm_inner(interest, level, true, true)
+        // An edge waiter's set calls `socket_fired` when the socket has
+        // news (see `arm_inner` for a side a fork shared).
+        let socket = level || self.forked.load(Ordering::Acquire);
+        self.disarm_inner(interest, level, true, socket)
     }
 
     fn disarm_after(&self, interest: Ready, woke: &[libc::pollfd]) {
@@ -1278,6 +1298,14 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         let rung = self.wire.bell_fds().into_iter().flatten().any(fired);
         let tcp = self.tcp_fd();
         self.disarm_inner(interest, true, rung, tcp >= 0 && fired(tcp))
+    }
+
+    fn watched_socket(&self) -> RawFd {
+        self.tcp_fd()
+    }
+
+    fn socket_fired(&self) {
+        self.check_tcp();
     }
 
     fn wait_fds(&self, _fd: RawFd, interest: Ready) -> WaitFds {

@@ -13,7 +13,7 @@ use super::super::conn::{seam, Parts, RingConn, MODE_RING};
 use super::super::setup::{dup_cloexec, ring_config, Medium};
 use super::super::tracked::Tracked;
 use super::{PeerBell, ShmConn, ShmWire, Side, STATE_ACCEPTED, WORD_STATE};
-use crate::attached::{AttachedConn, Errno, ReleaseKind};
+use crate::attached::{AttachedConn, Errno, Ready, ReleaseKind};
 
 /// Both ends of one connection the server took, and the program's own
 /// kernel sockets under them (the ends hold duplicates).
@@ -162,4 +162,52 @@ fn a_fin_seen_after_an_empty_look_does_not_hide_the_response() {
         p.client.release(-1, ReleaseKind::Owner);
         drop(p.client_sock);
     }
+}
+
+/// What a waiter for one interest is told agrees with the full readiness
+/// on that interest, ERR and HUP, in every state a side goes through:
+/// fresh, with data, the peer's end of stream, both sides shut.
+#[test]
+fn readiness_for_an_interest_agrees_with_the_full_readiness() {
+    let p = pair();
+    send(&p.client, b"hello");
+    assert_eq!(p.client.settle(), MODE_RING);
+    assert_eq!(recv(&p.server, 64), Ok(b"hello".to_vec()));
+    let interests = [
+        Ready::NONE,
+        Ready::READ,
+        Ready::RDNORM,
+        Ready::RDHUP,
+        Ready::PRI,
+        Ready::WRITE,
+        Ready::WRNORM,
+        Ready::INPUT,
+        Ready::INPUT | Ready::OUTPUT,
+    ];
+    let agree = |c: &ShmConn, state: &str| {
+        for i in interests {
+            let asked = i | Ready::ERR | Ready::HUP;
+            assert_eq!(
+                (c.readiness_for(i) & asked).0,
+                (c.readiness() & asked).0,
+                "{state}, interest {:#x}",
+                i.0
+            );
+        }
+    };
+    agree(&p.client, "fresh");
+    send(&p.server, b"data");
+    agree(&p.client, "data");
+    let server_fd = p.server_sock.as_raw_fd();
+    let client_fd = p.client_sock.as_raw_fd();
+    assert_eq!(p.server.shutdown(server_fd, libc::SHUT_WR), Ok(()));
+    agree(&p.client, "data and the peer's end of stream");
+    assert_eq!(recv(&p.client, 64), Ok(b"data".to_vec()));
+    agree(&p.client, "the peer's end of stream");
+    assert_eq!(p.client.shutdown(client_fd, libc::SHUT_WR), Ok(()));
+    assert!(p.client.readiness().contains(Ready::HUP));
+    agree(&p.client, "both sides shut");
+    agree(&p.server, "both sides shut, the other end");
+    p.client.release(-1, ReleaseKind::Owner);
+    p.server.release(-1, ReleaseKind::Owner);
 }
