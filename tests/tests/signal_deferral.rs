@@ -247,3 +247,40 @@ fn iperf3_client_terminated_mid_test() {
         "shim complaints in the server:\n{serr}"
     );
 }
+
+/// setuid and its kin in a threaded process make glibc signal every
+/// thread (SIGSETXID) and wait until each ran its handler: the shim's own
+/// thread must take that signal (sshd's monitor changes its uid with the
+/// shim's thread running). glibc unblocks its signals in the creating
+/// thread only at a process's first thread, so the case that matters is a
+/// forked child of a threaded process starting the shim's thread anew.
+#[test]
+fn a_uid_change_beside_the_shims_thread_returns() {
+    require!("python3");
+    let ctl = Ctl::start();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // The connection's status report starts the shim's thread.
+    let script = format!(
+        "import os, socket, time\n\
+         a = socket.create_connection(('127.0.0.1', {port}))\n\
+         time.sleep(0.5)\n\
+         if os.fork() == 0:\n\
+         \x20   b = socket.create_connection(('127.0.0.1', {port}))\n\
+         \x20   time.sleep(0.5)\n\
+         \x20   os.seteuid(os.geteuid())\n\
+         \x20   os.setegid(os.getegid())\n\
+         \x20   print('changed', flush=True)\n\
+         \x20   os._exit(0)\n\
+         os.wait()\n"
+    );
+    let mut p = ctl.shimmed("python3").args(["-c", &script]).spawn();
+    let (_a, _) = listener.accept().unwrap();
+    let (_b, _) = listener.accept().unwrap();
+    let status = p.wait(Duration::from_secs(60));
+    let (out, err) = p.output();
+    assert!(
+        status.is_some_and(|s| s.success()) && out.contains("changed"),
+        "seteuid hung or failed beside the shim's thread: {status:?}\n{out}{err}"
+    );
+}

@@ -11,7 +11,7 @@ use crate::sys;
 const KSET: c_long = 8;
 
 /// The bit of `sig` in a kernel signal set.
-pub fn bit(sig: c_int) -> u64 {
+pub const fn bit(sig: c_int) -> u64 {
     1u64 << (sig - 1)
 }
 
@@ -48,13 +48,21 @@ pub fn unblock(bits: u64) {
     }
 }
 
-/// Every signal blocked on the calling thread until dropped (the kernel
-/// leaves SIGKILL and SIGSTOP alone).
+/// glibc's own signals, SIGCANCEL (32) and SIGSETXID (33): no thread may
+/// block them (pthread_sigmask refuses to), since setuid and its kin in a
+/// threaded process signal every thread with SIGSETXID and wait until each
+/// has run glibc's handler; one thread that blocks it hangs the caller.
+const LIBC_INTERNAL: u64 = bit(32) | bit(33);
+
+/// Every signal a thread may block, blocked on the calling thread until
+/// dropped (the kernel leaves SIGKILL and SIGSTOP alone; glibc's own stay
+/// open, see `LIBC_INTERNAL`).
 pub struct BlockAll(u64);
 
-/// Blocks every signal on the calling thread until the value is dropped.
+/// Blocks every signal a thread may block on the calling thread until the
+/// value is dropped.
 pub fn block_all() -> BlockAll {
-    BlockAll(procmask(libc::SIG_SETMASK, Some(!0)))
+    BlockAll(procmask(libc::SIG_SETMASK, Some(!LIBC_INTERNAL)))
 }
 
 impl Drop for BlockAll {
@@ -103,6 +111,8 @@ mod tests {
             let _b = block_all();
             let during = current();
             assert_eq!(during & bit(libc::SIGTERM), bit(libc::SIGTERM));
+            // glibc's SIGCANCEL and SIGSETXID stay deliverable.
+            assert_eq!(during & (bit(32) | bit(33)), 0);
         }
         assert_eq!(current(), before);
     }
