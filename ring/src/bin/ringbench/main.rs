@@ -2,10 +2,14 @@
 //! loopback, measured in the same run (runs alternate ring, tcp, ring,
 //! tcp...). Prints Markdown tables; `--csv FILE` also writes every row.
 //!
-//! Suites: `throughput` (64 B..1 MiB one-way), `latency` (64 B ping-pong),
-//! `ablation` (RB2's optimizations switched off in turn), `sweep` (the
-//! defaults' neighbourhood). `--quick` shortens every run.
+//! Suites: `throughput` (64 B..1 MiB one-way), `latency` (ping-pong at
+//! the `--msg` sizes, default 64 B), `ablation` (RB2's optimizations
+//! switched off in turn), `sweep` (the defaults' neighbourhood), `floor`
+//! (the ring's ping-pong against two processes bouncing one cache line,
+//! with and without copying the message each way; only when named).
+//! `--quick` shortens every run.
 
+mod floor;
 mod proc;
 mod ring;
 mod tcp;
@@ -15,7 +19,7 @@ use ringsock_ring::RingConfig;
 use std::fmt::Write as _;
 use std::io;
 use std::time::Duration;
-use workload::{summarize, Summary};
+use workload::{summarize, Latency, Summary};
 
 struct Opts {
     quick: bool,
@@ -23,7 +27,10 @@ struct Opts {
     suites: Vec<String>,
     csv: Option<String>,
     spin: Duration,
+    msgs: Vec<usize>,
 }
+
+const SUITES: [&str; 5] = ["throughput", "latency", "ablation", "sweep", "floor"];
 
 fn parse_args() -> Result<Opts, String> {
     let mut o = Opts {
@@ -32,6 +39,7 @@ fn parse_args() -> Result<Opts, String> {
         suites: vec!["throughput".into(), "latency".into(), "ablation".into()],
         csv: None,
         spin: Duration::from_micros(50),
+        msgs: vec![64],
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -41,6 +49,13 @@ fn parse_args() -> Result<Opts, String> {
             "--reps" => o.reps = val("--reps")?.parse().map_err(|_| "--reps: not a number")?,
             "--suites" => o.suites = val("--suites")?.split(',').map(str::to_owned).collect(),
             "--csv" => o.csv = Some(val("--csv")?),
+            "--msg" => {
+                o.msgs = val("--msg")?
+                    .split(',')
+                    .map(|m| m.parse().ok().filter(|&n: &usize| n > 0))
+                    .collect::<Option<_>>()
+                    .ok_or("--msg: a comma list of positive byte counts")?
+            }
             "--spin-us" => {
                 o.spin = Duration::from_micros(
                     val("--spin-us")?
@@ -50,8 +65,8 @@ fn parse_args() -> Result<Opts, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "usage: ringbench [--quick] [--reps N] [--suites throughput,latency,ablation,sweep] \
-                     [--csv FILE] [--spin-us N]"
+                    "usage: ringbench [--quick] [--reps N] [--suites throughput,latency,ablation,sweep,floor] \
+                     [--msg 64,4096] [--csv FILE] [--spin-us N]"
                 );
                 std::process::exit(0);
             }
@@ -62,7 +77,7 @@ fn parse_args() -> Result<Opts, String> {
         return Err("--reps must be at least 1".into());
     }
     for s in &o.suites {
-        if !["throughput", "latency", "ablation", "sweep"].contains(&s.as_str()) {
+        if !SUITES.contains(&s.as_str()) {
             return Err(format!("unknown suite {s:?}"));
         }
     }
@@ -145,7 +160,13 @@ impl Bench {
     }
 
     fn latency(&mut self) -> io::Result<()> {
-        let msg = 64;
+        for msg in self.o.msgs.clone() {
+            self.latency_at(msg)?;
+        }
+        Ok(())
+    }
+
+    fn latency_at(&mut self, msg: usize) -> io::Result<()> {
         let (mut r, mut t) = (vec![], vec![]);
         for _ in 0..self.reps() {
             r.push(ring::ping_pong(
@@ -157,7 +178,8 @@ impl Bench {
             t.push(tcp::ping_pong(msg, self.iters())?);
         }
         println!(
-            "\n### 64 B ping-pong round trip (µs; {} round trips per run, median over {} runs of each percentile)\n",
+            "\n### {} ping-pong round trip (µs; {} round trips per run, median over {} runs of each percentile)\n",
+            size(msg),
             self.iters(),
             self.reps()
         );
@@ -168,20 +190,88 @@ impl Bench {
             .into_iter()
             .enumerate()
         {
-            let m = summarize(v.iter().map(|l| l.median_us).collect());
-            let p99 = summarize(v.iter().map(|l| l.p99_us).collect());
-            let p999 = summarize(v.iter().map(|l| l.p999_us).collect());
-            println!(
-                "| {name} | {:.2} | {:.2} | {:.2} |",
-                m.median, p99.median, p999.median
-            );
             let sys = if i == 0 { "ring" } else { "tcp" };
-            self.row("latency", "64B", sys, "median_us", m);
-            self.row("latency", "64B", sys, "p99_us", p99);
-            self.row("latency", "64B", sys, "p999_us", p999);
-            med[i] = m.median;
+            med[i] = self.latency_rows("latency", &format!("{msg}B"), sys, name, v);
         }
         println!("\nmedian RTT ratio (TCP / ring): {:.1}x", med[1] / med[0]);
+        Ok(())
+    }
+
+    /// Prints one system's row of a latency table and records its CSV
+    /// rows; returns the median of the runs' medians.
+    fn latency_rows(
+        &mut self,
+        suite: &str,
+        case: &str,
+        sys: &str,
+        name: &str,
+        v: &[Latency],
+    ) -> f64 {
+        let m = summarize(v.iter().map(|l| l.median_us).collect());
+        let p99 = summarize(v.iter().map(|l| l.p99_us).collect());
+        let p999 = summarize(v.iter().map(|l| l.p999_us).collect());
+        println!(
+            "| {name} | {:.3} | {:.3} | {:.3} |",
+            m.median, p99.median, p999.median
+        );
+        self.row(suite, case, sys, "median_us", m);
+        self.row(suite, case, sys, "p99_us", p99);
+        self.row(suite, case, sys, "p999_us", p999);
+        m.median
+    }
+
+    /// The ring's ping-pong against the floor: a bare cache-line bounce,
+    /// and the bounce with the message copied into and out of shared
+    /// memory each way, runs alternating.
+    fn floor(&mut self) -> io::Result<()> {
+        let msgs = self.o.msgs.clone();
+        let mut bounce = vec![];
+        let mut ring_runs = vec![vec![]; msgs.len()];
+        let mut floor_runs = vec![vec![]; msgs.len()];
+        for _ in 0..self.reps() {
+            bounce.push(floor::ping_pong(0, self.iters())?);
+            for (i, &msg) in msgs.iter().enumerate() {
+                ring_runs[i].push(ring::ping_pong(
+                    RingConfig::default(),
+                    self.o.spin,
+                    msg,
+                    self.iters(),
+                )?);
+                floor_runs[i].push(floor::ping_pong(msg, self.iters())?);
+            }
+        }
+        println!(
+            "\n### The ring against the floor: ping-pong round trip between cores 0 and 1 \
+             (µs; {} round trips per run, median over {} runs of each percentile)\n",
+            self.iters(),
+            self.reps()
+        );
+        println!("| system | median | p99 | p99.9 |");
+        println!("|---|---|---|---|");
+        self.latency_rows(
+            "floor",
+            "bounce",
+            "floor",
+            "floor: one cache line bounced, no payload",
+            &bounce,
+        );
+        for (i, &msg) in msgs.iter().enumerate() {
+            let case = format!("{msg}B");
+            self.latency_rows(
+                "floor",
+                &case,
+                "floor",
+                &format!("floor: bounce + {} copied in and out each way", size(msg)),
+                &floor_runs[i],
+            );
+            self.latency_rows(
+                "floor",
+                &case,
+                "ring",
+                &format!("ring library, {}", size(msg)),
+                &ring_runs[i],
+            );
+        }
         Ok(())
     }
 
@@ -335,6 +425,7 @@ fn main() {
             "throughput" => b.throughput(),
             "latency" => b.latency(),
             "ablation" => b.ablation(),
+            "floor" => b.floor(),
             _ => b.sweep(),
         };
         if let Err(e) = r {
