@@ -119,7 +119,69 @@ SUITE_TITLES = {
     "iperf3": "iperf3 streams (default 128 KiB writes)",
     "programs": "the program matrix's programs against kernel TCP and a BPF sockmap redirect",
     "short": "Short connections: a new connection per request",
+    "shimpath": "the shim's own cost: sockperf through the shim against the bare ring and the floor",
 }
+
+# Columns of the references a case measures without sockets (Case.bare).
+BARE_LABELS = {"ring": "bare ring (ringbench)", "copy": "copy floor", "floor": "floor (cache line)"}
+
+
+def bare_names(rs):
+    return [n for n in BARE_LABELS if any(n in r.get("stats", {}) for r in rs)]
+
+
+def bare_table(rs, systems):
+    """A suite whose cases have bare references: the systems' columns, the
+    references', the usual ratios, and ringsock's value over each
+    reference's (time over time: 1.0 is the reference's speed)."""
+    bare = bare_names(rs)
+    shim = "ringsock" in [s.name for s in systems]
+    head = header(systems)[:-1]
+    head[2 + len(systems):2 + len(systems)] = [BARE_LABELS[n] for n in bare]
+    if shim:
+        head += [f"ringsock ÷ {n}" for n in bare]
+    head.append("via ring")
+    rows = []
+    for r in rs:
+        for base_row, (key, _, _) in zip(rows_for(r, systems), r["case"].metrics):
+            cut = 2 + len(systems)
+            if r.get("error"):
+                row = base_row[:cut] + ["FAILED"] * len(bare) + base_row[cut:-1]
+                row += ["-"] * len(bare) * shim + [base_row[-1]]
+                rows.append(row)
+                continue
+            cells, over = [], []
+            for n in bare:
+                st = r["stats"].get(n, {}).get(key)
+                cells.append("-" if st is None else f"{fmt(st['median'])} ({fmt(st['min'])}–{fmt(st['max'])})")
+                if shim:
+                    m = r["stats"]["ringsock"][key]["median"]
+                    over.append("-" if not st or not st["median"] else f"{m / st['median']:.2f}")
+            rows.append(base_row[:cut] + cells + base_row[cut:-1] + over + [base_row[-1]])
+    return table(head, rows)
+
+
+def bare_targets(rs, systems):
+    """Issue 27's targets for each case with a ring reference: ringsock's
+    p50 round trip over the bare ring's (target <= 1.2) and its p99 over
+    its p50 (target <= 2)."""
+    if "ringsock" not in [s.name for s in systems]:
+        return []
+    out = []
+    for r in rs:
+        st = r.get("stats", {})
+        if r.get("error") or "ring" not in st or "p50" not in st.get("ring", {}):
+            continue
+        shim, ring = st["ringsock"], st["ring"]
+        line = (f"- `{r['case'].workload}`: ringsock p50 ÷ bare ring p50 = "
+                f"{shim['p50']['median'] / ring['p50']['median']:.2f} (target ≤ 1.2); "
+                f"ringsock p99 ÷ its p50 = {shim['p99']['median'] / shim['p50']['median']:.2f} "
+                "(target ≤ 2)")
+        if "copy" in st:
+            line += (f"; ringsock p50 ÷ copy floor p50 = "
+                     f"{shim['p50']['median'] / st['copy']['p50']['median']:.2f}")
+        out.append(line)
+    return out
 
 
 def markdown(meta, systems, results, ablation, plots):
@@ -159,10 +221,14 @@ def markdown(meta, systems, results, ablation, plots):
         if not rs:
             continue
         m.append(f"## {suite}: {SUITE_TITLES.get(suite, suite)}\n")
-        rows = [row for r in rs for row in rows_for(r, systems)]
-        m.append(table(head, rows))
-        m.append("")
         notes = []
+        if bare_names(rs):
+            m.append(bare_table(rs, systems))
+            notes += bare_targets(rs, systems)
+        else:
+            rows = [row for r in rs for row in rows_for(r, systems)]
+            m.append(table(head, rows))
+        m.append("")
         for r in rs:
             if r.get("error"):
                 notes.append(f"- FAILED `{r['case'].workload}`: {first_line(r['error'])}")
@@ -214,6 +280,12 @@ def write_csvs(out_dir, systems, results):
                     w.writerow([c.suite, c.workload, c.x, key, unit, better, s.name,
                                 f"{st['median']:.4f}", f"{st['min']:.4f}", f"{st['max']:.4f}",
                                 st["n"], ratio, via, counts])
+                for name in BARE_LABELS:
+                    st = r.get("stats", {}).get(name, {}).get(key)
+                    if st:
+                        w.writerow([c.suite, c.workload, c.x, key, unit, better, name,
+                                    f"{st['median']:.4f}", f"{st['min']:.4f}", f"{st['max']:.4f}",
+                                    st["n"], "", "n/a", ""])
     with open(os.path.join(out_dir, "raw.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["suite", "workload", "metric", "system", "rep", "value", "shm", "tcp"])

@@ -31,11 +31,14 @@ def size_label(n):
 class Case:
     """suite, workload (row label), metrics [(key, unit, better)], tools
     (programs it needs on PATH), fn(ctx, system, run_dir) -> {key: value},
-    x: the message size where the suite is a message-size sweep (plots)."""
+    x: the message size where the suite is a message-size sweep (plots),
+    bare: None, or fn(ctx, run_dir) -> {name: {key: value}}, run once per
+    round after the systems, for references measured without sockets (the
+    ring library, the floor)."""
 
-    def __init__(self, suite, workload, metrics, tools, fn, x=None):
+    def __init__(self, suite, workload, metrics, tools, fn, x=None, bare=None):
         self.suite, self.workload, self.metrics = suite, workload, metrics
-        self.tools, self.fn, self.x = tools, fn, x
+        self.tools, self.fn, self.x, self.bare = tools, fn, x, bare
 
 
 class Ctx:
@@ -194,18 +197,20 @@ def iperf3_streams(n):
 # ---- ping-pong latency --------------------------------------------------------
 
 
-def sockperf_pingpong(size):
+def sockperf_pingpong(size, srv_prefix=(), cli_prefix=()):
+    """sockperf ping-pong RTT percentiles; the prefixes go before the
+    server's and the client's argv (taskset, to pin them)."""
     def fn(ctx, system, run_dir):
         port = free_port()
         server(ctx, system, run_dir,
-               ["sockperf", "server", "--tcp", "-i", "127.0.0.1", "-p", str(port)], port)
+               [*srv_prefix, "sockperf", "server", "--tcp", "-i", "127.0.0.1", "-p", str(port)], port)
         secs = max(1, round(ctx.secs))
         (out,), sample = run_clients(
             ctx, system, run_dir,
             # sockperf's default rate cap (about 600k messages/s) aborts a
             # faster run (`_seqN > m_maxSequenceNo`): the cap is raised past
             # what a ring reaches.
-            [["sockperf", "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", str(port),
+            [[*cli_prefix, "sockperf", "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", str(port),
               "-t", str(secs), "-m", str(size), "--full-rtt", "--mps", "5000000"]],
             sample_at=0.3 + secs / 2, timeout=secs + 30)
         pct = lambda p: grab(rf"percentile {p} =\s+([\d.]+)", out, f"sockperf percentile {p}")
@@ -744,11 +749,14 @@ def settle(idle, before, wait=10.0):
 
 
 SUITES = ["msgsize", "conns", "procs", "shapes", "redis", "nginx", "memcached", "iperf3", "short",
-          "programs", "ablation"]
+          "programs", "shimpath", "ablation"]
+# Suites run only when named.
+NAMED_ONLY = ("short", "programs", "shimpath")
 # What a run without --suites runs: all but `short` (its churn rows alone
-# take 12 minutes in a full run) and `programs` (it needs databases, node,
-# haproxy and, for its sockmap column, root).
-DEFAULT_SUITES = [x for x in SUITES if x not in ("short", "programs")]
+# take 12 minutes in a full run), `programs` (it needs databases, node,
+# haproxy and, for its sockmap column, root) and `shimpath` (its sockmap
+# column needs root too).
+DEFAULT_SUITES = [x for x in SUITES if x not in NAMED_ONLY]
 
 
 CHURN_RATE = 20000
@@ -834,7 +842,9 @@ def build_cases(quick, nproc):
         s["iperf3"].append(Case("iperf3", f"iperf3 -P {p}", [("tput", "Gbit/s", "higher")],
                                 ["iperf3"], iperf3_streams(p)))
     import programs  # imports this module's pieces
+    import shimpath
     s["programs"] = programs.cases()
+    s["shimpath"] = shimpath.cases()
     return s
 
 
