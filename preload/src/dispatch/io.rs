@@ -11,6 +11,7 @@
 //!
 //! Return values use the C convention: bytes (>= 0) or -1 with errno set.
 
+use std::cell::Cell;
 use std::io::{IoSlice, IoSliceMut};
 
 use libc::{c_int, ssize_t};
@@ -20,6 +21,12 @@ use crate::attached::{Errno, Ready};
 use crate::fdtable::FdRef;
 use crate::interpose::guard;
 use crate::{signals, sys};
+
+thread_local! {
+    /// Whether this thread's last blocking read found its connection empty
+    /// at its first look (see `recv`).
+    static FOUND_EMPTY: Cell<bool> = const { Cell::new(false) };
+}
 
 fn fail(e: c_int) -> ssize_t {
     sys::set_errno(e);
@@ -62,18 +69,53 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
     let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
     // A blocking read returns once it has SO_RCVLOWAT bytes (or all it
     // asked for, with MSG_WAITALL), as TCP's.
-    let target = if waitall {
-        want
-    } else {
-        conn.rcvlowat().min(want)
-    };
+    let lowat = conn.rcvlowat();
+    let target = if waitall { want } else { lowat.min(want) };
     let nonblock = flags & libc::MSG_DONTWAIT != 0 || st.nonblocking();
     let timeout = st.rcvtimeo_ns();
     let deadline = deadline_after(timeout);
     let mut bufs = bufs;
     let mut got = 0usize;
+    // A look that finds the ring empty also asks the kernel socket for
+    // news (a syscall), where the wait's spin looks at the ring alone and
+    // its arm asks the socket before any sleep. A blocking read on a thread
+    // whose last one found nothing (a ping-pong's) checks readiness first
+    // and waits while it shows nothing, so a reply that lands during the
+    // spin costs no syscall; a streaming reader keeps the single look. Not
+    // with SO_RCVLOWAT: readiness counts the bytes a first read would have
+    // taken, and TCP's reader that took them waits for the low mark to be
+    // met again by new bytes alone.
+    let plain_wait = !nonblock && !peek && lowat <= 1;
+    let mut look_first = plain_wait && FOUND_EMPTY.with(Cell::get);
+    let mut first_look = plain_wait;
     loop {
-        match conn.try_recv(bufs, peek) {
+        if std::mem::take(&mut look_first) {
+            let ready = conn
+                .readiness()
+                .intersects(Ready::READ | Ready::RDHUP | Ready::ERR | Ready::HUP);
+            if ready {
+                FOUND_EMPTY.with(|f| f.set(false));
+            } else {
+                match wait_conn(fd, conn, Ready::READ | Ready::RDHUP, deadline) {
+                    Woke::Ready => {}
+                    Woke::TimedOut => return fail(libc::EAGAIN),
+                    Woke::Interrupted => {
+                        if !signals::restart_allowed(timeout != 0) {
+                            return fail(libc::EINTR);
+                        }
+                        look_first = true;
+                        continue;
+                    }
+                    Woke::Failed(e) => return fail(e),
+                }
+            }
+            first_look = false;
+        }
+        let res = conn.try_recv(bufs, peek);
+        if std::mem::take(&mut first_look) {
+            FOUND_EMPTY.with(|f| f.set(matches!(res, Err(Errno(libc::EAGAIN)))));
+        }
+        match res {
             Ok(0) => return got as ssize_t,
             Ok(n) => {
                 got += n;
