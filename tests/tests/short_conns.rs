@@ -34,7 +34,7 @@ fn short_connections_go_over_tcp_and_long_ones_bring_rings_back() {
     let (mut server, port) = redis(&ctl, &dir);
 
     // 1000 connections that each live for one SET and one GET: the first
-    // two get rings, then the skips double (2, 4, ... 256 connections)
+    // two get rings, then the skips grow eightfold (2, 16, 128, 1024)
     // with one ring tried between them. A connection slowed past 50 ms by
     // a busy machine only adds a few rings.
     const N: u64 = 1000;
