@@ -34,7 +34,8 @@ fn short_ns() -> u64 {
 /// Short connections in a row before a destination's connections skip
 /// the ring.
 const STREAK: u32 = 2;
-/// How much longer each skip is than the last.
+/// The first skip, and how much longer each next one is than the last.
+const FIRST_SKIP: u32 = 16;
 const GROWTH: u32 = 8;
 /// Most connections skipped between two that try a ring.
 const MAX_SKIP: u32 = 4096;
@@ -183,7 +184,7 @@ fn note(r: &mut Record, dest: SocketAddr, lifetime_ns: u64) {
     d.refused = false;
     d.probe_ns = 0;
     if d.short >= STREAK && d.skip == 0 {
-        d.last_skip = (d.last_skip * GROWTH).clamp(STREAK, MAX_SKIP);
+        d.last_skip = (d.last_skip * GROWTH).clamp(FIRST_SKIP, MAX_SKIP);
         d.skip = d.last_skip;
     }
 }
@@ -203,16 +204,20 @@ mod tests {
         turned_down(d);
         assert!(ring_worth_trying(d), "one refusal is not a pattern");
         turned_down(d);
-        for fd in [80, 81] {
-            assert!(!ring_worth_trying(d), "two refusals skip the next two");
-            skipped(fd, d);
-            skipped_closed(fd);
+        for _ in 0..FIRST_SKIP {
+            assert!(!ring_worth_trying(d), "two refusals start a skip");
+            skipped(80, d);
+            skipped_closed(80);
         }
         assert!(ring_worth_trying(d), "then one tries again");
         turned_down(d);
         assert_eq!(skip_reason(d), Some(TcpReason::Declined), "status says why");
-        let n = (0..100).take_while(|_| !ring_worth_trying(d)).count();
-        assert_eq!(n + 1, 2 * GROWTH as usize, "a refused retry grows the skip");
+        let n = (0..1000).take_while(|_| !ring_worth_trying(d)).count();
+        assert_eq!(
+            n + 1,
+            (FIRST_SKIP * GROWTH) as usize,
+            "a refused retry grows the skip"
+        );
     }
 
     #[test]
@@ -227,15 +232,15 @@ mod tests {
         ring_closed(d, 1_000);
         // The skipped connections are short too: that does not extend
         // the skip.
-        for fd in [78, 79] {
+        for _ in 0..FIRST_SKIP {
             assert!(!ring_worth_trying(d), "the first skip");
-            skipped(fd, d);
-            skipped_closed(fd);
+            skipped(78, d);
+            skipped_closed(78);
         }
         assert!(ring_worth_trying(d), "a ring is tried after the skip");
         ring_closed(d, 1_000);
-        let n = (0..100).take_while(|_| !ring_worth_trying(d)).count();
-        assert_eq!(n, 2 * GROWTH as usize, "grown");
+        let n = (0..1000).take_while(|_| !ring_worth_trying(d)).count();
+        assert_eq!(n, (FIRST_SKIP * GROWTH) as usize, "grown");
         // A skipped connection that lives long brings the ring back.
         skipped(77, d);
         {
@@ -254,7 +259,7 @@ mod tests {
         let d = dest(40_004);
         ring_closed(d, 1);
         ring_closed(d, 1);
-        for _ in 0..2 {
+        for _ in 0..FIRST_SKIP {
             assert!(!ring_worth_trying(d), "the first skip");
         }
         assert!(ring_worth_trying(d), "a ring is tried after the skip");
@@ -265,8 +270,12 @@ mod tests {
             );
         }
         ring_closed(d, 1);
-        let n = (0..100).take_while(|_| !ring_worth_trying(d)).count();
-        assert_eq!(n, 2 * GROWTH as usize, "its close grows the skip");
+        let n = (0..1000).take_while(|_| !ring_worth_trying(d)).count();
+        assert_eq!(
+            n,
+            (FIRST_SKIP * GROWTH) as usize,
+            "its close grows the skip"
+        );
         // A tried connection open longer than a short one lives (or one
         // whose close the record never sees) holds the others no longer.
         {
@@ -293,7 +302,7 @@ mod tests {
             }
         }
         let early = tries.iter().filter(|&&i| i < 3_000).count();
-        assert!(early <= 8, "tries in the first 3000: {tries:?}");
+        assert!(early <= 5, "tries in the first 3000: {tries:?}");
         assert!(
             tries
                 .windows(2)
