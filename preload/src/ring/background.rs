@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::thread::JoinHandleExt;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use ringsock_proto::{Msg, Transport};
@@ -60,6 +60,11 @@ const REPORT_DELAY_NS: u64 = 5_000_000;
 /// thread waiting for most of a second) or may have failed to start, and
 /// a connection the program uses must not stay out of status meanwhile.
 const REPORT_OVERDUE_NS: u64 = 4 * REPORT_DELAY_NS;
+/// Ticks of REPORT_DELAY_NS the thread goes on with after it last found
+/// a report queued: while connections come and go, a report is picked up
+/// at the next tick instead of each one waking the thread (most of them
+/// are cancelled by their close before it looks).
+const REPORT_TICKS: u32 = 20;
 
 enum Report {
     Ring(Arc<dyn Tracked>, RawFd, Option<OwnedFd>),
@@ -123,17 +128,44 @@ static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 /// How often a thread without WAKE_FD looks for work.
 const NO_WAKE_FD_POLL_NS: u64 = 10_000_000;
 
-/// After every post (queue entry, dirty count): the thread sees it before
-/// it sleeps, or is woken. Only atomics unless the thread is parked.
+/// True while the thread sleeps on a report timer that report posts do
+/// not interrupt (they wait for the tick); other posts ring it. Set
+/// before the sleep's `may_sleep` fence and read after the post's
+/// `request` fence, so a poster that misses it is seen by that check
+/// (the argument of `ringsock_ring::sleep::park`).
+static TIMED: AtomicBool = AtomicBool::new(false);
+
+/// After a report post: the thread sees it before it sleeps, is woken,
+/// or picks it up at its next report tick. Only atomics unless the
+/// thread is parked without a deadline.
 fn wake() {
     if PARK.request() {
-        let fd = WAKE_FD.load(Ordering::Acquire);
-        if fd >= 0 {
-            let one = 1u64;
-            // SAFETY: 8-byte write from a local to our eventfd.
-            unsafe { crate::sys::sys_call!(libc::SYS_write, fd, &one as *const u64, 8) };
-        }
+        ring_wake_fd();
     }
+}
+
+/// After any other post (bytes to flush, offers to collect, a follow-up,
+/// `stop`): as `wake`, and a thread asleep on a report timer is rung too.
+fn wake_now() {
+    if PARK.request() || TIMED.load(Ordering::Relaxed) {
+        ring_wake_fd();
+    }
+}
+
+fn ring_wake_fd() {
+    let fd = WAKE_FD.load(Ordering::Acquire);
+    if fd >= 0 {
+        let one = 1u64;
+        // SAFETY: 8-byte write from a local to our eventfd.
+        unsafe { crate::sys::sys_call!(libc::SYS_write, fd, &one as *const u64, 8) };
+    }
+}
+
+/// A sleep of `ns` on the report timer (see TIMED).
+fn park_timed(seen: u64, ns: u64) {
+    TIMED.store(true, Ordering::Relaxed);
+    park(seen, Some(ns), false);
+    TIMED.store(false, Ordering::Relaxed);
 }
 
 /// Sleeps until `wake`, the timeout, or news on the daemon session (a
@@ -278,7 +310,7 @@ pub fn stop() {
     if t == 0 {
         return;
     }
-    wake();
+    wake_now();
     let limit = u64::from(crate::config::get().connect_timeout_ms) * 1_000_000;
     let deadline = sys::monotonic_ns() + limit + 1_000_000_000;
     loop {
@@ -306,8 +338,9 @@ pub fn queue_flush(conn: Arc<dyn Tracked>) {
     FLUSH.lock().push((sys::monotonic_ns(), conn));
     if DIRTY.fetch_add(1, Ordering::AcqRel) == 0 {
         ensure_thread();
-        // A system call only for a thread that stopped ticking.
-        wake();
+        // A system call only for a thread that stopped ticking or
+        // sleeps on a report timer.
+        wake_now();
     }
 }
 
@@ -522,7 +555,7 @@ pub fn note_pending(conn: &Arc<dyn Tracked>) {
     // too; only an urgent follow-up needs it before the report delay.
     if conn.urgent_follow_up() {
         ensure_thread();
-        wake();
+        wake_now();
     }
 }
 
@@ -532,7 +565,7 @@ pub fn note_accepted(offer_id: u64) {
     // No report follows: a thread asleep without a deadline must learn
     // that it has a collect to make.
     ensure_thread();
-    wake();
+    wake_now();
 }
 
 /// A pending client fell back to TCP.
@@ -874,6 +907,7 @@ fn run() {
     let me = process::pid();
     let mut next_collect = 0u64;
     let mut idle = IDLE_TICKS;
+    let mut report_ticks = 0u32;
     loop {
         if THREAD_PID.load(Ordering::Acquire) != me {
             return;
@@ -889,8 +923,12 @@ fn run() {
             let _sending = SENDING.lock();
             let next = take_due(&mut REPORTS.lock(), now, REPORT_DELAY_NS);
             match next {
-                Next::Send(r) => send_report(r),
+                Next::Send(r) => {
+                    report_ticks = REPORT_TICKS;
+                    send_report(r)
+                }
                 Next::Wait(ns) => {
+                    report_ticks = REPORT_TICKS;
                     report_wait = Some(ns);
                     break;
                 }
@@ -919,7 +957,12 @@ fn run() {
             idle += 1;
             park(seen, Some(FLUSH_NS), false);
         } else if let Some(wait) = report_wait {
-            park(seen, Some(wait.max(FLUSH_NS)), false);
+            park_timed(seen, wait.max(FLUSH_NS));
+        } else if report_ticks > 0 {
+            // Reports came lately: the next ones are picked up at the
+            // tick, without a wake each.
+            report_ticks -= 1;
+            park_timed(seen, REPORT_DELAY_NS);
         } else {
             // Without a daemon session, a process with listeners looks for
             // a (restarted) daemon every second to register them again.
