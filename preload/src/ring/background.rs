@@ -59,12 +59,16 @@ const REPORT_DELAY_NS: u64 = 5_000_000;
 /// first report of a process, and a CPU-bound machine can keep a new
 /// thread waiting for most of a second) or may have failed to start, and
 /// a connection the program uses must not stay out of status meanwhile.
-const REPORT_OVERDUE_NS: u64 = 4 * REPORT_DELAY_NS;
-/// Ticks of REPORT_DELAY_NS the thread goes on with after it last found
-/// a report queued: while connections come and go, a report is picked up
-/// at the next tick instead of each one waking the thread (most of them
-/// are cancelled by their close before it looks).
-const REPORT_TICKS: u32 = 20;
+const REPORT_OVERDUE_NS: u64 = 8 * REPORT_DELAY_NS;
+/// While connections come and go, the thread looks at the reports on a
+/// tick instead of each one waking it (most are cancelled by their close
+/// before it looks): every REPORT_DELAY_NS while it finds reports due,
+/// twice as long after each tick that found none, up to this (a report
+/// is then sent within REPORT_DELAY_NS + REPORT_TICK_MAX_NS, before the
+/// program would send it as overdue).
+const REPORT_TICK_MAX_NS: u64 = 4 * REPORT_DELAY_NS;
+/// How long the thread goes on ticking after it last found a report.
+const REPORT_LINGER_NS: u64 = 100_000_000;
 
 enum Report {
     Ring(Arc<dyn Tracked>, RawFd, Option<OwnedFd>),
@@ -907,7 +911,8 @@ fn run() {
     let me = process::pid();
     let mut next_collect = 0u64;
     let mut idle = IDLE_TICKS;
-    let mut report_ticks = 0u32;
+    let mut report_tick = REPORT_DELAY_NS;
+    let mut report_seen = 0u64;
     loop {
         if THREAD_PID.load(Ordering::Acquire) != me {
             return;
@@ -924,11 +929,12 @@ fn run() {
             let next = take_due(&mut REPORTS.lock(), now, REPORT_DELAY_NS);
             match next {
                 Next::Send(r) => {
-                    report_ticks = REPORT_TICKS;
+                    report_seen = now;
+                    report_tick = REPORT_DELAY_NS;
                     send_report(r)
                 }
                 Next::Wait(ns) => {
-                    report_ticks = REPORT_TICKS;
+                    report_seen = now;
                     report_wait = Some(ns);
                     break;
                 }
@@ -956,13 +962,12 @@ fn run() {
             // tick without anyone waking us.
             idle += 1;
             park(seen, Some(FLUSH_NS), false);
-        } else if let Some(wait) = report_wait {
-            park_timed(seen, wait.max(FLUSH_NS));
-        } else if report_ticks > 0 {
+        } else if report_wait.is_some() || now.saturating_sub(report_seen) < REPORT_LINGER_NS {
             // Reports came lately: the next ones are picked up at the
             // tick, without a wake each.
-            report_ticks -= 1;
-            park_timed(seen, REPORT_DELAY_NS);
+            let tick = report_tick;
+            report_tick = (report_tick * 2).min(REPORT_TICK_MAX_NS);
+            park_timed(seen, report_wait.unwrap_or(0).max(tick).max(FLUSH_NS));
         } else {
             // Without a daemon session, a process with listeners looks for
             // a (restarted) daemon every second to register them again.
