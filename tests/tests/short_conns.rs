@@ -34,7 +34,7 @@ fn short_connections_go_over_tcp_and_long_ones_bring_rings_back() {
     let (mut server, port) = redis(&ctl, &dir);
 
     // 1000 connections that each live for one SET and one GET: the first
-    // two get rings, then the skips double (2, 4, ... 256 connections)
+    // two get rings, then the skips grow eightfold (16, 128, 1024)
     // with one ring tried between them. A connection slowed past 50 ms by
     // a busy machine only adds a few rings.
     const N: u64 = 1000;
@@ -56,9 +56,8 @@ fn short_connections_go_over_tcp_and_long_ones_bring_rings_back() {
     assert_eq!(num(&w.stdout, "ring_maps_after"), 0, "{}", w.stdout);
 
     // Every 8th connection lives 150 ms. Each such one resets the record,
-    // so the two after it get rings again; after them the 5th gets one
-    // (after a skip of 2) and the 10th would (after a skip of 4), so the
-    // held ones go over TCP and say why in status.
+    // so the two after it get rings again; the ones after them are in the
+    // first skip (16), so the held ones go over TCP and say why in status.
     const M: u64 = 200;
     let mut c = ctl
         .shimmed(CONNLOOP)

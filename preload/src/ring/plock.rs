@@ -6,8 +6,11 @@
 //! `PLock` records the holder's pid instead of a bare flag: a process that
 //! finds the lock held by *another* pid is a child of the holder, takes the
 //! lock over and resets the data (what the vanished holder was doing may be
-//! half done). Within one process it is a plain lock with spin-then-yield
-//! waiting; every critical section here is short or bounded by a timeout.
+//! half done). Within one process it is a futex lock: a short spin, then
+//! a sleep on the holder word until the holder lets go, so a waiter never
+//! burns the CPU its preempted holder needs (sched_yield does not hand
+//! the CPU to the holder); every critical section here is short or
+//! bounded by a timeout.
 
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
@@ -15,8 +18,16 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use crate::process;
 
+/// Set in `holder` while a thread may sleep on it (pids stay below 2^22).
+const WAITERS: i32 = 1 << 30;
+/// Spins before a waiter sleeps: the sections are a few hundred ns.
+const SPINS: u32 = 100;
+/// A sleeping waiter looks again after this long even without a wake.
+const SLEEP_NS: i64 = 1_000_000;
+
 pub struct PLock<T> {
-    /// 0 when free, else the pid of the process whose thread holds it.
+    /// 0 when free, else the pid of the process whose thread holds it,
+    /// with WAITERS while a thread may be asleep on it.
     holder: AtomicI32,
     data: UnsafeCell<T>,
     reset: fn() -> T,
@@ -43,39 +54,91 @@ impl<T> PLock<T> {
 
     pub fn lock(&self) -> PGuard<'_, T> {
         let me = process::pid();
+        // Once this thread has slept, it takes the lock with WAITERS set:
+        // others may still sleep, and the release must wake one.
+        let mut take = me;
         let mut spins = 0u32;
         loop {
-            match self
-                .holder
-                .compare_exchange_weak(0, me, Ordering::Acquire, Ordering::Relaxed)
-            {
-                Ok(_) => return PGuard { lock: self },
-                Err(0) => continue,
-                Err(other) if other != me => {
-                    // Held by our parent at fork time: nobody will release it.
-                    if self
-                        .holder
-                        .compare_exchange(other, me, Ordering::Acquire, Ordering::Relaxed)
-                        .is_ok()
-                    {
-                        let fresh = (self.reset)();
-                        // SAFETY: we hold the lock now; the old value may be
-                        // inconsistent, so it is forgotten, not dropped.
-                        unsafe { std::mem::forget(std::ptr::replace(self.data.get(), fresh)) };
-                        return PGuard { lock: self };
-                    }
+            let cur = self.holder.load(Ordering::Relaxed);
+            if cur == 0 {
+                if self
+                    .holder
+                    .compare_exchange_weak(0, take, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return PGuard { lock: self };
                 }
-                Err(_) => {}
+                continue;
             }
-            spins += 1;
-            if spins < 64 {
+            if cur & !WAITERS != me {
+                if let Some(g) = self.take_over(cur, me) {
+                    return g;
+                }
+                continue;
+            }
+            if spins < SPINS {
+                spins += 1;
                 std::hint::spin_loop();
-            } else {
-                // SAFETY: plain syscall.
-                unsafe { libc::sched_yield() };
+                continue;
             }
+            if cur & WAITERS == 0
+                && self
+                    .holder
+                    .compare_exchange(cur, cur | WAITERS, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_err()
+            {
+                continue;
+            }
+            futex_wait(&self.holder, cur | WAITERS);
+            take = me | WAITERS;
         }
     }
+
+    /// `cur` names another pid: our parent held the lock when it forked,
+    /// and nobody will release it (a child has no other thread that could
+    /// be asleep on it).
+    fn take_over(&self, cur: i32, me: i32) -> Option<PGuard<'_, T>> {
+        self.holder
+            .compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed)
+            .ok()?;
+        let fresh = (self.reset)();
+        // SAFETY: we hold the lock now; the old value may be inconsistent,
+        // so it is forgotten, not dropped.
+        unsafe { std::mem::forget(std::ptr::replace(self.data.get(), fresh)) };
+        Some(PGuard { lock: self })
+    }
+}
+
+/// Sleeps while `word` holds `val`, for at most SLEEP_NS.
+fn futex_wait(word: &AtomicI32, val: i32) {
+    let ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: SLEEP_NS as libc::c_long,
+    };
+    // SAFETY: the futex word is a live AtomicI32 of ours; a valid relative
+    // timeout.
+    unsafe {
+        crate::sys::sys_call!(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAIT | libc::FUTEX_PRIVATE_FLAG,
+            val,
+            &ts as *const libc::timespec,
+        )
+    };
+}
+
+/// Wakes one thread asleep on `word`.
+fn futex_wake(word: &AtomicI32) {
+    // SAFETY: the futex word is a live AtomicI32 of ours.
+    unsafe {
+        crate::sys::sys_call!(
+            libc::SYS_futex,
+            word.as_ptr(),
+            libc::FUTEX_WAKE | libc::FUTEX_PRIVATE_FLAG,
+            1,
+        )
+    };
 }
 
 impl<T> PLock<T> {
@@ -85,15 +148,17 @@ impl<T> PLock<T> {
     pub fn try_lock(&self) -> Option<PGuard<'_, T>> {
         let me = process::pid();
         let cur = self.holder.load(Ordering::Relaxed);
-        if cur == me {
+        if cur & !WAITERS == me {
             return None;
         }
         if cur == 0 {
+            // `then`, not `then_some`: a guard built for a failed attempt
+            // would release the winner's lock when dropped.
             return self
                 .holder
                 .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
-                .then_some(PGuard { lock: self });
+                .then(|| PGuard { lock: self });
         }
         // Held by our parent at fork time: taken over as `lock` does.
         Some(self.lock())
@@ -117,7 +182,9 @@ impl<T> DerefMut for PGuard<'_, T> {
 
 impl<T> Drop for PGuard<'_, T> {
     fn drop(&mut self) {
-        self.lock.holder.store(0, Ordering::Release);
+        if self.lock.holder.swap(0, Ordering::Release) & WAITERS != 0 {
+            futex_wake(&self.lock.holder);
+        }
     }
 }
 
@@ -142,6 +209,33 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(*L.lock(), 40_000);
+    }
+
+    #[test]
+    fn a_waiter_sleeps_until_the_holder_lets_go() {
+        static L: PLock<u32> = PLock::new(0, || 0);
+        let g = L.lock();
+        let t = std::thread::spawn(|| *L.lock() += 1);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while L.holder.load(Ordering::Relaxed) & WAITERS == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the waiter never slept"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(g);
+        t.join().unwrap();
+        assert_eq!(*L.lock(), 1);
+        assert_eq!(L.holder.load(Ordering::Relaxed), 0, "released");
+    }
+
+    #[test]
+    fn a_failed_try_lock_leaves_the_holder_alone() {
+        let l = PLock::new(0u32, || 0);
+        l.holder.store(process::pid() | WAITERS, Ordering::Relaxed);
+        assert!(l.try_lock().is_none(), "held here, with a sleeper");
+        assert_eq!(l.holder.load(Ordering::Relaxed), process::pid() | WAITERS);
     }
 
     #[test]

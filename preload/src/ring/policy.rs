@@ -4,8 +4,11 @@
 //! costs it nothing extra. So a process learns, per destination, whether
 //! its connections there are short: after `STREAK` short ones in a row it
 //! connects there over plain TCP, trying a ring again after a number of
-//! connections that doubles each time (up to `MAX_SKIP`), and at once when
-//! one of its TCP connections there turns out long. Only one connection at
+//! connections that grows `GROWTH`-fold each time (up to `MAX_SKIP`), and
+//! at once when one of its TCP connections there turns out long. A tried
+//! ring costs its connection the ring's setup (several times a kernel
+//! connect), so tries stay far below one connection in a hundred: the
+//! tail of a run of short connections is theirs otherwise. Only one connection at
 //! a time tries a ring between skips: with several connections open at
 //! once, the ones made before the tried one closes would otherwise all
 //! offer rings before the record knows whether it was short.
@@ -31,8 +34,11 @@ fn short_ns() -> u64 {
 /// Short connections in a row before a destination's connections skip
 /// the ring.
 const STREAK: u32 = 2;
+/// The first skip, and how much longer each next one is than the last.
+const FIRST_SKIP: u32 = 16;
+const GROWTH: u32 = 8;
 /// Most connections skipped between two that try a ring.
-const MAX_SKIP: u32 = 256;
+const MAX_SKIP: u32 = 4096;
 /// Destinations remembered.
 const MAX_DESTS: usize = 1024;
 
@@ -178,7 +184,7 @@ fn note(r: &mut Record, dest: SocketAddr, lifetime_ns: u64) {
     d.refused = false;
     d.probe_ns = 0;
     if d.short >= STREAK && d.skip == 0 {
-        d.last_skip = (d.last_skip * 2).clamp(STREAK, MAX_SKIP);
+        d.last_skip = (d.last_skip * GROWTH).clamp(FIRST_SKIP, MAX_SKIP);
         d.skip = d.last_skip;
     }
 }
@@ -198,16 +204,20 @@ mod tests {
         turned_down(d);
         assert!(ring_worth_trying(d), "one refusal is not a pattern");
         turned_down(d);
-        for fd in [80, 81] {
-            assert!(!ring_worth_trying(d), "two refusals skip the next two");
-            skipped(fd, d);
-            skipped_closed(fd);
+        for _ in 0..FIRST_SKIP {
+            assert!(!ring_worth_trying(d), "two refusals start a skip");
+            skipped(80, d);
+            skipped_closed(80);
         }
         assert!(ring_worth_trying(d), "then one tries again");
         turned_down(d);
         assert_eq!(skip_reason(d), Some(TcpReason::Declined), "status says why");
-        let n = (0..10).take_while(|_| !ring_worth_trying(d)).count();
-        assert_eq!(n + 1, 4, "a refused retry doubles the skip");
+        let n = (0..1000).take_while(|_| !ring_worth_trying(d)).count();
+        assert_eq!(
+            n + 1,
+            (FIRST_SKIP * GROWTH) as usize,
+            "a refused retry grows the skip"
+        );
     }
 
     #[test]
@@ -222,15 +232,15 @@ mod tests {
         ring_closed(d, 1_000);
         // The skipped connections are short too: that does not extend
         // the skip.
-        for fd in [78, 79] {
+        for _ in 0..FIRST_SKIP {
             assert!(!ring_worth_trying(d), "the first skip");
-            skipped(fd, d);
-            skipped_closed(fd);
+            skipped(78, d);
+            skipped_closed(78);
         }
         assert!(ring_worth_trying(d), "a ring is tried after the skip");
         ring_closed(d, 1_000);
-        let n = (0..10).take_while(|_| !ring_worth_trying(d)).count();
-        assert_eq!(n, 4, "doubled");
+        let n = (0..1000).take_while(|_| !ring_worth_trying(d)).count();
+        assert_eq!(n, (FIRST_SKIP * GROWTH) as usize, "grown");
         // A skipped connection that lives long brings the ring back.
         skipped(77, d);
         {
@@ -249,7 +259,7 @@ mod tests {
         let d = dest(40_004);
         ring_closed(d, 1);
         ring_closed(d, 1);
-        for _ in 0..2 {
+        for _ in 0..FIRST_SKIP {
             assert!(!ring_worth_trying(d), "the first skip");
         }
         assert!(ring_worth_trying(d), "a ring is tried after the skip");
@@ -260,8 +270,12 @@ mod tests {
             );
         }
         ring_closed(d, 1);
-        let n = (0..10).take_while(|_| !ring_worth_trying(d)).count();
-        assert_eq!(n, 4, "its close doubles the skip");
+        let n = (0..1000).take_while(|_| !ring_worth_trying(d)).count();
+        assert_eq!(
+            n,
+            (FIRST_SKIP * GROWTH) as usize,
+            "its close grows the skip"
+        );
         // A tried connection open longer than a short one lives (or one
         // whose close the record never sees) holds the others no longer.
         {
@@ -272,6 +286,29 @@ mod tests {
         }
         assert!(ring_worth_trying(d));
         assert!(!ring_worth_trying(d));
+    }
+
+    #[test]
+    fn rings_are_tried_on_far_fewer_than_one_short_connection_in_a_hundred() {
+        let d = dest(40_005);
+        let mut tries = Vec::new();
+        for i in 0..20_000 {
+            if ring_worth_trying(d) {
+                tries.push(i);
+                ring_closed(d, 1);
+            } else {
+                skipped(90, d);
+                skipped_closed(90);
+            }
+        }
+        let early = tries.iter().filter(|&&i| i < 3_000).count();
+        assert!(early <= 5, "tries in the first 3000: {tries:?}");
+        assert!(
+            tries
+                .windows(2)
+                .all(|w| w[1] - w[0] <= MAX_SKIP as usize + 1),
+            "a ring is still tried after every skip: {tries:?}"
+        );
     }
 
     #[test]
