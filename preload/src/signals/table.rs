@@ -60,7 +60,7 @@ impl Handler {
 }
 
 /// Whether `sig` may be deferred (its handler run through the trampoline).
-/// Synchronous faults must run where they happen (the faulting instruction
+/// Synchronous faults are handled where they happen (the faulting instruction
 /// would fault again); SIGSYS comes from a seccomp filter's trap; 32 and 33
 /// are glibc's own (thread cancellation, setxid), never the program's.
 pub fn deferrable(sig: c_int) -> bool {
