@@ -12,11 +12,11 @@
 
 mod shm_probe;
 
-use ringsock_ring::{Receiver, RingConfig, RingMem, Sender, ShmTransport};
-use shm_probe::{Probed, Probes, FLUSHED};
+use ringsock_ring::{Receiver, RingConfig, Sender, ShmTransport};
+use shm_probe::{probed_receiver, Probed, Probes, FLUSHED};
 
 fn pair() -> (Sender<ShmTransport>, Receiver<Probed>, Probes) {
-    let cfg = RingConfig {
+    probed_receiver(RingConfig {
         slots: 64,
         slot_size: 64,
         alpha: 1,
@@ -24,22 +24,7 @@ fn pair() -> (Sender<ShmTransport>, Receiver<Probed>, Probes) {
         gamma: 1,
         max_record_slots: 16,
         ..RingConfig::default()
-    };
-    let mem = RingMem::heap(&cfg);
-    let tx = Sender::new(mem.clone(), ShmTransport::new(mem.clone(), None), cfg).unwrap();
-    let probes = Probes::default();
-    let rx = Receiver::new(
-        mem.clone(),
-        Probed {
-            inner: ShmTransport::new(mem, None),
-            streams: false,
-            probes: probes.clone(),
-            scribble: None,
-        },
-        cfg,
-    )
-    .unwrap();
-    (tx, rx, probes)
+    })
 }
 
 fn send_all(tx: &mut Sender<ShmTransport>, data: &[u8]) {

@@ -11,8 +11,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ringsock_ring::sleep::backoff::WORD_LIMIT;
-use ringsock_ring::{Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport};
-use shm_probe::{probed_sender, Probed, Probes};
+use ringsock_ring::{RingConfig, RingError};
+use shm_probe::{probed_receiver, probed_sender};
 
 /// Far beyond `WORD_LIMIT` on any machine: only a wait without a bound
 /// takes this long.
@@ -42,21 +42,7 @@ fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
 
 #[test]
 fn a_receiver_gives_up_on_an_unreported_flag_and_goes_on() {
-    let cfg = cfg();
-    let mem = RingMem::heap(&cfg);
-    let mut tx = Sender::new(mem.clone(), ShmTransport::new(mem.clone(), None), cfg).unwrap();
-    let probes = Probes::default();
-    let mut rx = Receiver::new(
-        mem.clone(),
-        Probed {
-            inner: ShmTransport::new(mem, None),
-            streams: false,
-            probes: probes.clone(),
-            scribble: None,
-        },
-        cfg,
-    )
-    .unwrap();
+    let (mut tx, mut rx, probes) = probed_receiver(cfg());
     probes.stop_reports();
     let (r, waited, mut rx) = bounded(move || {
         let start = Instant::now();

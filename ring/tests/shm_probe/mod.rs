@@ -90,6 +90,26 @@ pub fn probed_sender(
     (tx, rx, probes)
 }
 
+/// A plain sender and a receiver on a probed transport over one heap
+/// ring.
+pub fn probed_receiver(cfg: RingConfig) -> (Sender<ShmTransport>, Receiver<Probed>, Probes) {
+    let mem = RingMem::heap(&cfg);
+    let tx = Sender::new(mem.clone(), ShmTransport::new(mem.clone(), None), cfg).unwrap();
+    let probes = Probes::default();
+    let rx = Receiver::new(
+        mem.clone(),
+        Probed {
+            inner: ShmTransport::new(mem, None),
+            streams: false,
+            probes: probes.clone(),
+            scribble: None,
+        },
+        cfg,
+    )
+    .unwrap();
+    (tx, rx, probes)
+}
+
 impl Transport for Probed {
     fn write_slots(&mut self, first: u32, count: u32, last_bytes: u32) -> Result<(), RingError> {
         self.probes
