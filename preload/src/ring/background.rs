@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::thread::JoinHandleExt;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use ringsock_proto::{Msg, Transport};
@@ -59,16 +59,7 @@ const REPORT_DELAY_NS: u64 = 5_000_000;
 /// first report of a process, and a CPU-bound machine can keep a new
 /// thread waiting for most of a second) or may have failed to start, and
 /// a connection the program uses must not stay out of status meanwhile.
-const REPORT_OVERDUE_NS: u64 = 8 * REPORT_DELAY_NS;
-/// While connections come and go, the thread looks at the reports on a
-/// tick instead of each one waking it (most are cancelled by their close
-/// before it looks): every REPORT_DELAY_NS while it finds reports due,
-/// twice as long after each tick that found none, up to this (a report
-/// is then sent within REPORT_DELAY_NS + REPORT_TICK_MAX_NS, before the
-/// program would send it as overdue).
-const REPORT_TICK_MAX_NS: u64 = 4 * REPORT_DELAY_NS;
-/// How long the thread goes on ticking after it last found a report.
-const REPORT_LINGER_NS: u64 = 100_000_000;
+const REPORT_OVERDUE_NS: u64 = 4 * REPORT_DELAY_NS;
 
 enum Report {
     Ring(Arc<dyn Tracked>, RawFd, Option<OwnedFd>),
@@ -132,44 +123,17 @@ static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
 /// How often a thread without WAKE_FD looks for work.
 const NO_WAKE_FD_POLL_NS: u64 = 10_000_000;
 
-/// True while the thread sleeps on a report timer that report posts do
-/// not interrupt (they wait for the tick); other posts ring it. Set
-/// before the sleep's `may_sleep` fence and read after the post's
-/// `request` fence, so a poster that misses it is seen by that check
-/// (the argument of `ringsock_ring::sleep::park`).
-static TIMED: AtomicBool = AtomicBool::new(false);
-
-/// After a report post: the thread sees it before it sleeps, is woken,
-/// or picks it up at its next report tick. Only atomics unless the
-/// thread is parked without a deadline.
+/// After every post (queue entry, dirty count): the thread sees it before
+/// it sleeps, or is woken. Only atomics unless the thread is parked.
 fn wake() {
     if PARK.request() {
-        ring_wake_fd();
+        let fd = WAKE_FD.load(Ordering::Acquire);
+        if fd >= 0 {
+            let one = 1u64;
+            // SAFETY: 8-byte write from a local to our eventfd.
+            unsafe { crate::sys::sys_call!(libc::SYS_write, fd, &one as *const u64, 8) };
+        }
     }
-}
-
-/// After any other post (bytes to flush, offers to collect, a follow-up,
-/// `stop`): as `wake`, and a thread asleep on a report timer is rung too.
-fn wake_now() {
-    if PARK.request() || TIMED.load(Ordering::Relaxed) {
-        ring_wake_fd();
-    }
-}
-
-fn ring_wake_fd() {
-    let fd = WAKE_FD.load(Ordering::Acquire);
-    if fd >= 0 {
-        let one = 1u64;
-        // SAFETY: 8-byte write from a local to our eventfd.
-        unsafe { crate::sys::sys_call!(libc::SYS_write, fd, &one as *const u64, 8) };
-    }
-}
-
-/// A sleep of `ns` on the report timer (see TIMED).
-fn park_timed(seen: u64, ns: u64) {
-    TIMED.store(true, Ordering::Relaxed);
-    park(seen, Some(ns), false);
-    TIMED.store(false, Ordering::Relaxed);
 }
 
 /// Sleeps until `wake`, the timeout, or news on the daemon session (a
@@ -314,7 +278,7 @@ pub fn stop() {
     if t == 0 {
         return;
     }
-    wake_now();
+    wake();
     let limit = u64::from(crate::config::get().connect_timeout_ms) * 1_000_000;
     let deadline = sys::monotonic_ns() + limit + 1_000_000_000;
     loop {
@@ -342,9 +306,8 @@ pub fn queue_flush(conn: Arc<dyn Tracked>) {
     FLUSH.lock().push((sys::monotonic_ns(), conn));
     if DIRTY.fetch_add(1, Ordering::AcqRel) == 0 {
         ensure_thread();
-        // A system call only for a thread that stopped ticking or
-        // sleeps on a report timer.
-        wake_now();
+        // A system call only for a thread that stopped ticking.
+        wake();
     }
 }
 
@@ -559,7 +522,7 @@ pub fn note_pending(conn: &Arc<dyn Tracked>) {
     // too; only an urgent follow-up needs it before the report delay.
     if conn.urgent_follow_up() {
         ensure_thread();
-        wake_now();
+        wake();
     }
 }
 
@@ -569,7 +532,7 @@ pub fn note_accepted(offer_id: u64) {
     // No report follows: a thread asleep without a deadline must learn
     // that it has a collect to make.
     ensure_thread();
-    wake_now();
+    wake();
 }
 
 /// A pending client fell back to TCP.
@@ -911,8 +874,6 @@ fn run() {
     let me = process::pid();
     let mut next_collect = 0u64;
     let mut idle = IDLE_TICKS;
-    let mut report_tick = REPORT_DELAY_NS;
-    let mut report_seen = 0u64;
     loop {
         if THREAD_PID.load(Ordering::Acquire) != me {
             return;
@@ -928,13 +889,8 @@ fn run() {
             let _sending = SENDING.lock();
             let next = take_due(&mut REPORTS.lock(), now, REPORT_DELAY_NS);
             match next {
-                Next::Send(r) => {
-                    report_seen = now;
-                    report_tick = REPORT_DELAY_NS;
-                    send_report(r)
-                }
+                Next::Send(r) => send_report(r),
                 Next::Wait(ns) => {
-                    report_seen = now;
                     report_wait = Some(ns);
                     break;
                 }
@@ -962,12 +918,8 @@ fn run() {
             // tick without anyone waking us.
             idle += 1;
             park(seen, Some(FLUSH_NS), false);
-        } else if report_wait.is_some() || now.saturating_sub(report_seen) < REPORT_LINGER_NS {
-            // Reports came lately: the next ones are picked up at the
-            // tick, without a wake each.
-            let tick = report_tick;
-            report_tick = (report_tick * 2).min(REPORT_TICK_MAX_NS);
-            park_timed(seen, report_wait.unwrap_or(0).max(tick).max(FLUSH_NS));
+        } else if let Some(wait) = report_wait {
+            park(seen, Some(wait.max(FLUSH_NS)), false);
         } else {
             // Without a daemon session, a process with listeners looks for
             // a (restarted) daemon every second to register them again.
