@@ -12,19 +12,11 @@
 
 mod shm_probe;
 
-use ringsock_ring::{Receiver, RingConfig, Sender, ShmTransport};
-use shm_probe::{probed_receiver, Probed, Probes, FLUSHED};
+use ringsock_ring::{Receiver, Sender, ShmTransport};
+use shm_probe::{probed_receiver, small_cfg, Probed, Probes, FLUSHED};
 
 fn pair() -> (Sender<ShmTransport>, Receiver<Probed>, Probes) {
-    probed_receiver(RingConfig {
-        slots: 64,
-        slot_size: 64,
-        alpha: 1,
-        beta: 1,
-        gamma: 1,
-        max_record_slots: 16,
-        ..RingConfig::default()
-    })
+    probed_receiver(small_cfg())
 }
 
 fn send_all(tx: &mut Sender<ShmTransport>, data: &[u8]) {

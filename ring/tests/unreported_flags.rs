@@ -11,24 +11,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ringsock_ring::sleep::backoff::WORD_LIMIT;
-use ringsock_ring::{RingConfig, RingError};
-use shm_probe::{probed_receiver, probed_sender};
+use ringsock_ring::RingError;
+use shm_probe::{probed_receiver, probed_sender, small_cfg};
 
 /// Far beyond `WORD_LIMIT` on any machine: only a wait without a bound
 /// takes this long.
 const HANG: Duration = Duration::from_secs(60);
-
-fn cfg() -> RingConfig {
-    RingConfig {
-        slots: 64,
-        slot_size: 64,
-        alpha: 1,
-        beta: 1,
-        gamma: 1,
-        max_record_slots: 16,
-        ..RingConfig::default()
-    }
-}
 
 /// Runs `f` on a thread; fails the test if it has not returned by `HANG`.
 fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
@@ -42,7 +30,7 @@ fn bounded<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
 
 #[test]
 fn a_receiver_gives_up_on_an_unreported_flag_and_goes_on() {
-    let (mut tx, mut rx, probes) = probed_receiver(cfg());
+    let (mut tx, mut rx, probes) = probed_receiver(small_cfg());
     probes.stop_reports();
     let (r, waited, mut rx) = bounded(move || {
         let start = Instant::now();
@@ -63,7 +51,7 @@ fn a_receiver_gives_up_on_an_unreported_flag_and_goes_on() {
 
 #[test]
 fn a_sender_gives_up_on_an_unreported_flag_and_goes_on() {
-    let (mut tx, mut rx, probes) = probed_sender(cfg(), false, false);
+    let (mut tx, mut rx, probes) = probed_sender(small_cfg(), false, false);
     let chunk = [7u8; 512];
     let mut sent = 0usize;
     loop {

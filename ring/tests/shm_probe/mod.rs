@@ -90,6 +90,20 @@ pub fn probed_sender(
     (tx, rx, probes)
 }
 
+/// A small ring (64 slots of 64 B) that publishes and pushes every
+/// record at once (alpha, beta and gamma of 1).
+pub fn small_cfg() -> RingConfig {
+    RingConfig {
+        slots: 64,
+        slot_size: 64,
+        alpha: 1,
+        beta: 1,
+        gamma: 1,
+        max_record_slots: 16,
+        ..RingConfig::default()
+    }
+}
+
 /// A plain sender and a receiver on a probed transport over one heap
 /// ring.
 pub fn probed_receiver(cfg: RingConfig) -> (Sender<ShmTransport>, Receiver<Probed>, Probes) {
