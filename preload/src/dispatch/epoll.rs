@@ -264,8 +264,41 @@ pub fn instance(epfd: c_int) -> Option<FdRef> {
     fdtable::track_new(epfd, Kind::Epoll, 0, false)
 }
 
+/// The last fd of `st` was closed: epoll instance `epfd`, if it still is
+/// one, drops its registrations and its kept entry of that file now (the
+/// kernel drops a closed file from its instances), letting the connection
+/// go rather than holding its ring until a wait happens to sweep it.
+pub fn drop_closed(epfd: c_int, st: &FdState) {
+    let Some(ep) = fdtable::get(epfd) else {
+        return;
+    };
+    let Some(set) = (ep.kind() == Some(Kind::Epoll))
+        .then(|| set_of(&ep))
+        .flatten()
+    else {
+        return;
+    };
+    let _g = guard::enter();
+    let mut inner = set.lock();
+    let key = st as *const FdState as usize as u64;
+    let Some(e) = inner.conns.get(&key) else {
+        return;
+    };
+    if e.st.fd_count() > 0 {
+        return;
+    }
+    let ids = e.regs.clone();
+    for id in ids {
+        inner.remove(id);
+    }
+    // An entry kept without registrations goes with its last one above;
+    // one that had none left goes here.
+    inner.conns.remove(&key);
+}
+
 /// The ring registrations of epoll instance `st`, created on first use.
 pub fn set_or_init(st: &FdState) -> &EpollSet {
+    fdtable::on_close_in_epoll(drop_closed);
     downcast(st.epoll_slot_or_init(|| Box::new(EpollSet::new())))
 }
 
@@ -905,6 +938,7 @@ pub unsafe fn ctl_ring(
             inner.all.push(id);
             inner.ready.push_back(id);
             inner.poke_sleepers();
+            st.note_epoll_home(epfd);
             0
         }
         libc::EPOLL_CTL_MOD => 'modify: {

@@ -1,7 +1,10 @@
 //! What the ring layer hears when the last fd of a tracked object goes in
 //! this process: an attached connection is released (as its owner's, as an
 //! inherited copy, or as stale), a listener's address is forgotten, a
-//! plain-TCP connection leaves the status report.
+//! plain-TCP connection leaves the status report, and the epoll sets that
+//! hold the connection drop it.
+
+use std::sync::OnceLock;
 
 use super::state::{FdState, Kind};
 use crate::attached::{self, ReleaseKind};
@@ -25,6 +28,20 @@ pub(super) fn last_fd_gone(fd: i32, st: &FdState, stale: bool) {
         let _g = guard::enter();
         conn.release(fd, kind);
     }
+    if let Some(drop_closed) = EPOLL_DROP.get() {
+        for epfd in st.take_epoll_homes() {
+            drop_closed(epfd, st);
+        }
+    }
+}
+
+/// How an epoll instance drops a closed file (set by the epoll layer).
+static EPOLL_DROP: OnceLock<fn(i32, &FdState)> = OnceLock::new();
+
+/// Installs what the last close of a socket calls for each epoll fd its
+/// ring was added to (`FdState::note_epoll_home`); the first call wins.
+pub fn on_close_in_epoll(f: fn(i32, &FdState)) {
+    let _ = EPOLL_DROP.set(f);
 }
 
 /// Tells the ring layer that the last fd of a listener or of a decided

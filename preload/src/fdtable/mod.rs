@@ -42,6 +42,7 @@ use std::ops::Deref;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
+pub use close::on_close_in_epoll;
 pub use state::{rings_alive, EpollSlot, FdState, Kind, PreEpoll, Socket};
 
 /// Upper bound on tracked fd numbers (8 MiB of address space for slots).

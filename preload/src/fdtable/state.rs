@@ -95,7 +95,17 @@ pub struct FdState {
     /// attached by connect() must take them over (nginx adds upstream
     /// sockets to its epoll set before connecting).
     pre_epoll: Mutex<Vec<PreEpoll>>,
+    /// Epoll fds this socket's ring was added to (at most `HOMES_MAX`):
+    /// their sets hold a reference to this object, which the last close
+    /// must take back at once, as the kernel drops a closed file from its
+    /// epoll instances (close.rs).
+    /// Lock-free (-1 = empty), so that a fork cannot copy it locked.
+    epoll_homes: [AtomicI32; HOMES_MAX],
 }
+
+/// Epoll fds remembered per socket; a socket added to more instances than
+/// this is dropped from the others by their sweeps instead.
+const HOMES_MAX: usize = 8;
 
 /// One epoll registration of a pre-connect socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,6 +134,7 @@ impl FdState {
             epoll: AtomicPtr::new(ptr::null_mut()),
             kernel_waiters: AtomicU32::new(0),
             pre_epoll: Mutex::new(Vec::new()),
+            epoll_homes: [const { AtomicI32::new(-1) }; HOMES_MAX],
         }
     }
 
@@ -194,6 +205,7 @@ impl FdState {
             drop(unsafe { Box::from_raw(ep) });
         }
         drop(std::mem::take(&mut *self.pre_epoll_lock()));
+        self.take_epoll_homes().for_each(drop);
         self.fds.store(0, Ordering::Relaxed);
         self.kind.store(0, Ordering::Relaxed);
         self.tcp_reason.store(0, Ordering::Relaxed);
@@ -292,6 +304,32 @@ impl FdState {
     /// Takes the recorded pre-connect epoll registrations.
     pub fn take_pre_epoll(&self) -> Vec<PreEpoll> {
         std::mem::take(&mut *self.pre_epoll_lock())
+    }
+
+    /// Remembers that the ring was added to epoll fd `epfd`.
+    pub fn note_epoll_home(&self, epfd: i32) {
+        if self
+            .epoll_homes
+            .iter()
+            .any(|h| h.load(Ordering::Relaxed) == epfd)
+        {
+            return;
+        }
+        for h in &self.epoll_homes {
+            if h.compare_exchange(-1, epfd, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Takes the epoll fds the ring was added to.
+    pub fn take_epoll_homes(&self) -> impl Iterator<Item = i32> + '_ {
+        self.epoll_homes
+            .iter()
+            .map(|h| h.swap(-1, Ordering::Relaxed))
+            .filter(|&fd| fd >= 0)
     }
 
     pub fn tcp_reason(&self) -> TcpReason {

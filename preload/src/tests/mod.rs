@@ -696,6 +696,54 @@ fn epoll_arms_follow_mod_del_dup_and_close() {
     }
 }
 
+/// The kernel drops a closed file from its epoll instances at its last
+/// close; so must the shim, with no later wait: an event loop that blocks
+/// for good after its last connection closed (memcached's workers) would
+/// otherwise hold each closed ring's memory.
+#[test]
+fn last_close_lets_every_epoll_set_drop_the_connection() {
+    let (_a, b) = pair(64);
+    let (_c, d) = pair(64);
+    let fb = ring_fd(b.clone());
+    let fd = ring_fd(d.clone());
+    assert_eq!((Arc::strong_count(&b), Arc::strong_count(&d)), (2, 2));
+    // SAFETY: hook calls with valid arguments throughout.
+    unsafe {
+        let ep1 = ep::epoll_create1(0);
+        let ep2 = ep::epoll_create1(0);
+        epoll_add(ep1, fb, libc::EPOLLIN, 1);
+        epoll_add(ep2, fb, libc::EPOLLIN, 2);
+        epoll_add(ep1, fd, libc::EPOLLIN, 3);
+        assert!(epoll_wait(ep1, 4, 0).is_empty());
+        assert!(epoll_wait(ep2, 4, 0).is_empty());
+        // libevent's order: DEL, then close. The set keeps the entry of a
+        // deleted but open socket (cheap re-ADD); the close ends it.
+        assert_eq!(
+            ep::epoll_ctl(ep1, libc::EPOLL_CTL_DEL, fb, ptr::null_mut()),
+            0
+        );
+        assert!(Arc::strong_count(&b) > 1);
+        assert_eq!(fdh::close(fb), 0);
+        // Closed while still registered (and armed) in ep1.
+        assert_eq!(fdh::close(fd), 0);
+        assert_eq!(
+            Arc::strong_count(&b),
+            1,
+            "a set still holds the closed ring"
+        );
+        assert_eq!(
+            Arc::strong_count(&d),
+            1,
+            "a set still holds the closed ring"
+        );
+        assert_eq!(d.arms(), mock::Arms::default());
+        assert!(epoll_wait(ep1, 4, 0).is_empty());
+        assert!(epoll_wait(ep2, 4, 0).is_empty());
+        fdh::close(ep1);
+        fdh::close(ep2);
+    }
+}
+
 #[test]
 fn epoll_ctl_from_another_thread_wakes_a_sleeping_wait() {
     let (a, _a_peer) = pair(64);
