@@ -112,7 +112,8 @@ pub fn always(args: fmt::Arguments<'_>) {
 
 fn emit(level: Option<Level>, args: fmt::Arguments<'_>) {
     let fd = SINK.load(Ordering::Relaxed);
-    if fd < 0 {
+    // A sandboxed process gets no system call of ours.
+    if fd < 0 || process::sandboxed() {
         return;
     }
     let mut line = StackLine::new();
@@ -121,7 +122,13 @@ fn emit(level: Option<Level>, args: fmt::Arguments<'_>) {
         let _ = write!(line, "{}: ", level_name(level));
     }
     let _ = line.write_fmt(args);
-    sys::write_all(fd, line.finish());
+    let bytes = line.finish();
+    // A line that would pass the file size limit is dropped rather than
+    // raise SIGXFSZ.
+    if !sys::within_fsize_limit(fd, bytes.len()) {
+        return;
+    }
+    sys::write_all(fd, bytes);
 }
 
 /// Lower-case level names, as RINGSOCK_LOG spells them.
@@ -195,6 +202,51 @@ mod tests {
         let mut l = StackLine::new();
         write!(l, "ringsock[{}]: hi", 7).unwrap();
         assert_eq!(l.finish(), b"ringsock[7]: hi\n");
+    }
+
+    /// A line that would pass RLIMIT_FSIZE is dropped: the write would
+    /// kill the process with SIGXFSZ. One that fits is written.
+    #[test]
+    fn a_line_past_the_file_size_limit_is_dropped() {
+        let path = std::env::temp_dir().join(format!("ringsock-fsize-{}", std::process::id()));
+        let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: fork; the child only makes raw system calls and formats
+        // into a stack buffer (no allocation, no lock), then _exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            // SAFETY: plain system calls in the child, on its own copies.
+            unsafe {
+                let fd = libc::open(
+                    cpath.as_ptr(),
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+                    0o600,
+                );
+                let lim = libc::rlimit {
+                    rlim_cur: 40,
+                    rlim_max: libc::RLIM_INFINITY,
+                };
+                libc::setrlimit(libc::RLIMIT_FSIZE, &lim);
+                SINK.store(fd, Ordering::Relaxed);
+                always(format_args!("short"));
+                always(format_args!("{}", "a line longer than what is left"));
+                libc::_exit(0);
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        let got = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child died (status {status:#x}, signal {})",
+            libc::WTERMSIG(status)
+        );
+        assert!(
+            got.ends_with("]: short\n") && got.lines().count() == 1,
+            "{got:?}"
+        );
     }
 
     #[test]

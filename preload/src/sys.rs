@@ -48,6 +48,46 @@ pub fn raise_on_this_thread(sig: c_int) {
     }
 }
 
+/// Whether `len` more bytes written to `fd` stay within the process's
+/// file size limit (RLIMIT_FSIZE). A write past it sends SIGXFSZ, which
+/// kills a program that never expected one (sshd's pre-authentication
+/// child sets the limit to 0); only a regular file has the limit.
+pub fn within_fsize_limit(fd: c_int, len: usize) -> bool {
+    let mut lim = libc::rlimit64 {
+        rlim_cur: libc::RLIM64_INFINITY,
+        rlim_max: libc::RLIM64_INFINITY,
+    };
+    // SAFETY: prlimit64 on ourselves (pid 0) only reads into `lim`, a valid
+    // rlimit64.
+    let r = unsafe {
+        crate::sys::sys_call!(
+            libc::SYS_prlimit64,
+            0,
+            libc::RLIMIT_FSIZE,
+            std::ptr::null::<libc::rlimit64>(),
+            &mut lim as *mut libc::rlimit64,
+        )
+    };
+    if r < 0 || lim.rlim_cur == libc::RLIM64_INFINITY {
+        return true;
+    }
+    // SAFETY: an all-zero stat is a valid value for fstat to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into `st`, valid for its size.
+    if unsafe { crate::sys::sys_call!(libc::SYS_fstat, fd, &mut st as *mut libc::stat) } < 0 {
+        return false;
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return true;
+    }
+    // Without O_APPEND the write lands at the offset, with it at the end;
+    // the larger of the two is the bound.
+    // SAFETY: lseek with SEEK_CUR and offset 0 only reads the offset.
+    let pos = unsafe { crate::sys::sys_call!(libc::SYS_lseek, fd, 0, libc::SEEK_CUR) };
+    let end = (st.st_size.max(0) as u64).max(pos.max(0) as u64);
+    end.saturating_add(len as u64) <= lim.rlim_cur
+}
+
 /// Writes all of `buf` to `fd`, retrying on EINTR and short writes; gives up
 /// silently on any other error (this is the logger's last resort, there is
 /// nobody to report to).
