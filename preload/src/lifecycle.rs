@@ -79,7 +79,7 @@ pub fn on_accepted(
         return;
     };
     let (Some(local), Some(peer)) = (
-        sockaddr::query(fd, false),
+        listener.bound().or_else(|| sockaddr::query(fd, false)),
         peer.or_else(|| sockaddr::query(fd, true)),
     ) else {
         st.set_tcp_reason(TcpReason::Family);
@@ -134,8 +134,10 @@ pub fn connect(
 
 /// listen() succeeded on tracked socket `fd`: register it with the ring
 /// layer (connections to it may then be offered rings).
-pub fn on_listen(fd: c_int) {
-    let (Some(a), Some(addr)) = (attached::attacher(), sockaddr::query(fd, false)) else {
+pub fn on_listen(fd: c_int, st: &FdRef) {
+    let addr = sockaddr::query(fd, false);
+    st.set_bound(addr.filter(|a| !a.ip().is_unspecified() && !sockaddr::transparent(fd)));
+    let (Some(a), Some(addr)) = (attached::attacher(), addr) else {
         return;
     };
     if config::get().allows(addr.ip(), addr.port()).is_err() {

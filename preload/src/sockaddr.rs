@@ -97,9 +97,54 @@ pub fn query(fd: i32, peer: bool) -> Option<SocketAddr> {
     unsafe { to_std(p, len) }
 }
 
+/// Whether `fd` may accept connections for addresses other than its own
+/// (IP_TRANSPARENT / IPV6_TRANSPARENT, as TPROXY listeners set): then an
+/// accepted socket's local address is not the listener's.
+pub fn transparent(fd: i32) -> bool {
+    let on = |level, name| {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: v/len describe a c_int the kernel writes.
+        let r = unsafe {
+            crate::real::getsockopt(
+                fd,
+                level,
+                name,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        r == 0 && v != 0
+    };
+    on(libc::SOL_IP, libc::IP_TRANSPARENT) || on(libc::SOL_IPV6, libc::IPV6_TRANSPARENT)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_transparent_socket_is_seen() {
+        for (domain, level, name) in [
+            (libc::AF_INET, libc::SOL_IP, libc::IP_TRANSPARENT),
+            (libc::AF_INET6, libc::SOL_IPV6, libc::IPV6_TRANSPARENT),
+        ] {
+            // SAFETY: plain socket calls on a socket this test owns.
+            unsafe {
+                let fd = libc::socket(domain, libc::SOCK_STREAM, 0);
+                assert!(fd >= 0);
+                assert!(!transparent(fd));
+                let one: libc::c_int = 1;
+                let len = std::mem::size_of_val(&one) as libc::socklen_t;
+                // Needs CAP_NET_ADMIN; without it there is nothing to see.
+                if libc::setsockopt(fd, level, name, (&one as *const libc::c_int).cast(), len) == 0
+                {
+                    assert!(transparent(fd));
+                }
+                libc::close(fd);
+            }
+        }
+    }
 
     #[test]
     fn v4_and_v6() {

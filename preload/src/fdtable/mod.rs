@@ -305,6 +305,25 @@ mod tests {
     const BASE_FD: i32 = 900;
 
     #[test]
+    fn a_listener_keeps_its_bound_address() {
+        let st = track_new(BASE_FD + 40, Kind::Tcp, libc::AF_INET6, false).unwrap();
+        assert_eq!(st.bound(), None);
+        for a in [
+            "127.0.0.1:6379",
+            "[::1]:80",
+            "[fe80::1:2:3:4]:65535",
+            "10.1.2.3:0",
+        ] {
+            let a: std::net::SocketAddr = a.parse().unwrap();
+            st.set_bound(Some(a));
+            assert_eq!(st.bound(), Some(a));
+        }
+        st.set_bound(None);
+        assert_eq!(st.bound(), None);
+        untrack(BASE_FD + 40);
+    }
+
+    #[test]
     fn track_dup_untrack() {
         let a = BASE_FD;
         let b = BASE_FD + 1;

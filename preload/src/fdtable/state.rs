@@ -6,6 +6,7 @@
 //! of a recycled object (see pool.rs), which must not be a data race.
 
 use std::any::Any;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::ptr;
 use std::sync::atomic::{
     fence, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
@@ -101,6 +102,10 @@ pub struct FdState {
     /// epoll instances (close.rs).
     /// Lock-free (-1 = empty), so that a fork cannot copy it locked.
     epoll_homes: [AtomicI32; HOMES_MAX],
+    /// A listener's address while it is bound to one IP, which every
+    /// socket it accepts has as its local address: family and port, then
+    /// the IP's two halves (`set_bound`); all zero when not known.
+    bound: [AtomicU64; 3],
 }
 
 /// Epoll fds remembered per socket; a socket added to more instances than
@@ -135,6 +140,7 @@ impl FdState {
             kernel_waiters: AtomicU32::new(0),
             pre_epoll: Mutex::new(Vec::new()),
             epoll_homes: [const { AtomicI32::new(-1) }; HOMES_MAX],
+            bound: [const { AtomicU64::new(0) }; 3],
         }
     }
 
@@ -206,6 +212,7 @@ impl FdState {
         }
         drop(std::mem::take(&mut *self.pre_epoll_lock()));
         self.take_epoll_homes().for_each(drop);
+        self.set_bound(None);
         self.fds.store(0, Ordering::Relaxed);
         self.kind.store(0, Ordering::Relaxed);
         self.tcp_reason.store(0, Ordering::Relaxed);
@@ -304,6 +311,35 @@ impl FdState {
     /// Takes the recorded pre-connect epoll registrations.
     pub fn take_pre_epoll(&self) -> Vec<PreEpoll> {
         std::mem::take(&mut *self.pre_epoll_lock())
+    }
+
+    /// Records a listener's own address (None: unknown, or not one every
+    /// accepted socket shares).
+    pub fn set_bound(&self, addr: Option<SocketAddr>) {
+        let Some(a) = addr else {
+            self.bound[0].store(0, Ordering::Release);
+            return;
+        };
+        let (tag, ip) = match a.ip() {
+            IpAddr::V4(v4) => (4u64, u128::from(u32::from(v4))),
+            IpAddr::V6(v6) => (6u64, u128::from(v6)),
+        };
+        self.bound[1].store((ip >> 64) as u64, Ordering::Relaxed);
+        self.bound[2].store(ip as u64, Ordering::Relaxed);
+        self.bound[0].store(tag << 16 | u64::from(a.port()), Ordering::Release);
+    }
+
+    /// A listener's own address, if `set_bound` recorded one.
+    pub fn bound(&self) -> Option<SocketAddr> {
+        let w0 = self.bound[0].load(Ordering::Acquire);
+        let ip = u128::from(self.bound[1].load(Ordering::Relaxed)) << 64
+            | u128::from(self.bound[2].load(Ordering::Relaxed));
+        let ip = match w0 >> 16 {
+            4 => IpAddr::V4(Ipv4Addr::from(ip as u32)),
+            6 => IpAddr::V6(Ipv6Addr::from(ip)),
+            _ => return None,
+        };
+        Some(SocketAddr::new(ip, w0 as u16))
     }
 
     /// Remembers that the ring was added to epoll fd `epfd`.

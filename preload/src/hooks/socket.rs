@@ -60,7 +60,7 @@ hooks! {
         if r == 0 && fdtable::is_tracked(fd) && !guard::active() {
             if let Some(st) = fdtable::get(fd) {
                 st.set_listener();
-                lifecycle::on_listen(fd);
+                lifecycle::on_listen(fd, &st);
             }
         }
         r
