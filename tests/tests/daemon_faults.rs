@@ -180,6 +180,11 @@ impl Rig {
             assert!(o.contains("done "), "{o}");
         }
         self.server.assert_running();
+        // Every client is gone: so is every end from status, including
+        // those the restarted daemon was told of again while connections
+        // were closing.
+        self.ctl
+            .expect(self.port, "ends=0", Duration::from_secs(10));
         let (o, e) = self.server.output();
         assert!(
             !o.contains("slow-accept") && !o.contains("accept-error"),

@@ -745,6 +745,10 @@ fn resend_reports() {
     let Some(session) = ctl::open_session() else {
         return;
     };
+    // Held throughout, as every sender holds it: a close sent between the
+    // look at LIVE and the resend of its open would let the open reach
+    // the daemon last, and status would list the closed end for good.
+    let _sending = SENDING.lock();
     let stale: Vec<(RawFd, Msg)> = LIVE
         .lock()
         .iter()
