@@ -1,6 +1,7 @@
 //! Short connections by default: a process whose connections to one
 //! address keep closing within RINGSOCK_SHORT_MS connects there over plain
-//! TCP (status says why), a long connection there brings rings back, and
+//! TCP (status says why), a long and busy connection there brings rings
+//! back (a slow one with a request or two does not), and
 //! every reply is right either way. `connloop redis` makes the connections
 //! (SET then GET on each, both replies checked) and counts the ones that
 //! mapped a ring.
@@ -55,14 +56,40 @@ fn short_connections_go_over_tcp_and_long_ones_bring_rings_back() {
     );
     assert_eq!(num(&w.stdout, "ring_maps_after"), 0, "{}", w.stdout);
 
-    // Every 8th connection lives 150 ms. Each such one resets the record,
-    // so the two after it get rings again; the ones after them are in the
-    // first skip (16), so the held ones go over TCP and say why in status.
+    // Every 8th connection lives 150 ms after its one SET and GET: slow,
+    // but not busy (a slow server, a loaded machine). Those do not end
+    // the skips: rings stay as rare as above.
+    let mut c = ctl
+        .shimmed(CONNLOOP)
+        .args(["redis", "--port", &port.to_string(), "--n", "200"])
+        .args(["--hold-every", "8", "--hold-ms", "150"])
+        .spawn();
+    let w = ctl.watch(&mut c, Duration::from_secs(120));
+    w.assert_ok("short connections with slow ones among them");
+    let rings = num(&w.stdout, "ring_conns");
+    println!("200 connections, every 8th slow: {rings} with a ring");
+    assert!(
+        rings <= 10,
+        "slow one-request connections brought rings back: {}",
+        w.stdout
+    );
+
+    // Every 8th connection also makes 20 more round trips and lives
+    // 150 ms: busy and long. Each such one resets the record, so the two
+    // after it get rings again; the ones after them are in the first skip
+    // (16), so the held ones go over TCP and say why in status.
     const M: u64 = 200;
     let mut c = ctl
         .shimmed(CONNLOOP)
         .args(["redis", "--port", &port.to_string(), "--n", &M.to_string()])
-        .args(["--hold-every", "8", "--hold-ms", "150"])
+        .args([
+            "--hold-every",
+            "8",
+            "--hold-ms",
+            "150",
+            "--hold-pings",
+            "20",
+        ])
         .spawn();
     let w = ctl.watch(&mut c, Duration::from_secs(120));
     w.assert_ok("short connections with long ones among them");

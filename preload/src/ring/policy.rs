@@ -14,7 +14,12 @@
 //! offer rings before the record knows whether it was short.
 //!
 //! Short: closed within RINGSOCK_SHORT_MS of the connect (0 turns the
-//! record off: every connection is offered a ring). The record is per
+//! record off: every connection is offered a ring), or, for one that
+//! skipped the ring, closed later having carried at most `FEW_SEGMENTS`
+//! data segments: a request or two that waited on a slow server or a
+//! busy CPU, which a ring would not have sped up. Lifetime alone would
+//! count every connection long on a loaded machine, and have it pay a
+//! ring's setup just when CPU is scarce. The record is per
 //! process (a program that makes one connection per process keeps getting
 //! rings), bounded to `MAX_DESTS` destinations.
 
@@ -41,6 +46,9 @@ const GROWTH: u32 = 8;
 const MAX_SKIP: u32 = 4096;
 /// Destinations remembered.
 const MAX_DESTS: usize = 1024;
+/// Data segments (both ways) a connection carries at most and still
+/// counts as short whatever its lifetime.
+const FEW_SEGMENTS: u64 = 16;
 
 #[derive(Default)]
 struct Dest {
@@ -132,17 +140,16 @@ pub fn skipped(fd: RawFd, dest: SocketAddr) {
 
 /// A skipped connection's descriptor closed.
 pub fn skipped_closed(fd: RawFd) {
-    let mut g = RECORD.lock();
-    let Some(r) = g.as_mut() else {
+    let Some((dest, born)) = RECORD.lock().as_mut().and_then(|r| r.skipped.remove(&fd)) else {
         return;
     };
-    if let Some((dest, born)) = r.skipped.remove(&fd) {
-        let lifetime = sys::monotonic_ns().saturating_sub(born);
-        // A short one only confirms the skip under way.
-        if lifetime >= short_ns() {
-            note(r, dest, lifetime);
-        }
+    let lifetime = sys::monotonic_ns().saturating_sub(born);
+    // A short one only confirms the skip under way.
+    if lifetime < short_ns() || super::sockio::data_segments(fd).is_some_and(|n| n <= FEW_SEGMENTS)
+    {
+        return;
     }
+    note(RECORD.lock().get_or_insert_with(fresh), dest, lifetime);
 }
 
 /// A connection to `dest` that had a ring closed after `lifetime_ns`.
@@ -252,6 +259,55 @@ mod tests {
         skipped_closed(77);
         assert!(ring_worth_trying(d));
         assert!(ring_worth_trying(d));
+    }
+
+    /// A loopback TCP pair (client, server) that exchanged `turns` one-byte
+    /// requests and replies.
+    fn pair_after(turns: usize) -> (std::net::TcpStream, std::net::TcpStream) {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let mut b = [0u8; 1];
+        for _ in 0..turns {
+            c.write_all(b"q").unwrap();
+            s.read_exact(&mut b).unwrap();
+            s.write_all(b"a").unwrap();
+            c.read_exact(&mut b).unwrap();
+        }
+        (c, s)
+    }
+
+    /// Marks `fd` as a skipped connection to `d` born long enough ago to
+    /// be long by its lifetime, then closes it.
+    fn old_skipped_closes(fd: RawFd, d: SocketAddr) {
+        skipped(fd, d);
+        if let Some(r) = RECORD.lock().as_mut() {
+            r.skipped
+                .insert(fd, (d, sys::monotonic_ns() - short_ns() - 1));
+        }
+        skipped_closed(fd);
+    }
+
+    #[test]
+    fn a_long_lived_connection_with_a_request_or_two_counts_short() {
+        use std::os::fd::AsRawFd;
+        let d = dest(40_006);
+        ring_closed(d, 1);
+        ring_closed(d, 1);
+        assert!(!ring_worth_trying(d), "the first skip");
+        // Slow to close, but one request: the skip goes on.
+        let (c, _s) = pair_after(1);
+        old_skipped_closes(c.as_raw_fd(), d);
+        assert!(!ring_worth_trying(d), "a slow request ended the skip");
+        // Slow to close and busy: a ring is worth it again.
+        let (c, _s) = pair_after(40);
+        assert!(super::super::sockio::data_segments(c.as_raw_fd()).unwrap() > FEW_SEGMENTS);
+        old_skipped_closes(c.as_raw_fd(), d);
+        assert!(
+            ring_worth_trying(d),
+            "a busy connection did not end the skip"
+        );
     }
 
     #[test]

@@ -252,6 +252,29 @@ pub fn tcp_wait_fds(tcp: RawFd, interest: Ready) -> WaitFds {
 }
 
 /// Bytes the kernel socket holds for reading (FIONREAD).
+/// Data segments the kernel socket has sent and received (TCP_INFO's
+/// tcpi_data_segs_out + tcpi_data_segs_in, Linux 4.6 on); None if it
+/// cannot say.
+pub fn data_segments(fd: RawFd) -> Option<u64> {
+    // SAFETY: tcp_info is plain data; zeroes are a valid value.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: ti/len describe a tcp_info the kernel writes at most len
+    // bytes of.
+    let r = unsafe {
+        crate::real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut ti as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    let end = std::mem::offset_of!(libc::tcp_info, tcpi_data_segs_out) + std::mem::size_of::<u32>();
+    (r == 0 && len as usize >= end)
+        .then(|| u64::from(ti.tcpi_data_segs_in) + u64::from(ti.tcpi_data_segs_out))
+}
+
 pub fn fionread(fd: RawFd) -> usize {
     let mut n: c_int = 0;
     // SAFETY: FIONREAD writes one int.

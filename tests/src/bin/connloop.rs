@@ -5,7 +5,7 @@
 //! connloop echo-server
 //! connloop client --port P [--conns N | --until-emfile] [--bytes B] [--hold-ms H]
 //! connloop sockets
-//! connloop redis --port P --n N [--hold-every K] [--hold-ms H]
+//! connloop redis --port P --n N [--hold-every K] [--hold-ms H] [--hold-pings Q]
 //! ```
 //!
 //! * `echo-server` listens on 127.0.0.1:0, prints `listening PORT`, and
@@ -22,8 +22,8 @@
 //! * `sockets` calls socket() until it fails and prints `sockets K errno E`.
 //! * `redis` makes N short connections to a redis server: connect, SET a
 //!   key unique to the connection, GET it back, close; every reply is
-//!   checked. Every K-th connection is held H ms before it closes (so
-//!   status can see it). Prints `ring_conns R` (connections that had a ring
+//!   checked. Every K-th connection makes Q more round trips (PING) and
+//!   is held H ms before it closes (so status can see it). Prints `ring_conns R` (connections that had a ring
 //!   mapped while open), `ring_maps_after R` (ring mappings left once all
 //!   are closed) and `ok N`.
 //!
@@ -41,7 +41,7 @@ fn fail(msg: String) -> ! {
 }
 
 fn usage() -> ! {
-    eprintln!("usage: connloop echo-server | client --port P [--conns N|--until-emfile] [--bytes B] [--hold-ms H] | sockets | redis --port P --n N [--hold-every K] [--hold-ms H]");
+    eprintln!("usage: connloop echo-server | client --port P [--conns N|--until-emfile] [--bytes B] [--hold-ms H] | sockets | redis --port P --n N [--hold-every K] [--hold-ms H] [--hold-pings Q]");
     std::process::exit(64);
 }
 
@@ -82,6 +82,7 @@ struct Opts {
     hold_ms: u64,
     n: usize,
     hold_every: usize,
+    hold_pings: usize,
 }
 
 fn parse(args: &[String]) -> Opts {
@@ -93,6 +94,7 @@ fn parse(args: &[String]) -> Opts {
         hold_ms: 0,
         n: 1,
         hold_every: 0,
+        hold_pings: 0,
     };
     let mut i = 0;
     while i < args.len() {
@@ -112,6 +114,7 @@ fn parse(args: &[String]) -> Opts {
             "--hold-ms" => o.hold_ms = v,
             "--n" => o.n = v as usize,
             "--hold-every" => o.hold_every = v as usize,
+            "--hold-pings" => o.hold_pings = v as usize,
             _ => usage(),
         }
         i += 2;
@@ -293,6 +296,17 @@ fn redis(o: &Opts) {
             ));
         }
         if o.hold_every > 0 && i % o.hold_every == 0 {
+            for _ in 0..o.hold_pings {
+                s.write_all(b"PING\r\n")
+                    .unwrap_or_else(|e| fail(format!("{what}: write: {e}")));
+                let r = read_line(&mut s, &what);
+                if r != b"+PONG" {
+                    fail(format!(
+                        "{what}: PING replied {:?}",
+                        String::from_utf8_lossy(&r)
+                    ));
+                }
+            }
             std::thread::sleep(Duration::from_millis(o.hold_ms));
         }
     }
