@@ -280,6 +280,8 @@ pub fn drop_closed(epfd: c_int, st: &FdState) {
     };
     let _g = guard::enter();
     let mut inner = set.lock();
+    // A forked child's copy must not give back its parent's arms.
+    inner.check_fork();
     let key = st as *const FdState as usize as u64;
     let Some(e) = inner.conns.get(&key) else {
         return;
