@@ -308,7 +308,10 @@ fn idle_fds(pid: u32) -> usize {
 }
 
 /// Connections accumulated over several samples, keyed by (pid, fd, local,
-/// peer); the latest sample of each is kept.
+/// peer); the latest sample of each is kept. Two ends with the same key on
+/// two different rings are two connections that had the same descriptor
+/// and addresses one after the other: both are kept. (An end whose ring
+/// went, a fallback to TCP, is the same connection.)
 #[derive(Default)]
 pub struct Seen {
     pub conns: Vec<Conn>,
@@ -318,7 +321,12 @@ impl Seen {
     pub fn add(&mut self, sample: &[Conn]) {
         for c in sample {
             let key = |x: &Conn| (x.pid, x.fd, x.local, x.peer);
-            match self.conns.iter_mut().find(|x| key(x) == key(c)) {
+            let other_ring = |x: &Conn| x.ring.is_some() && c.ring.is_some() && x.ring != c.ring;
+            match self
+                .conns
+                .iter_mut()
+                .find(|x| key(x) == key(c) && !other_ring(x))
+            {
                 Some(x) => *x = c.clone(),
                 None => self.conns.push(c.clone()),
             }

@@ -209,7 +209,18 @@ pub fn links(conns: &[Conn], server_port: u16) -> Vec<Link> {
             .collect();
         let same_ring = |s: &&Conn| c.ring.is_some() && s.ring == c.ring;
         let on_ring = ends.iter().any(same_ring);
-        for s in ends.into_iter().filter(|s| !on_ring || same_ring(s)) {
+        // A ring belongs to one connection: an end on another ring is an
+        // earlier or later connection that had the same addresses (the
+        // kernel reuses a loopback port soon after its TIME-WAIT), not this
+        // one's other end. An end without a ring may be.
+        let other_conn = |s: &&Conn| c.ring.is_some() && s.ring.is_some() && s.ring != c.ring;
+        for s in ends.into_iter().filter(|s| {
+            if on_ring {
+                same_ring(s)
+            } else {
+                !other_conn(s)
+            }
+        }) {
             out.push(Link {
                 client: c.clone(),
                 server: s.clone(),
