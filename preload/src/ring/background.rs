@@ -85,11 +85,13 @@ static PENDING: PLock<Vec<Weak<dyn Tracked>>> = PLock::new(Vec::new(), Vec::new)
 /// (verbs): followed up every tick instead of every COLLECT_EVERY_NS.
 static URGENT: AtomicUsize = AtomicUsize::new(0);
 static COLLECT: PLock<Vec<u64>> = PLock::new(Vec::new(), Vec::new);
-/// The addresses of each plain-TCP socket reported to the daemon, by fd:
-/// once the peer has reset the connection getpeername fails (ENOTCONN),
-/// and the close must still name the connection the daemon knows, or
-/// status shows it until the process exits or reuses the fd number. The
-/// local address is None until the open report is sent.
+/// The addresses of each plain-TCP socket whose open report was taken to
+/// be sent, by fd (entered under REPORTS' lock, by `mark_taken`): once
+/// the peer has reset the connection getpeername fails (ENOTCONN), and
+/// the close must still name the connection the daemon knows, or status
+/// shows it until the process exits or reuses the fd number. The local
+/// address is None until the open report is sent. A connection closed
+/// while its open was still queued never enters it.
 static TCP_ADDRS: PLock<BTreeMap<RawFd, (Option<SocketAddr>, SocketAddr)>> =
     PLock::new(BTreeMap::new(), BTreeMap::new);
 /// What the daemon was last told of each live connection, by fd, with the
@@ -355,33 +357,21 @@ fn flush_some() {
 }
 
 impl Report {
-    /// For a close: whether `open` is the report it closes.
+    /// For a ring's close: whether `open` is a report it closes.
     fn closes(&self, open: &Report) -> bool {
         match (self, open) {
             (Report::RingClosed(c), Report::Ring(o, _, _) | Report::Fallback(o)) => {
                 Arc::ptr_eq(c, o)
             }
-            (
-                Report::Closed(fd, _, peer),
-                Report::Tcp {
-                    fd: ofd,
-                    peer: opeer,
-                    ..
-                },
-            ) => fd == ofd && peer == opeer,
             _ => false,
         }
-    }
-
-    fn is_close(&self) -> bool {
-        matches!(self, Report::RingClosed(_) | Report::Closed(..))
     }
 }
 
 fn report(r: Report) {
     {
         let mut q = REPORTS.lock();
-        if r.is_close() {
+        if matches!(r, Report::RingClosed(_)) {
             let before = q.len();
             q.retain(|(_, open)| !r.closes(open));
             if q.len() != before {
@@ -407,12 +397,18 @@ fn set_oldest(q: &VecDeque<(u64, Report)>) {
 /// looks under that lock, either still finds it queued or sends the
 /// close after it).
 fn mark_taken(r: &Report) {
-    if let Report::Ring(conn, _, _) = r {
-        if !conn.is_released() {
+    match r {
+        Report::Ring(conn, _, _) if !conn.is_released() => {
             let st = conn.report_state();
             st.reported.store(true, Ordering::Release);
             st.reporter_pid.store(process::pid(), Ordering::Release);
         }
+        Report::Tcp {
+            fd, local, peer, ..
+        } => {
+            TCP_ADDRS.lock().insert(*fd, (*local, *peer));
+        }
+        _ => {}
     }
 }
 
@@ -565,7 +561,6 @@ pub fn note_tcp(fd: RawFd, local: Option<SocketAddr>, peer: Option<SocketAddr>, 
     let Some(peer) = peer.or_else(|| sockaddr::query(fd, true)) else {
         return;
     };
-    TCP_ADDRS.lock().insert(fd, (local, peer));
     report(Report::Tcp {
         fd,
         local,
@@ -574,16 +569,29 @@ pub fn note_tcp(fd: RawFd, local: Option<SocketAddr>, peer: Option<SocketAddr>, 
     });
 }
 
-/// A tracked plain-TCP socket's last fd is being closed.
+/// A tracked plain-TCP socket's last fd is being closed: its open report
+/// is cancelled if still queued (most short connections), or its close
+/// is queued after it.
 pub fn note_tcp_closed(fd: RawFd) {
-    let known = TCP_ADDRS.lock().remove(&fd);
-    let Some((local, peer)) = known.or_else(|| {
-        let local = sockaddr::query(fd, false)?;
-        Some((Some(local), sockaddr::query(fd, true)?))
-    }) else {
+    let mut q = REPORTS.lock();
+    // Its open is the last queued report for `fd` if any: search from the
+    // back, where a short connection's is.
+    let queued = q
+        .iter()
+        .rposition(|(_, r)| matches!(r, Report::Tcp { fd: f, .. } if *f == fd));
+    if let Some(i) = queued {
+        q.remove(i);
+        set_oldest(&q);
+        return;
+    }
+    let Some((local, peer)) = TCP_ADDRS.lock().remove(&fd) else {
         return;
     };
-    report(Report::Closed(fd, local, peer));
+    q.push_back((sys::monotonic_ns(), Report::Closed(fd, local, peer)));
+    set_oldest(&q);
+    drop(q);
+    ensure_thread();
+    wake();
 }
 
 /// The local address of plain-TCP socket `fd` connected to `peer`, for
