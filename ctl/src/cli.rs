@@ -4,6 +4,7 @@
 //! default instead.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use ringsock_proto::Transport;
 use crate::daemon::{self, DaemonConfig};
 use crate::peer::{PeerConfig, DEFAULT_PEER_PORT, DEFAULT_PEER_RETRY_MS, DEFAULT_PEER_TIMEOUT_MS};
 use crate::status::{self, CounterBound, Expectation, Output, Selection};
-use crate::{logger, run};
+use crate::{logger, metrics, run};
 
 /// Default socket when neither `--socket` nor `RINGSOCK_CTL_SOCK` is set.
 pub const DEFAULT_SOCKET: &str = "/run/ringsock/ctl.sock";
@@ -31,6 +32,7 @@ Environment (a flag wins; an invalid value is reported and the default used):
   RINGSOCK_CTL_PORT           TCP port of the ctls of all hosts (default 7471, 0: off)
   RINGSOCK_PEER_TIMEOUT_MS    bound on a forwarded offer's reply (default 300)
   RINGSOCK_PEER_RETRY_MS      how long an unreachable host stays on TCP (default 30000)
+  RINGSOCK_METRICS_LISTEN     ADDR:PORT serving GET /metrics over HTTP (default: off)
   RINGSOCK_LOG                log level: off, error, warn, info (default), debug, trace
   RINGSOCK_LIB                path of libringsock.so for `run`";
 
@@ -72,6 +74,9 @@ pub enum Command {
     /// Lists the connections the shims report, or checks them (--expect).
     #[command(after_help = STATUS_EXAMPLES, args_override_self = true)]
     Status(StatusArgs),
+    /// Prints the daemon's metrics (Prometheus text format 0.0.4).
+    #[command(args_override_self = true)]
+    Metrics(MetricsArgs),
     /// Runs CMD with libringsock.so prepended to LD_PRELOAD.
     #[command(after_help = ENVIRONMENT, args_override_self = true)]
     Run(RunArgs),
@@ -105,6 +110,17 @@ pub struct DaemonArgs {
     /// 0..=3600000 [env: RINGSOCK_PEER_RETRY_MS; default: 30000]
     #[arg(long, value_name = "N", value_parser = retry_arg)]
     pub peer_retry_ms: Option<u64>,
+    /// Serve GET /metrics over HTTP on this TCP address, e.g.
+    /// 127.0.0.1:9477 [env: RINGSOCK_METRICS_LISTEN; default: off]
+    #[arg(long, value_name = "ADDR:PORT", value_parser = listen_arg)]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
+pub struct MetricsArgs {
+    /// Control socket [env: RINGSOCK_CTL_SOCK; default: /run/ringsock/ctl.sock]
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
@@ -181,6 +197,22 @@ fn peer_timeout_arg(s: &str) -> Result<u64, String> {
 
 fn retry_arg(s: &str) -> Result<u64, String> {
     parse_retry(s).ok_or_else(|| format!("expected 0..={MAX_OFFER_TIMEOUT_MS}"))
+}
+
+fn listen_arg(s: &str) -> Result<SocketAddr, String> {
+    metrics::http::parse_listen(s).ok_or_else(|| "expected ADDR:PORT, e.g. 127.0.0.1:9477".into())
+}
+
+/// `--metrics-listen`, else a valid `RINGSOCK_METRICS_LISTEN` (an invalid
+/// one is reported and the endpoint stays off), else off.
+fn metrics_listen(flag: Option<SocketAddr>) -> Option<SocketAddr> {
+    flag.or_else(|| match std::env::var("RINGSOCK_METRICS_LISTEN") {
+        Ok(v) if !v.is_empty() => metrics::http::parse_listen(&v).or_else(|| {
+            eprintln!("ringsock-ctl: invalid RINGSOCK_METRICS_LISTEN {v:?}; metrics endpoint off");
+            None
+        }),
+        _ => None,
+    })
 }
 
 fn transport_arg(s: &str) -> Result<Transport, String> {
@@ -338,6 +370,7 @@ pub fn main(argv: Vec<OsString>) -> i32 {
                 socket: socket_path(d.socket),
                 offer_timeout: offer_timeout(d.offer_timeout_ms),
                 foreground: d.foreground,
+                metrics_listen: metrics_listen(d.metrics_listen),
             };
             match daemon::run(&cfg) {
                 Ok(()) => 0,
@@ -349,6 +382,7 @@ pub fn main(argv: Vec<OsString>) -> i32 {
             }
         }
         Command::Status(s) => status::run(&status_options(s)),
+        Command::Metrics(m) => metrics::fetch::run(&socket_path(m.socket)),
         Command::Run(r) => {
             let lib = run::find_lib(
                 r.lib.as_deref(),
@@ -414,7 +448,8 @@ mod tests {
                 "--peer-port=0",
                 "--peer-timeout-ms",
                 "150",
-                "--peer-retry-ms=0"
+                "--peer-retry-ms=0",
+                "--metrics-listen=[::1]:9477"
             ])
             .unwrap(),
             Command::Daemon(DaemonArgs {
@@ -422,9 +457,17 @@ mod tests {
                 foreground: true,
                 peer_timeout_ms: Some(150),
                 peer_retry_ms: Some(0),
+                metrics_listen: Some("[::1]:9477".parse().unwrap()),
                 ..DaemonArgs::default()
             })
         );
+        assert_eq!(
+            p(&["metrics", "--socket", "/s"]).unwrap(),
+            Command::Metrics(MetricsArgs {
+                socket: Some("/s".into())
+            })
+        );
+        assert!(p(&["metrics", "extra"]).is_err());
         for bad in [
             &["daemon", "--peer-port", "65536"][..],
             &["daemon", "--peer-timeout-ms", "0"],
@@ -436,6 +479,8 @@ mod tests {
             &["daemon", "--bogus"],
             &["daemon", "extra"],
             &["daemon", "--foreground=yes"],
+            &["daemon", "--metrics-listen", "9477"],
+            &["daemon", "--metrics-listen", "localhost:9477"],
         ] {
             assert!(p(bad).is_err(), "{bad:?}");
         }
