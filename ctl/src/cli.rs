@@ -5,7 +5,7 @@
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -15,7 +15,7 @@ use ringsock_proto::Transport;
 use crate::daemon::{self, DaemonConfig};
 use crate::peer::{PeerConfig, DEFAULT_PEER_PORT, DEFAULT_PEER_RETRY_MS, DEFAULT_PEER_TIMEOUT_MS};
 use crate::status::{self, CounterBound, Expectation, Output, Selection};
-use crate::{logger, metrics, run};
+use crate::{logger, metrics, run, service};
 
 /// Default socket when neither `--socket` nor `RINGSOCK_CTL_SOCK` is set.
 pub const DEFAULT_SOCKET: &str = "/run/ringsock/ctl.sock";
@@ -77,6 +77,15 @@ pub enum Command {
     /// Prints the daemon's metrics (Prometheus text format 0.0.4).
     #[command(args_override_self = true)]
     Metrics(MetricsArgs),
+    /// Makes a systemd service run under libringsock.so: writes the drop-in
+    /// /etc/systemd/system/UNIT.d/ringsock.conf (LD_PRELOAD, then any
+    /// LD_PRELOAD the unit sets; RINGSOCK_CTL_SOCK) and reloads systemd if
+    /// it runs.
+    #[command(args_override_self = true)]
+    Enable(EnableArgs),
+    /// Removes the drop-in `enable` wrote for UNIT.
+    #[command(args_override_self = true)]
+    Disable(DisableArgs),
     /// Runs CMD with libringsock.so prepended to LD_PRELOAD.
     #[command(after_help = ENVIRONMENT, args_override_self = true)]
     Run(RunArgs),
@@ -157,6 +166,34 @@ pub struct StatusArgs {
     /// instead of asking the daemon; repeatable
     #[arg(long, value_name = "FILE", conflicts_with = "socket")]
     pub from: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
+pub struct EnableArgs {
+    /// The service: NAME or NAME.service
+    #[arg(value_name = "UNIT")]
+    pub unit: String,
+    /// Write under DIR instead of / (image builds); systemd is not reloaded
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// libringsock.so the service preloads [env: RINGSOCK_LIB; default:
+    /// next to ringsock-ctl, or /usr/lib/ringsock/libringsock.so]
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
+    /// Control socket the service uses [env: RINGSOCK_CTL_SOCK; default:
+    /// /run/ringsock/ctl.sock]
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
+pub struct DisableArgs {
+    /// The service: NAME or NAME.service
+    #[arg(value_name = "UNIT")]
+    pub unit: String,
+    /// Remove under DIR instead of /; systemd is not reloaded
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
@@ -347,6 +384,46 @@ fn status_options(s: StatusArgs) -> status::Options {
     }
 }
 
+/// The shim a unit is to preload: on this system (checked, absolute), or
+/// under `--root` the path as the image will have it (absolute, not
+/// checked here).
+fn enable_lib(e: &EnableArgs) -> Result<PathBuf, String> {
+    let Some(_root) = &e.root else {
+        return run::find_lib(
+            e.lib.as_deref(),
+            std::env::var_os("RINGSOCK_LIB"),
+            std::env::current_exe().ok(),
+        );
+    };
+    let lib = e
+        .lib
+        .clone()
+        .or_else(|| {
+            std::env::var_os("RINGSOCK_LIB")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from(service::PACKAGED_LIB));
+    if !lib.is_absolute() {
+        return Err(format!(
+            "--lib {} must be absolute with --root",
+            lib.display()
+        ));
+    }
+    Ok(lib)
+}
+
+/// Exit code of a command that returns a one-line error.
+fn report(r: Result<(), String>) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ringsock-ctl: {e}");
+            1
+        }
+    }
+}
+
 /// Entry point; returns the process exit code: 2 for a usage error, 0 for
 /// help and version (also when no command is given: the help).
 pub fn main(argv: Vec<OsString>) -> i32 {
@@ -383,6 +460,18 @@ pub fn main(argv: Vec<OsString>) -> i32 {
         }
         Command::Status(s) => status::run(&status_options(s)),
         Command::Metrics(m) => metrics::fetch::run(&socket_path(m.socket)),
+        Command::Enable(e) => report(enable_lib(&e).and_then(|lib| {
+            service::enable(
+                &e.unit,
+                e.root.as_deref().unwrap_or(Path::new("/")),
+                &lib,
+                &socket_path(e.socket.clone()),
+            )
+        })),
+        Command::Disable(d) => report(service::disable(
+            &d.unit,
+            d.root.as_deref().unwrap_or(Path::new("/")),
+        )),
         Command::Run(r) => {
             let lib = run::find_lib(
                 r.lib.as_deref(),

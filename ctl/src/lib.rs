@@ -25,6 +25,7 @@ pub mod registry;
 pub mod ring;
 pub mod run;
 pub mod server;
+pub mod service;
 pub mod status;
 pub mod sys;
 
