@@ -4,7 +4,8 @@
 //! default instead.
 
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -14,7 +15,7 @@ use ringsock_proto::Transport;
 use crate::daemon::{self, DaemonConfig};
 use crate::peer::{PeerConfig, DEFAULT_PEER_PORT, DEFAULT_PEER_RETRY_MS, DEFAULT_PEER_TIMEOUT_MS};
 use crate::status::{self, CounterBound, Expectation, Output, Selection};
-use crate::{logger, run};
+use crate::{logger, metrics, run, service};
 
 /// Default socket when neither `--socket` nor `RINGSOCK_CTL_SOCK` is set.
 pub const DEFAULT_SOCKET: &str = "/run/ringsock/ctl.sock";
@@ -31,6 +32,7 @@ Environment (a flag wins; an invalid value is reported and the default used):
   RINGSOCK_CTL_PORT           TCP port of the ctls of all hosts (default 7471, 0: off)
   RINGSOCK_PEER_TIMEOUT_MS    bound on a forwarded offer's reply (default 300)
   RINGSOCK_PEER_RETRY_MS      how long an unreachable host stays on TCP (default 30000)
+  RINGSOCK_METRICS_LISTEN     ADDR:PORT serving GET /metrics over HTTP (default: off)
   RINGSOCK_LOG                log level: off, error, warn, info (default), debug, trace
   RINGSOCK_LIB                path of libringsock.so for `run`";
 
@@ -72,6 +74,18 @@ pub enum Command {
     /// Lists the connections the shims report, or checks them (--expect).
     #[command(after_help = STATUS_EXAMPLES, args_override_self = true)]
     Status(StatusArgs),
+    /// Prints the daemon's metrics (Prometheus text format 0.0.4).
+    #[command(args_override_self = true)]
+    Metrics(MetricsArgs),
+    /// Makes a systemd service run under libringsock.so: writes the drop-in
+    /// /etc/systemd/system/UNIT.d/ringsock.conf (LD_PRELOAD, then any
+    /// LD_PRELOAD the unit sets; RINGSOCK_CTL_SOCK) and reloads systemd if
+    /// it runs.
+    #[command(args_override_self = true)]
+    Enable(EnableArgs),
+    /// Removes the drop-in `enable` wrote for UNIT.
+    #[command(args_override_self = true)]
+    Disable(DisableArgs),
     /// Runs CMD with libringsock.so prepended to LD_PRELOAD.
     #[command(after_help = ENVIRONMENT, args_override_self = true)]
     Run(RunArgs),
@@ -105,6 +119,17 @@ pub struct DaemonArgs {
     /// 0..=3600000 [env: RINGSOCK_PEER_RETRY_MS; default: 30000]
     #[arg(long, value_name = "N", value_parser = retry_arg)]
     pub peer_retry_ms: Option<u64>,
+    /// Serve GET /metrics over HTTP on this TCP address, e.g.
+    /// 127.0.0.1:9477 [env: RINGSOCK_METRICS_LISTEN; default: off]
+    #[arg(long, value_name = "ADDR:PORT", value_parser = listen_arg)]
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
+pub struct MetricsArgs {
+    /// Control socket [env: RINGSOCK_CTL_SOCK; default: /run/ringsock/ctl.sock]
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
@@ -141,6 +166,34 @@ pub struct StatusArgs {
     /// instead of asking the daemon; repeatable
     #[arg(long, value_name = "FILE", conflicts_with = "socket")]
     pub from: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
+pub struct EnableArgs {
+    /// The service: NAME or NAME.service
+    #[arg(value_name = "UNIT")]
+    pub unit: String,
+    /// Write under DIR instead of / (image builds); systemd is not reloaded
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
+    /// libringsock.so the service preloads [env: RINGSOCK_LIB; default:
+    /// next to ringsock-ctl, or /usr/lib/ringsock/libringsock.so]
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
+    /// Control socket the service uses [env: RINGSOCK_CTL_SOCK; default:
+    /// /run/ringsock/ctl.sock]
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
+pub struct DisableArgs {
+    /// The service: NAME or NAME.service
+    #[arg(value_name = "UNIT")]
+    pub unit: String,
+    /// Remove under DIR instead of /; systemd is not reloaded
+    #[arg(long, value_name = "DIR")]
+    pub root: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Args)]
@@ -181,6 +234,22 @@ fn peer_timeout_arg(s: &str) -> Result<u64, String> {
 
 fn retry_arg(s: &str) -> Result<u64, String> {
     parse_retry(s).ok_or_else(|| format!("expected 0..={MAX_OFFER_TIMEOUT_MS}"))
+}
+
+fn listen_arg(s: &str) -> Result<SocketAddr, String> {
+    metrics::http::parse_listen(s).ok_or_else(|| "expected ADDR:PORT, e.g. 127.0.0.1:9477".into())
+}
+
+/// `--metrics-listen`, else a valid `RINGSOCK_METRICS_LISTEN` (an invalid
+/// one is reported and the endpoint stays off), else off.
+fn metrics_listen(flag: Option<SocketAddr>) -> Option<SocketAddr> {
+    flag.or_else(|| match std::env::var("RINGSOCK_METRICS_LISTEN") {
+        Ok(v) if !v.is_empty() => metrics::http::parse_listen(&v).or_else(|| {
+            eprintln!("ringsock-ctl: invalid RINGSOCK_METRICS_LISTEN {v:?}; metrics endpoint off");
+            None
+        }),
+        _ => None,
+    })
 }
 
 fn transport_arg(s: &str) -> Result<Transport, String> {
@@ -315,6 +384,46 @@ fn status_options(s: StatusArgs) -> status::Options {
     }
 }
 
+/// The shim a unit is to preload: on this system (checked, absolute), or
+/// under `--root` the path as the image will have it (absolute, not
+/// checked here).
+fn enable_lib(e: &EnableArgs) -> Result<PathBuf, String> {
+    let Some(_root) = &e.root else {
+        return run::find_lib(
+            e.lib.as_deref(),
+            std::env::var_os("RINGSOCK_LIB"),
+            std::env::current_exe().ok(),
+        );
+    };
+    let lib = e
+        .lib
+        .clone()
+        .or_else(|| {
+            std::env::var_os("RINGSOCK_LIB")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+        .unwrap_or_else(|| PathBuf::from(service::PACKAGED_LIB));
+    if !lib.is_absolute() {
+        return Err(format!(
+            "--lib {} must be absolute with --root",
+            lib.display()
+        ));
+    }
+    Ok(lib)
+}
+
+/// Exit code of a command that returns a one-line error.
+fn report(r: Result<(), String>) -> i32 {
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ringsock-ctl: {e}");
+            1
+        }
+    }
+}
+
 /// Entry point; returns the process exit code: 2 for a usage error, 0 for
 /// help and version (also when no command is given: the help).
 pub fn main(argv: Vec<OsString>) -> i32 {
@@ -338,6 +447,7 @@ pub fn main(argv: Vec<OsString>) -> i32 {
                 socket: socket_path(d.socket),
                 offer_timeout: offer_timeout(d.offer_timeout_ms),
                 foreground: d.foreground,
+                metrics_listen: metrics_listen(d.metrics_listen),
             };
             match daemon::run(&cfg) {
                 Ok(()) => 0,
@@ -349,6 +459,19 @@ pub fn main(argv: Vec<OsString>) -> i32 {
             }
         }
         Command::Status(s) => status::run(&status_options(s)),
+        Command::Metrics(m) => metrics::fetch::run(&socket_path(m.socket)),
+        Command::Enable(e) => report(enable_lib(&e).and_then(|lib| {
+            service::enable(
+                &e.unit,
+                e.root.as_deref().unwrap_or(Path::new("/")),
+                &lib,
+                &socket_path(e.socket.clone()),
+            )
+        })),
+        Command::Disable(d) => report(service::disable(
+            &d.unit,
+            d.root.as_deref().unwrap_or(Path::new("/")),
+        )),
         Command::Run(r) => {
             let lib = run::find_lib(
                 r.lib.as_deref(),
@@ -414,7 +537,8 @@ mod tests {
                 "--peer-port=0",
                 "--peer-timeout-ms",
                 "150",
-                "--peer-retry-ms=0"
+                "--peer-retry-ms=0",
+                "--metrics-listen=[::1]:9477"
             ])
             .unwrap(),
             Command::Daemon(DaemonArgs {
@@ -422,9 +546,17 @@ mod tests {
                 foreground: true,
                 peer_timeout_ms: Some(150),
                 peer_retry_ms: Some(0),
+                metrics_listen: Some("[::1]:9477".parse().unwrap()),
                 ..DaemonArgs::default()
             })
         );
+        assert_eq!(
+            p(&["metrics", "--socket", "/s"]).unwrap(),
+            Command::Metrics(MetricsArgs {
+                socket: Some("/s".into())
+            })
+        );
+        assert!(p(&["metrics", "extra"]).is_err());
         for bad in [
             &["daemon", "--peer-port", "65536"][..],
             &["daemon", "--peer-timeout-ms", "0"],
@@ -436,6 +568,8 @@ mod tests {
             &["daemon", "--bogus"],
             &["daemon", "extra"],
             &["daemon", "--foreground=yes"],
+            &["daemon", "--metrics-listen", "9477"],
+            &["daemon", "--metrics-listen", "localhost:9477"],
         ] {
             assert!(p(bad).is_err(), "{bad:?}");
         }

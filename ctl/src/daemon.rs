@@ -10,6 +10,7 @@
 
 use std::fs::{self, DirBuilder, File};
 use std::io;
+use std::net::{SocketAddr, TcpListener};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -35,6 +36,8 @@ pub struct DaemonConfig {
     pub foreground: bool,
     /// ctl-to-ctl TCP (port 0: off).
     pub peer: PeerConfig,
+    /// Where `GET /metrics` is served over HTTP (None: off).
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Why the daemon did not start (exit code 1).
@@ -121,21 +124,40 @@ fn clear_stale(socket: &Path) -> Result<(), StartError> {
     }
 }
 
+/// What the daemon holds once it claimed its addresses.
+struct Held {
+    _lock: File,
+    listener: OwnedFd,
+    metrics: Option<TcpListener>,
+}
+
 /// Everything that can fail in a way the user must hear about: directory,
-/// instance lock, stale socket, listening socket.
-fn claim_socket(cfg: &DaemonConfig) -> Result<(File, OwnedFd), StartError> {
+/// instance lock, stale socket, listening socket, the metrics address (a
+/// port asked for explicitly that cannot be had is an error).
+fn claim_socket(cfg: &DaemonConfig) -> Result<Held, StartError> {
     make_dir(&cfg.socket)?;
     let lock = take_lock(&cfg.socket)?;
     clear_stale(&cfg.socket)?;
+    let metrics = match cfg.metrics_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .or_else(|e| fail(format!("cannot listen for metrics on {addr}: {e}")))?,
+        ),
+        None => None,
+    };
     let listener = sys::listen_unix(&cfg.socket, libc::SOMAXCONN)
         .or_else(|e| fail(format!("cannot listen on {}: {e}", cfg.socket.display())))?;
-    Ok((lock, listener))
+    Ok(Held {
+        _lock: lock,
+        listener,
+        metrics,
+    })
 }
 
 /// Runs the daemon until SIGTERM/SIGINT (in the background unless
 /// `foreground`: then this returns in the parent only on failure).
 pub fn run(cfg: &DaemonConfig) -> Result<(), StartError> {
-    let (_lock, listener) = if cfg.foreground {
+    let held = if cfg.foreground {
         claim_socket(cfg)?
     } else {
         let ready = sys::detach().or_else(|e| fail(format!("cannot detach: {e}")))?;
@@ -155,7 +177,20 @@ pub fn run(cfg: &DaemonConfig) -> Result<(), StartError> {
             Err(StartError::Reported) => return Err(StartError::Reported),
         }
     };
-    serve(cfg, listener)
+    if let Some(l) = held.metrics.as_ref() {
+        let addr = l
+            .local_addr()
+            .map_or_else(|e| e.to_string(), |a| a.to_string());
+        let copy = l
+            .try_clone()
+            .or_else(|e| fail(format!("cannot use the metrics listener: {e}")))?;
+        // A thread of its own (after any detach: threads do not survive a
+        // fork); it asks the daemon through the control socket.
+        crate::metrics::http::spawn(copy, cfg.socket.clone())
+            .or_else(|e| fail(format!("cannot start the metrics thread: {e}")))?;
+        info!("metrics on http://{addr}/metrics");
+    }
+    serve(cfg, held.listener)
 }
 
 fn serve(cfg: &DaemonConfig, listener: OwnedFd) -> Result<(), StartError> {

@@ -17,6 +17,7 @@ pub mod fuzzing;
 pub mod handler;
 pub mod hostid;
 pub mod logger;
+pub mod metrics;
 pub mod offer_table;
 pub mod peer;
 pub mod proof;
@@ -24,6 +25,7 @@ pub mod registry;
 pub mod ring;
 pub mod run;
 pub mod server;
+pub mod service;
 pub mod status;
 pub mod sys;
 

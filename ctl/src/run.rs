@@ -11,7 +11,8 @@ use std::process::Command;
 pub const LIB_NAME: &str = "libringsock.so";
 
 /// Where the shim is: `--lib`, else `$RINGSOCK_LIB`, else next to this
-/// executable (cargo builds both into target/<profile>/). Made absolute,
+/// executable (cargo builds both into target/<profile>/), or for
+/// /usr/bin/ringsock-ctl where the package puts it. Made absolute,
 /// since the program may change directory before it loads anything.
 pub fn find_lib(
     flag: Option<&Path>,
@@ -25,7 +26,14 @@ pub fn find_lib(
             let dir = exe.as_deref().and_then(Path::parent).ok_or_else(|| {
                 format!("cannot locate {LIB_NAME}: pass --lib or set RINGSOCK_LIB")
             })?;
-            (dir.join(LIB_NAME), "the ringsock-ctl directory")
+            let beside = dir.join(LIB_NAME);
+            // An installed ringsock-ctl (/usr/bin) finds the packaged shim.
+            let packaged = Path::new(crate::service::PACKAGED_LIB);
+            if !beside.is_file() && packaged.is_file() && dir == Path::new("/usr/bin") {
+                (packaged.to_path_buf(), "the package's location")
+            } else {
+                (beside, "the ringsock-ctl directory")
+            }
         }
     };
     if !path.is_file() {

@@ -34,6 +34,7 @@ pub mod matrix;
 pub mod netns;
 pub mod nginx;
 pub mod proc;
+pub mod prom;
 pub mod resources;
 pub mod seccomp;
 pub mod sha256;

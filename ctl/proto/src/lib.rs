@@ -28,8 +28,8 @@ pub use fds::Fds;
 pub use frame::{decode, decode_with_fds, encode, encode_into, frame_len, MAX_FRAME_TOTAL};
 pub use msg::{
     ErrorCode, Msg, RefuseReason, RingStat, StatusCursor, StatusEntry, Transport, MAX_ERROR_TEXT,
-    MAX_EXE, MAX_PAYLOAD, MAX_PROCESS_NAME, MAX_REASON, MAX_RING_STATS, MAX_RING_STATS_V1,
-    MAX_STATUS_PAGE, MAX_STAT_NAME, MAX_VERSION,
+    MAX_EXE, MAX_METRICS_TEXT, MAX_PAYLOAD, MAX_PROCESS_NAME, MAX_REASON, MAX_RING_STATS,
+    MAX_RING_STATS_V1, MAX_STATUS_PAGE, MAX_STAT_NAME, MAX_VERSION,
 };
 
 /// Protocol version carried in every frame header.

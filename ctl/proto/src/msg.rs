@@ -40,6 +40,9 @@ pub const MAX_STAT_NAME: usize = 32;
 /// Longest process name in a `StatusNamedReply` entry: the kernel's comm
 /// is at most 15 bytes.
 pub const MAX_PROCESS_NAME: usize = 16;
+/// Longest metrics text in `MetricsReply`: what fits in one frame with room
+/// to spare. The daemon bounds its label sets so its text stays below.
+pub const MAX_METRICS_TEXT: usize = 60 * 1024;
 
 /// How a reported connection carries its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -310,6 +313,9 @@ pub enum Msg {
     StatusNamed {
         after: Option<StatusCursor>,
     },
+    /// The daemon's counters, answered with `MetricsReply`. A kind of its
+    /// own: a daemon that predates it drops the session.
+    Metrics,
 
     // ---- replies (daemon -> process) ----
     HelloOk {
@@ -353,6 +359,11 @@ pub enum Msg {
     StatusNamedReply {
         entries: Vec<StatusEntry>,
         next: Option<StatusCursor>,
+    },
+    /// The reply to `Metrics`: the Prometheus text exposition format
+    /// (version 0.0.4), at most `MAX_METRICS_TEXT` bytes.
+    MetricsReply {
+        text: String,
     },
 
     // ---- ctl to ctl over TCP: from the connecting (offering) host ----
@@ -415,6 +426,7 @@ pub mod kind {
     pub const STATUS: u16 = 0x000c;
     pub const STATUS_ALL: u16 = 0x000d;
     pub const STATUS_NAMED: u16 = 0x000e;
+    pub const METRICS: u16 = 0x000f;
 
     pub const HELLO_OK: u16 = 0x8001;
     pub const OK: u16 = 0x8002;
@@ -429,6 +441,7 @@ pub mod kind {
     pub const EXPIRED: u16 = 0x800b;
     pub const STATUS_REPLY: u16 = 0x800c;
     pub const STATUS_NAMED_REPLY: u16 = 0x800d;
+    pub const METRICS_REPLY: u16 = 0x800e;
 
     pub const REMOTE_OFFER: u16 = 0x4001;
     pub const REMOTE_CANCEL: u16 = 0x4002;
@@ -466,6 +479,7 @@ impl Msg {
             Msg::Status { .. } => STATUS,
             Msg::StatusAll { .. } => STATUS_ALL,
             Msg::StatusNamed { .. } => STATUS_NAMED,
+            Msg::Metrics => METRICS,
             Msg::HelloOk { .. } => HELLO_OK,
             Msg::Ok => OK,
             Msg::Error { .. } => ERROR,
@@ -479,6 +493,7 @@ impl Msg {
             Msg::Expired => EXPIRED,
             Msg::StatusReply { .. } => STATUS_REPLY,
             Msg::StatusNamedReply { .. } => STATUS_NAMED_REPLY,
+            Msg::MetricsReply { .. } => METRICS_REPLY,
             Msg::RemoteOffer { .. } => REMOTE_OFFER,
             Msg::RemoteCancel { .. } => REMOTE_CANCEL,
             Msg::RemoteOfferOk { .. } => REMOTE_OFFER_OK,
@@ -552,7 +567,8 @@ impl Msg {
                 e.addr(server);
                 e.bytes("payload", payload, MAX_PAYLOAD)?;
             }
-            Msg::Claim | Msg::Ok | Msg::NoOffer | Msg::Pending | Msg::Expired => {}
+            Msg::Claim | Msg::Ok | Msg::NoOffer | Msg::Pending | Msg::Expired | Msg::Metrics => {}
+            Msg::MetricsReply { text } => e.string("text", text, MAX_METRICS_TEXT)?,
             Msg::Answer { offer_id, payload } => {
                 e.u64(*offer_id);
                 e.bytes("payload", payload, MAX_PAYLOAD)?;
@@ -722,6 +738,10 @@ impl Msg {
             kind::STATUS_NAMED => Msg::StatusNamed {
                 after: decode_cursor(&mut d)?,
             },
+            kind::METRICS => Msg::Metrics,
+            kind::METRICS_REPLY => Msg::MetricsReply {
+                text: d.string("text", MAX_METRICS_TEXT)?,
+            },
             kind::HELLO_OK => Msg::HelloOk {
                 daemon_version: d.string("daemon_version", MAX_VERSION)?,
                 host_id: d.u64("host_id")?,
@@ -822,6 +842,7 @@ pub fn kind_name(k: u16) -> &'static str {
         STATUS => "Status",
         STATUS_ALL => "StatusAll",
         STATUS_NAMED => "StatusNamed",
+        METRICS => "Metrics",
         HELLO_OK => "HelloOk",
         OK => "Ok",
         ERROR => "Error",
@@ -835,6 +856,7 @@ pub fn kind_name(k: u16) -> &'static str {
         EXPIRED => "Expired",
         STATUS_REPLY => "StatusReply",
         STATUS_NAMED_REPLY => "StatusNamedReply",
+        METRICS_REPLY => "MetricsReply",
         REMOTE_OFFER => "RemoteOffer",
         REMOTE_CANCEL => "RemoteCancel",
         REMOTE_OFFER_OK => "RemoteOfferOk",

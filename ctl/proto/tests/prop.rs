@@ -114,6 +114,7 @@ fn request() -> impl Strategy<Value = Msg> {
         cursor().prop_map(|after| Msg::Status { after }),
         cursor().prop_map(|after| Msg::StatusAll { after }),
         cursor().prop_map(|after| Msg::StatusNamed { after }),
+        Just(Msg::Metrics),
     ]
 }
 
@@ -162,6 +163,7 @@ fn reply() -> impl Strategy<Value = Msg> {
                 .collect();
             Msg::StatusNamedReply { entries, next }
         }),
+        text(MAX_METRICS_TEXT).prop_map(|text| Msg::MetricsReply { text }),
     ]
 }
 

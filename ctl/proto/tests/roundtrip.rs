@@ -78,6 +78,7 @@ fn examples() -> Vec<Msg> {
             after: Some(StatusCursor { session: 3, fd: -1 }),
         },
         Msg::StatusNamed { after: None },
+        Msg::Metrics,
         Msg::HelloOk {
             daemon_version: "0.1.0".into(),
             host_id: 0xfeed,
@@ -110,6 +111,9 @@ fn examples() -> Vec<Msg> {
         Msg::StatusNamedReply {
             entries: vec![named(1), entry(2)],
             next: None,
+        },
+        Msg::MetricsReply {
+            text: "# TYPE ringsock_sessions gauge\nringsock_sessions 1\n".into(),
         },
         Msg::RemoteOffer {
             offer_ref: 5,
@@ -151,8 +155,8 @@ fn every_kind_round_trips() {
         assert_ne!(kind_name(m.kind()), "unknown");
         kinds.insert(m.kind());
     }
-    // 14 requests + 13 replies + 8 ctl-to-ctl: the list above misses none.
-    assert_eq!(kinds.len(), 35);
+    // 15 requests + 14 replies + 8 ctl-to-ctl: the list above misses none.
+    assert_eq!(kinds.len(), 37);
 }
 
 #[test]
@@ -391,4 +395,43 @@ fn transport_names_round_trip() {
     }
     assert_eq!(Transport::from_name("SHM"), None);
     assert_eq!(Transport::from_name(""), None);
+}
+
+#[test]
+fn metrics_text_limit_fits_a_frame_and_is_strict() {
+    let full = Msg::MetricsReply {
+        text: "x".repeat(MAX_METRICS_TEXT),
+    };
+    let bytes = encode(&full).unwrap();
+    assert!(bytes.len() <= MAX_FRAME_TOTAL);
+    assert_eq!(decode(&bytes).unwrap(), full);
+    let over = Msg::MetricsReply {
+        text: "x".repeat(MAX_METRICS_TEXT + 1),
+    };
+    assert_eq!(
+        encode(&over),
+        Err(ProtoError::FieldTooLong {
+            field: "text",
+            len: MAX_METRICS_TEXT + 1,
+            max: MAX_METRICS_TEXT,
+        })
+    );
+    // A frame that carries one byte more anyway is refused on decoding:
+    // the full frame with its length fields raised by one and a byte added.
+    let mut long = bytes.clone();
+    long.push(b'x');
+    let frame_len = u32::from_le_bytes(long[..4].try_into().unwrap()) + 1;
+    long[..4].copy_from_slice(&frame_len.to_le_bytes());
+    long[8..12].copy_from_slice(&((MAX_METRICS_TEXT + 1) as u32).to_le_bytes());
+    assert_eq!(
+        decode(&long),
+        Err(ProtoError::FieldTooLong {
+            field: "text",
+            len: MAX_METRICS_TEXT + 1,
+            max: MAX_METRICS_TEXT,
+        })
+    );
+    // Only a reply kind carries text; the request has no body.
+    assert_eq!(Msg::Metrics.fd_range(), (0, 0));
+    assert!(Msg::Metrics.is_request() && full.is_reply());
 }

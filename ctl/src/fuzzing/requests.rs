@@ -207,8 +207,11 @@ pub(super) fn message(s: &mut Script<'_>, mem: &Memory) -> (Msg, Option<SessionI
         _ => {
             // One byte as before: bit 0 a cursor, bit 1 the request for
             // every counter, bit 2 for names too (existing corpus entries
-            // keep their shape).
+            // keep their shape), bit 3 the metrics instead.
             let b = s.u8();
+            if b & 8 == 8 {
+                return (Msg::Metrics, speaker);
+            }
             let after = (b & 1 == 1).then(|| StatusCursor {
                 session: s.u64() % 4,
                 fd: i32::from(s.u8()),

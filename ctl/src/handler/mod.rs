@@ -3,6 +3,7 @@
 //! registry, and builds the reply. Still no I/O of its own, so the fuzzer
 //! can drive it with fake descriptors.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
@@ -12,10 +13,11 @@ use ringsock_proto::addr::canonical;
 use ringsock_proto::client::truncate_utf8;
 use ringsock_proto::{
     frame, ErrorCode, Msg, ProtoError, RefuseReason, RingStat, StatusCursor, StatusEntry,
-    MAX_ERROR_TEXT, MAX_PROCESS_NAME, MAX_RING_STATS, MAX_RING_STATS_V1, MAX_STATUS_PAGE,
-    MAX_STAT_NAME,
+    MAX_ERROR_TEXT, MAX_METRICS_TEXT, MAX_PROCESS_NAME, MAX_RING_STATS, MAX_RING_STATS_V1,
+    MAX_STATUS_PAGE, MAX_STAT_NAME,
 };
 
+use crate::metrics::{self, ring_index, Snapshot};
 use crate::registry::{
     offer_key, Cred, Limits, ListenerKey, NewOffer, OfferId, Outcome, PeerEvent, RegError,
     Registry, Report, SessionId,
@@ -142,6 +144,9 @@ pub struct Handler<E: Env> {
     reg: Registry<E::Fd, E::Ring>,
     daemon_version: String,
     host_id: u64,
+    /// Bytes of rings whose last end on this host closed, by ring
+    /// transport (`metrics::RING_TRANSPORTS` order).
+    closed_ring_bytes: [u64; 2],
 }
 
 fn error<F>(code: ErrorCode, text: impl fmt::Display) -> Reply<F> {
@@ -176,6 +181,7 @@ impl<E: Env> Handler<E> {
             reg: Registry::new(limits),
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
             host_id,
+            closed_ring_bytes: [0; 2],
         }
     }
 
@@ -208,6 +214,7 @@ impl<E: Env> Handler<E> {
 
     pub fn close_session(&mut self, id: SessionId, now: Instant) {
         self.reg.close_session(id, now);
+        self.retire_rings();
     }
 
     pub fn tick(&mut self, now: Instant) -> usize {
@@ -233,6 +240,18 @@ impl<E: Env> Handler<E> {
 
     /// Handles one decoded request. `fds.len()` must already fit the kind.
     pub fn handle(
+        &mut self,
+        id: SessionId,
+        msg: Msg,
+        fds: Vec<E::Fd>,
+        now: Instant,
+    ) -> Result<Reply<E::Fd>, Fault> {
+        let reply = self.dispatch(id, msg, fds, now);
+        self.retire_rings();
+        reply
+    }
+
+    fn dispatch(
         &mut self,
         id: SessionId,
         msg: Msg,
@@ -281,9 +300,12 @@ impl<E: Env> Handler<E> {
                 };
                 match proof {
                     Some(p) => self.offer(id, new, p, now),
-                    None => Reply::plain(Msg::OfferRefused {
-                        reason: RefuseReason::Invalid,
-                    }),
+                    None => {
+                        self.reg.count_refused(RefuseReason::Invalid);
+                        Reply::plain(Msg::OfferRefused {
+                            reason: RefuseReason::Invalid,
+                        })
+                    }
                 }
             }
             Msg::Claim => match fds.next() {
@@ -350,6 +372,16 @@ impl<E: Env> Handler<E> {
             Msg::Status { after } => Reply::plain(self.status(after, Listing::V1)),
             Msg::StatusAll { after } => Reply::plain(self.status(after, Listing::All)),
             Msg::StatusNamed { after } => Reply::plain(self.status(after, Listing::Named)),
+            Msg::Metrics => {
+                let text = metrics::render(&self.snapshot(id));
+                if text.len() > MAX_METRICS_TEXT {
+                    // Not reachable with the render bounds (unit test); a
+                    // cut text would not parse, so say why instead.
+                    error(ErrorCode::Limit, "metrics text exceeds a reply")
+                } else {
+                    Reply::plain(Msg::MetricsReply { text })
+                }
+            }
             // Replies were refused above; listed to keep the match total.
             reply => return Err(Fault::NotARequest(reply.name())),
         })
@@ -396,6 +428,7 @@ impl<E: Env> Handler<E> {
         drop(proof);
         if let Err(why) = check_offer(client, server, checked) {
             debug!("session {id}: offer {client} -> {server} refused: {why}");
+            self.reg.count_refused(RefuseReason::Invalid);
             return refused(RefuseReason::Invalid);
         }
         let server_ip = canonical(server).ip();
@@ -411,6 +444,7 @@ impl<E: Env> Handler<E> {
                 "session {id}: offer {client} -> {server} refused: {} descriptors for a remote host",
                 new.fds.len()
             );
+            self.reg.count_refused(RefuseReason::Invalid);
             return refused(RefuseReason::Invalid);
         }
         let NewOffer { payload, .. } = new;
@@ -512,6 +546,56 @@ impl<E: Env> Handler<E> {
             ),
             None => Reply::plain(Msg::NoOffer),
         }
+    }
+
+    /// Adds the last byte counts of rings whose reports just closed to the
+    /// running total, once per ring: an end whose ring another live end on
+    /// this host still shows (both ends of a same-host connection read
+    /// one segment) is left to that end.
+    fn retire_rings(&mut self) {
+        for r in self.reg.take_retired() {
+            let (Some(i), Some(ring)) = (ring_index(r.transport), r.ring_obj.as_ref()) else {
+                continue;
+            };
+            let shared = r.ring.is_some()
+                && self.reg.ends().any(|e| {
+                    e.ring_obj.is_some() && e.transport == r.transport && e.ring == r.ring
+                });
+            if !shared {
+                let bytes = metrics::ring_bytes(&self.env.ring_stats(ring));
+                self.closed_ring_bytes[i] = self.closed_ring_bytes[i].wrapping_add(bytes);
+            }
+        }
+    }
+
+    /// What the metrics show now; `asking` is the session that asks (not
+    /// counted among the processes).
+    pub fn snapshot(&self, asking: SessionId) -> Snapshot {
+        let mut s = Snapshot {
+            counters: self.reg.counters(),
+            sessions: self.reg.process_sessions(asking),
+            offers_live: self.reg.offer_count(),
+            listeners: self.reg.listener_count(),
+            ring_bytes: self.closed_ring_bytes,
+            ..Snapshot::default()
+        };
+        // Live rings, each counted once: the largest count any of its ends
+        // on this host shows.
+        let mut live: HashMap<(usize, Option<u64>, usize), u64> = HashMap::new();
+        for (n, e) in self.reg.ends().enumerate() {
+            s.add_end(e.transport, &e.reason);
+            if let (Some(i), Some(ring)) = (ring_index(e.transport), e.ring_obj.as_ref()) {
+                // An end without a ring id is a ring of its own.
+                let key = (i, e.ring, if e.ring.is_some() { 0 } else { n });
+                let bytes = metrics::ring_bytes(&self.env.ring_stats(ring));
+                let v = live.entry(key).or_insert(0);
+                *v = (*v).max(bytes);
+            }
+        }
+        for ((i, _, _), bytes) in live {
+            s.ring_bytes[i] = s.ring_bytes[i].wrapping_add(bytes);
+        }
+        s
     }
 
     /// One page of the listing in the shape `listing` asks for. Replies to

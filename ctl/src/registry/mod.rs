@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use ringsock_proto::addr::canonical;
 use ringsock_proto::{RefuseReason, StatusCursor, Transport};
 
+use crate::metrics::Counters;
+
 pub use listeners::{ListenerKey, ListenerTable};
 pub use offers::{
     Claimed, Link, NewOffer, OfferId, OfferState, OfferTable, Outcome, TableEvent, CLAIMER_GONE,
@@ -166,6 +168,10 @@ pub struct Registry<F, R> {
     offers: OfferTable<F>,
     /// Ring memfds held by reports.
     ring_fds: usize,
+    counters: Counters,
+    /// Reports with a ring that were closed or replaced, until the owner
+    /// of the registry reads their last counters ([`Registry::take_retired`]).
+    retired: Vec<Report<R>>,
 }
 
 impl<F, R> Registry<F, R> {
@@ -176,7 +182,41 @@ impl<F, R> Registry<F, R> {
             sessions: BTreeMap::new(),
             listeners: ListenerTable::default(),
             ring_fds: 0,
+            counters: Counters::default(),
+            retired: Vec::new(),
         }
+    }
+
+    /// The event counters since start.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            offers_expired: self.offers.expired_count(),
+            ..self.counters.clone()
+        }
+    }
+
+    /// An offer refused before it reached the registry (failed proof...).
+    pub fn count_refused(&mut self, reason: RefuseReason) {
+        self.counters.refused(reason);
+    }
+
+    /// Ring-carrying reports closed or replaced since the last call; their
+    /// ring objects are still open so their last counters can be read.
+    pub fn take_retired(&mut self) -> Vec<Report<R>> {
+        std::mem::take(&mut self.retired)
+    }
+
+    /// Sessions of local processes that said Hello, but `except`.
+    pub fn process_sessions(&self, except: SessionId) -> usize {
+        self.sessions
+            .iter()
+            .filter(|(&id, s)| id != except && !s.peer && s.hello.is_some())
+            .count()
+    }
+
+    /// Every live connection end.
+    pub fn ends(&self) -> impl Iterator<Item = &Report<R>> {
+        self.sessions.values().flat_map(|s| s.reports.values())
     }
 
     pub fn limits(&self) -> &Limits {
@@ -253,6 +293,8 @@ impl<F, R> Registry<F, R> {
             self.listeners.release(key, n);
         }
         self.ring_fds -= s.reports.values().filter(|r| r.ring_obj.is_some()).count();
+        self.retired
+            .extend(s.reports.into_values().filter(|r| r.ring_obj.is_some()));
         self.offers.close_session(id, now);
     }
 
@@ -317,7 +359,7 @@ impl<F, R> Registry<F, R> {
     ) -> Result<OfferId, RefuseReason> {
         match self.sessions.get(&id) {
             Some(s) if !s.peer => self.register(id, new, Link::Local, now),
-            _ => Err(RefuseReason::Invalid),
+            _ => self.refuse(RefuseReason::Invalid),
         }
     }
 
@@ -332,10 +374,10 @@ impl<F, R> Registry<F, R> {
         now: Instant,
     ) -> Result<OfferId, RefuseReason> {
         if !self.is_peer_session(peer) {
-            return Err(RefuseReason::Invalid);
+            return self.refuse(RefuseReason::Invalid);
         }
         if self.offers.by_ref(peer, offer_ref).is_some() {
-            return Err(RefuseReason::Duplicate);
+            return self.refuse(RefuseReason::Duplicate);
         }
         self.register(peer, new, Link::FromPeer { offer_ref }, now)
     }
@@ -352,7 +394,7 @@ impl<F, R> Registry<F, R> {
     ) -> Result<OfferId, RefuseReason> {
         match self.sessions.get(&id) {
             Some(s) if !s.peer => self.register(id, new, Link::Forwarded, now),
-            _ => Err(RefuseReason::Invalid),
+            _ => self.refuse(RefuseReason::Invalid),
         }
     }
 
@@ -365,16 +407,17 @@ impl<F, R> Registry<F, R> {
     ) -> Result<OfferId, RefuseReason> {
         let (client, server) = offer_key(new.client, new.server);
         if link != Link::Forwarded && !self.listeners.matches(server) {
-            return Err(RefuseReason::NoListener);
+            return self.refuse(RefuseReason::NoListener);
         }
         if self.offers.has_live_tuple(client, server) {
-            return Err(RefuseReason::Duplicate);
+            return self.refuse(RefuseReason::Duplicate);
         }
         if self.offers.owned_by(id) >= self.limits.max_offers_per_session
             || self.held_fds() + new.fds.len() > self.limits.max_held_fds
         {
-            return Err(RefuseReason::TooMany);
+            return self.refuse(RefuseReason::TooMany);
         }
+        self.counters.offers_made += 1;
         let pid = self.pid_of(id);
         let new = NewOffer {
             client,
@@ -382,6 +425,11 @@ impl<F, R> Registry<F, R> {
             ..new
         };
         Ok(self.offers.insert(id, pid, new, link, now))
+    }
+
+    fn refuse(&mut self, reason: RefuseReason) -> Result<OfferId, RefuseReason> {
+        self.counters.refused(reason);
+        Err(reason)
     }
 
     /// Whether an offer came from another host (its answer cannot carry
@@ -510,7 +558,9 @@ impl<F, R> Registry<F, R> {
             return None;
         }
         let offer = self.offers.find_open(canonical(peer), canonical(local))?;
-        self.offers.claim(offer, id, now)
+        let claimed = self.offers.claim(offer, id, now)?;
+        self.counters.offers_claimed += 1;
+        Some(claimed)
     }
 
     /// Only the session that claimed the offer may settle it, and only once.
@@ -537,6 +587,11 @@ impl<F, R> Registry<F, R> {
         if self.held_fds() + fds.len() > self.limits.max_held_fds {
             return Err(RegError::Limit);
         }
+        if let Some(o) = self.offers.get(offer) {
+            let latency = now.saturating_duration_since(o.created);
+            self.counters.setup_latency.observe(latency);
+        }
+        self.counters.offers_answered += 1;
         self.offers
             .settle(offer, OfferState::Answered { payload, fds }, now);
         Ok(())
@@ -550,6 +605,7 @@ impl<F, R> Registry<F, R> {
         now: Instant,
     ) -> Result<(), RegError> {
         self.check_claimer(id, offer)?;
+        self.counters.offers_declined += 1;
         self.offers
             .settle(offer, OfferState::Declined { reason }, now);
         Ok(())
@@ -613,8 +669,19 @@ impl<F, R> Registry<F, R> {
         if held + extra > self.limits.max_held_fds {
             return Err(RegError::Limit);
         }
+        let (local, peer, transport) = (report.local, report.peer, report.transport);
         if let Some(old) = s.reports.insert(fd, report) {
-            self.ring_fds -= usize::from(old.ring_obj.is_some());
+            // The same connection re-reported (not a reused fd number).
+            let same =
+                canonical(old.local) == canonical(local) && canonical(old.peer) == canonical(peer);
+            self.counters
+                .reported(same.then_some(old.transport), transport);
+            if old.ring_obj.is_some() {
+                self.ring_fds -= 1;
+                self.retired.push(old);
+            }
+        } else {
+            self.counters.reported(None, transport);
         }
         self.ring_fds += extra;
         Ok(())
@@ -636,7 +703,10 @@ impl<F, R> Registry<F, R> {
                     && canonical(r.peer) == canonical(peer) =>
             {
                 if let Some(old) = s.reports.remove(&fd) {
-                    self.ring_fds -= usize::from(old.ring_obj.is_some());
+                    if old.ring_obj.is_some() {
+                        self.ring_fds -= 1;
+                        self.retired.push(old);
+                    }
                 }
                 Ok(())
             }
@@ -700,9 +770,10 @@ impl<F, R> Registry<F, R> {
         self.offers.next_deadline()
     }
 
-    /// Descriptors held on behalf of processes (relayed fds, ring memfds).
+    /// Descriptors held on behalf of processes (relayed fds, ring memfds,
+    /// retired rings not yet taken).
     pub fn held_fds(&self) -> usize {
-        self.offers.held_fds() + self.ring_fds
+        self.offers.held_fds() + self.ring_fds + self.retired.len()
     }
 
     /// Panics if any index disagrees with the data (tests and fuzzing).

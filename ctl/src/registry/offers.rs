@@ -107,6 +107,8 @@ pub struct Offer<F> {
     pub server: SocketAddr,
     pub state: OfferState<F>,
     pub link: Link,
+    /// When it was registered (the start of its setup latency).
+    pub created: Instant,
     deadline: Instant,
 }
 
@@ -150,6 +152,8 @@ pub struct OfferTable<F> {
     by_ref: HashMap<(SessionId, u64), OfferId>,
     events: Vec<TableEvent>,
     held_fds: usize,
+    /// Live offers whose deadline passed, since the table was made.
+    expired: u64,
     next_id: OfferId,
     timeout: Duration,
     /// The live offers' 4-tuples, mirrored for the local processes
@@ -191,6 +195,7 @@ impl<F> OfferTable<F> {
             by_ref: HashMap::new(),
             events: Vec::new(),
             held_fds: 0,
+            expired: 0,
             next_id: 1,
             timeout,
             shared: None,
@@ -223,6 +228,11 @@ impl<F> OfferTable<F> {
                 sh.table.remove(&offers::key(&client, &server), stored);
             }
         }
+    }
+
+    /// Live offers that expired so far.
+    pub fn expired_count(&self) -> u64 {
+        self.expired
     }
 
     pub fn len(&self) -> usize {
@@ -311,6 +321,7 @@ impl<F> OfferTable<F> {
                 server,
                 state: OfferState::Open { payload, fds },
                 link,
+                created: now,
                 deadline,
             },
         );
@@ -449,6 +460,7 @@ impl<F> OfferTable<F> {
                 }
                 self.transition(id, OfferState::Expired);
                 self.set_deadline(id, now + self.timeout);
+                self.expired += 1;
             } else {
                 self.remove(id);
             }
