@@ -308,27 +308,40 @@ fn idle_fds(pid: u32) -> usize {
 }
 
 /// Connections accumulated over several samples, keyed by (pid, fd, local,
-/// peer); the latest sample of each is kept. Two ends with the same key on
-/// two different rings are two connections that had the same descriptor
-/// and addresses one after the other: both are kept. (An end whose ring
-/// went, a fallback to TCP, is the same connection.)
+/// peer); the latest sample of each is kept, with the first and last
+/// sample that listed it. Two ends with the same key on two different
+/// rings are two connections that had the same descriptor and addresses
+/// one after the other: both are kept. (An end whose ring went, a
+/// fallback to TCP, is the same connection.)
 #[derive(Default)]
 pub struct Seen {
     pub conns: Vec<Conn>,
+    samples: usize,
 }
 
 impl Seen {
     pub fn add(&mut self, sample: &[Conn]) {
+        let n = self.samples;
+        self.samples += 1;
         for c in sample {
             let key = |x: &Conn| (x.pid, x.fd, x.local, x.peer);
             let other_ring = |x: &Conn| x.ring.is_some() && c.ring.is_some() && x.ring != c.ring;
             match self
                 .conns
                 .iter_mut()
+                .rev()
                 .find(|x| key(x) == key(c) && !other_ring(x))
             {
-                Some(x) => *x = c.clone(),
-                None => self.conns.push(c.clone()),
+                Some(x) => {
+                    let since = x.samples.map_or(n, |s| s.0);
+                    *x = c.clone();
+                    x.samples = Some((since, n));
+                }
+                None => {
+                    let mut x = c.clone();
+                    x.samples = Some((n, n));
+                    self.conns.push(x);
+                }
             }
         }
     }

@@ -29,9 +29,23 @@ pub struct Conn {
     pub ring: Option<u64>,
     /// The ring's counters (`c2s_bytes`, `s2c_batches`, `memfd_size`, ...).
     pub stats: BTreeMap<String, u64>,
+    /// The first and last of a watch's samples that listed it (None: one
+    /// listing).
+    pub samples: Option<(usize, usize)>,
 }
 
 impl Conn {
+    /// Whether `other` was listed in a sample that listed this end too (or
+    /// either comes from a single listing): two ends that never were are
+    /// two connections, one after the other, that had the same addresses
+    /// (the kernel reuses a loopback port right after its TIME-WAIT).
+    pub fn met(&self, other: &Conn) -> bool {
+        match (self.samples, other.samples) {
+            (Some((a0, a1)), Some((b0, b1))) => a0 <= b1 && b0 <= a1,
+            _ => true,
+        }
+    }
+
     pub fn is_shm(&self) -> bool {
         self.transport == "shm"
     }
@@ -120,6 +134,7 @@ impl From<RawConn> for Conn {
             reason: c.reason,
             ring,
             stats,
+            samples: None,
         }
     }
 }
@@ -206,21 +221,11 @@ pub fn links(conns: &[Conn], server_port: u16) -> Vec<Link> {
             .iter()
             .filter(|s| s.local.port() == server_port)
             .filter(|s| same_ip(c.local, s.peer) && same_ip(c.peer, s.local) && c.pid != s.pid)
+            .filter(|s| c.met(s))
             .collect();
         let same_ring = |s: &&Conn| c.ring.is_some() && s.ring == c.ring;
         let on_ring = ends.iter().any(same_ring);
-        // A ring belongs to one connection: an end on another ring is an
-        // earlier or later connection that had the same addresses (the
-        // kernel reuses a loopback port soon after its TIME-WAIT), not this
-        // one's other end. An end without a ring may be.
-        let other_conn = |s: &&Conn| c.ring.is_some() && s.ring.is_some() && s.ring != c.ring;
-        for s in ends.into_iter().filter(|s| {
-            if on_ring {
-                same_ring(s)
-            } else {
-                !other_conn(s)
-            }
-        }) {
+        for s in ends.into_iter().filter(|s| !on_ring || same_ring(s)) {
             out.push(Link {
                 client: c.clone(),
                 server: s.clone(),
@@ -289,6 +294,7 @@ mod tests {
             reason: String::new(),
             ring,
             stats: Default::default(),
+            samples: None,
         }
     }
 
@@ -313,6 +319,39 @@ mod tests {
         let l = links(&conns, 24142);
         assert_eq!(l.len(), 1);
         assert!(!l[0].is_shm());
+    }
+
+    /// The reused port of the watch that failed under load: the old
+    /// connection's server end and the new one's client end were each
+    /// sampled, never together, and neither's other end was.
+    #[test]
+    fn ends_that_were_never_listed_together_are_not_a_link() {
+        let (cli, srv) = ("127.0.0.1:44067", "127.0.0.1:21197");
+        let mut seen = crate::ctl::Seen::default();
+        seen.add(&[conn(2, srv, cli, Some(1050))]);
+        seen.add(&[]);
+        seen.add(&[conn(1, cli, srv, Some(916))]);
+        assert!(links(&seen.conns, 21197).is_empty());
+        // Listed together, they are one (broken) link.
+        seen.add(&[conn(2, srv, cli, Some(1050)), conn(1, cli, srv, Some(916))]);
+        let l = links(&seen.conns, 21197);
+        assert_eq!(l.len(), 1);
+        assert!(!l[0].is_shm());
+    }
+
+    #[test]
+    fn a_watch_keeps_two_rings_of_one_descriptor_apart() {
+        let (cli, srv) = ("127.0.0.1:47691", "127.0.0.1:24142");
+        let mut seen = crate::ctl::Seen::default();
+        seen.add(&[conn(1, cli, srv, Some(8))]);
+        seen.add(&[conn(1, cli, srv, Some(8))]);
+        seen.add(&[conn(1, cli, srv, Some(37))]);
+        let rings: Vec<_> = seen.conns.iter().map(|c| (c.ring, c.samples)).collect();
+        assert_eq!(rings, [(Some(8), Some((0, 1))), (Some(37), Some((2, 2)))]);
+        // Falling back to TCP is the same (latest) connection.
+        seen.add(&[conn(1, cli, srv, None)]);
+        let rings: Vec<_> = seen.conns.iter().map(|c| c.ring).collect();
+        assert_eq!(rings, [Some(8), None]);
     }
 
     #[test]
