@@ -362,8 +362,11 @@ impl FdState {
 
     /// Takes the epoll fds the ring was added to.
     pub fn take_epoll_homes(&self) -> impl Iterator<Item = i32> + '_ {
+        // A load first: most sockets were never in an epoll set, and a
+        // close then costs no read-modify-write.
         self.epoll_homes
             .iter()
+            .filter(|h| h.load(Ordering::Relaxed) >= 0)
             .map(|h| h.swap(-1, Ordering::Relaxed))
             .filter(|&fd| fd >= 0)
     }
