@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ringsock_integration::{Cmd, Server, TempDir};
+use ringsock_integration::{streamcheck_hashes, Cmd, Server, TempDir};
 
 const STREAMCHECK: &str = env!("CARGO_BIN_EXE_streamcheck");
 const CTL: &str = "/usr/bin/ringsock-ctl";
@@ -196,17 +196,6 @@ fn dpkg(root: &Path, args: &[&str]) -> String {
         .args(["--force-not-root", "--force-script-chrootless"])
         .args(args);
     ok(&mut c, &format!("dpkg {args:?}"))
-}
-
-/// `conn I sent N H recv N H` lines of streamcheck: (sent, received).
-fn conn_hashes(out: &str) -> Vec<(String, String)> {
-    out.lines()
-        .filter(|l| l.starts_with("conn "))
-        .map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            (format!("{} {}", w[3], w[4]), format!("{} {}", w[6], w[7]))
-        })
-        .collect()
 }
 
 /// Waits until the installed ctl's `status` answers on `sock`.
@@ -409,7 +398,7 @@ fn debian_package_installs_and_carries_a_connection_on_shm() {
     .run_ok(Duration::from_secs(120));
     let (c_out, c_err) = client.wait_ok(Duration::from_secs(120));
     let (s_out, s_err) = server.wait_ok(Duration::from_secs(60));
-    let (c, s) = (conn_hashes(&c_out), conn_hashes(&s_out));
+    let (c, s) = (streamcheck_hashes(&c_out), streamcheck_hashes(&s_out));
     assert_eq!(c.len(), 1, "client:\n{c_out}{c_err}");
     assert_eq!(s.len(), 1, "server:\n{s_out}{s_err}");
     assert_eq!(c[0].0, s[0].1, "client->server bytes");
