@@ -69,6 +69,18 @@ macro_rules! require {
     };
 }
 
+/// The `conn I sent N HASH recv N HASH` lines streamcheck prints, in
+/// order (by I), as (`N HASH` sent, `N HASH` received).
+pub fn streamcheck_hashes(out: &str) -> Vec<(String, String)> {
+    out.lines()
+        .filter(|l| l.starts_with("conn "))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (format!("{} {}", w[3], w[4]), format!("{} {}", w[6], w[7]))
+        })
+        .collect()
+}
+
 /// Deterministic pseudo-random bytes (xorshift64*), for payloads whose
 /// checksum the test knows in advance.
 pub fn payload(len: usize, seed: u64) -> Vec<u8> {

@@ -11,22 +11,13 @@
 
 use std::time::Duration;
 
-use ringsock_integration::{assert_all_shm, assert_shim_silent, show, Cmd, Ctl, Watched};
+use ringsock_integration::{
+    assert_all_shm, assert_shim_silent, show, streamcheck_hashes, Cmd, Ctl, Watched,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_streamcheck");
 const MIB: u32 = 4;
 const CONNS: u32 = 2;
-
-/// `conn I sent N H recv N H ...` lines, sorted by I.
-fn conn_lines(out: &str) -> Vec<(String, String)> {
-    out.lines()
-        .filter(|l| l.starts_with("conn "))
-        .map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            (format!("{} {}", w[3], w[4]), format!("{} {}", w[6], w[7]))
-        })
-        .collect()
-}
 
 struct Run {
     client: Watched,
@@ -66,7 +57,10 @@ fn run(
     };
     // Every byte was checked by the receivers; the hashes tie the two
     // processes' views together.
-    let (c, s) = (conn_lines(&r.client.stdout), conn_lines(&r.server_out));
+    let (c, s) = (
+        streamcheck_hashes(&r.client.stdout),
+        streamcheck_hashes(&r.server_out),
+    );
     assert_eq!(c.len(), CONNS as usize, "client:\n{}", r.client.stdout);
     assert_eq!(s.len(), CONNS as usize, "server:\n{}", r.server_out);
     for ((c_sent, c_recv), (s_sent, s_recv)) in c.iter().zip(&s) {
@@ -102,7 +96,7 @@ fn shm_run(seed: u64, mode: &str, knobs: &[(&str, &str)]) -> Vec<(String, String
             l.client.stat("s2c_bytes")
         );
     }
-    conn_lines(&r.client.stdout)
+    streamcheck_hashes(&r.client.stdout)
 }
 
 #[test]
@@ -160,7 +154,11 @@ fn streamcheck_fallback_unshimmed_server() {
     let want = shm_run(7, "mixed", &[]);
     let ctl = Ctl::start();
     let r = run(&ctl, 7, "mixed", Cmd::plain, |b| ctl.shimmed(b));
-    assert_eq!(conn_lines(&r.client.stdout), want, "same data as over shm");
+    assert_eq!(
+        streamcheck_hashes(&r.client.stdout),
+        want,
+        "same data as over shm"
+    );
     assert_shim_silent("streamcheck client", &r.client.stderr);
     let mine: Vec<_> = r
         .client

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use ringsock_integration::ctl::Seen;
 use ringsock_integration::netns::{Hosts, NsCtl};
-use ringsock_integration::{assert_shim_silent, links, show, Cmd, Conn, Server, TempDir};
+use ringsock_integration::{
+    assert_shim_silent, links, show, streamcheck_hashes, Cmd, Conn, Server, TempDir,
+};
 
 const BIN: &str = env!("CARGO_BIN_EXE_streamcheck");
 const CONNS: usize = 2;
@@ -57,17 +59,6 @@ struct Outcome {
     on_a: Vec<Conn>,
     on_b: Vec<Conn>,
     took: Duration,
-}
-
-/// `conn I sent N H recv N H ...` lines, sorted by I, as (sent, recv).
-fn conn_lines(out: &str) -> Vec<(String, String)> {
-    out.lines()
-        .filter(|l| l.starts_with("conn "))
-        .map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            (format!("{} {}", w[3], w[4]), format!("{} {}", w[6], w[7]))
-        })
-        .collect()
 }
 
 /// Waits for `child` (up to CLIENT_LIMIT, then it is killed) while
@@ -142,7 +133,10 @@ fn stream(h: &Hosts, seed: u64, server: ServerSide, a: Option<&NsCtl>, b: &NsCtl
         logs()
     );
     let (server_out, server_err) = srv.wait_ok(Duration::from_secs(10));
-    let (c, s) = (conn_lines(&client_out), conn_lines(&server_out));
+    let (c, s) = (
+        streamcheck_hashes(&client_out),
+        streamcheck_hashes(&server_out),
+    );
     assert_eq!(c.len(), CONNS, "client:\n{client_out}");
     assert_eq!(s.len(), CONNS, "server:\n{server_out}");
     for ((c_sent, c_recv), (s_sent, s_recv)) in c.iter().zip(&s) {
