@@ -59,6 +59,15 @@ impl Text {
         self.head(name, kind, help);
         self.sample(name, &[], value);
     }
+
+    /// A counter with one sample per ring transport (`values` in
+    /// `RING_TRANSPORTS` order).
+    fn per_ring_transport(&mut self, name: &str, help: &str, values: &[u64]) {
+        self.head(name, "counter", help);
+        for (tr, v) in RING_TRANSPORTS.iter().zip(values) {
+            self.sample(name, &[("transport", tr.as_str())], v);
+        }
+    }
 }
 
 /// The whole exposition. Its length is bounded whatever the processes
@@ -103,36 +112,22 @@ pub fn render(s: &Snapshot) -> String {
             other,
         );
     }
-    t.head(
+    t.per_ring_transport(
         "ringsock_ring_setups_total",
-        "counter",
         "Connection ends first reported on a ring, by transport, since the daemon started.",
+        &c.ring_setups,
     );
-    for (i, tr) in RING_TRANSPORTS.iter().enumerate() {
-        t.sample(
-            "ringsock_ring_setups_total",
-            &[("transport", tr.as_str())],
-            c.ring_setups[i],
-        );
-    }
     t.single(
         "ringsock_fallbacks_total",
         "counter",
         "Connection ends reported on a ring and later on TCP (ring to TCP fallback), since start.",
         c.fallbacks,
     );
-    t.head(
+    t.per_ring_transport(
         "ringsock_ring_bytes_total",
-        "counter",
         "Bytes carried by rings (both directions, once per ring), live rings plus closed ones, by transport.",
+        &s.ring_bytes,
     );
-    for (i, tr) in RING_TRANSPORTS.iter().enumerate() {
-        t.sample(
-            "ringsock_ring_bytes_total",
-            &[("transport", tr.as_str())],
-            s.ring_bytes[i],
-        );
-    }
     t.single(
         "ringsock_offers_made_total",
         "counter",
