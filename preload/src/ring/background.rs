@@ -584,14 +584,12 @@ pub fn note_tcp_closed(fd: RawFd) {
         set_oldest(&q);
         return;
     }
-    let Some((local, peer)) = TCP_ADDRS.lock().remove(&fd) else {
-        return;
-    };
-    q.push_back((sys::monotonic_ns(), Report::Closed(fd, local, peer)));
-    set_oldest(&q);
+    let known = TCP_ADDRS.lock().remove(&fd);
     drop(q);
-    ensure_thread();
-    wake();
+    // Its open was taken to be sent: the close goes after it.
+    if let Some((local, peer)) = known {
+        report(Report::Closed(fd, local, peer));
+    }
 }
 
 /// The local address of plain-TCP socket `fd` connected to `peer`, for
