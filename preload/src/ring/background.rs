@@ -357,29 +357,15 @@ fn flush_some() {
 }
 
 impl Report {
-    /// For a ring's close: whether `open` is a report it closes.
-    fn closes(&self, open: &Report) -> bool {
-        match (self, open) {
-            (Report::RingClosed(c), Report::Ring(o, _, _) | Report::Fallback(o)) => {
-                Arc::ptr_eq(c, o)
-            }
-            _ => false,
-        }
+    /// Whether this is an open (or a fallback's re-report) of `conn`.
+    fn opens(&self, conn: &Arc<dyn Tracked>) -> bool {
+        matches!(self, Report::Ring(o, _, _) | Report::Fallback(o) if Arc::ptr_eq(o, conn))
     }
 }
 
 fn report(r: Report) {
     {
         let mut q = REPORTS.lock();
-        if matches!(r, Report::RingClosed(_)) {
-            let before = q.len();
-            q.retain(|(_, open)| !r.closes(open));
-            if q.len() != before {
-                // Opened and closed before the daemon heard of it.
-                set_oldest(&q);
-                return;
-            }
-        }
         q.push_back((sys::monotonic_ns(), r));
         set_oldest(&q);
     }
@@ -497,12 +483,39 @@ pub fn note_ring(fd: RawFd, conn: Arc<dyn Tracked>, memfd: Option<OwnedFd>) {
 /// under the child (without the ring's memfd, which went to the daemon
 /// with the parent's report: the row shows no counters).
 pub fn note_taken_over(conn: Arc<dyn Tracked>) {
-    let st = conn.report_state();
-    if st.reporter_pid.load(Ordering::Acquire) == process::pid() {
-        return;
+    let queued = taken_over_in(
+        &mut REPORTS.lock(),
+        conn,
+        process::pid(),
+        sys::monotonic_ns(),
+    );
+    if queued {
+        ensure_thread();
+        wake();
     }
-    let fd = st.fd.load(Ordering::Relaxed);
-    report(Report::Ring(conn, fd, None));
+}
+
+/// Queues `conn`'s open as process `me`'s unless `me` reported it already
+/// or its open is still queued here (the parent itself using a ring a
+/// fork made shared, a child with its copy of the parent's queue): a
+/// second open would outlive the close that cancels the first. Returns
+/// whether an open of `conn` waits in `q` for the thread.
+fn taken_over_in(
+    q: &mut VecDeque<(u64, Report)>,
+    conn: Arc<dyn Tracked>,
+    me: i32,
+    now: u64,
+) -> bool {
+    let st = conn.report_state();
+    if st.reporter_pid.load(Ordering::Acquire) == me {
+        return false;
+    }
+    if !q.iter().any(|(_, r)| r.opens(&conn)) {
+        let fd = st.fd.load(Ordering::Relaxed);
+        q.push_back((now, Report::Ring(conn, fd, None)));
+        set_oldest(q);
+    }
+    true
 }
 
 /// A client started waiting for the server's decision.
@@ -538,21 +551,33 @@ pub fn note_fallback(conn: Arc<dyn Tracked>) {
 
 /// The connection's last fd in this process is gone.
 pub fn note_closed(conn: Arc<dyn Tracked>) {
-    {
-        let mut q = REPORTS.lock();
-        if conn.report_state().reporter_pid.load(Ordering::Acquire) != process::pid() {
-            // Not taken to be sent by this process (`mark_taken`), so no
-            // close to send: only an open report still queued here is
-            // cancelled, and no thread starts. A forked child closing what
-            // it inherited often closes the shim's descriptors in the same
-            // close_range.
-            let close = Report::RingClosed(conn);
-            q.retain(|(_, open)| !close.closes(open));
-            set_oldest(&q);
-            return;
-        }
+    let queued = closed_in(
+        &mut REPORTS.lock(),
+        conn,
+        process::pid(),
+        sys::monotonic_ns(),
+    );
+    if queued {
+        ensure_thread();
+        wake();
     }
-    report(Report::RingClosed(conn));
+}
+
+/// Cancels the reports of `conn` still queued in `q`, and queues its close
+/// if process `me` sent its open (`mark_taken`, under the same lock): the
+/// daemon heard of it, so it must hear of its end, whatever else of it was
+/// still queued. A connection this process never reported costs nothing
+/// more (a forked child closing what it inherited often closes the shim's
+/// descriptors in the same close_range). Returns whether a close was
+/// queued.
+fn closed_in(q: &mut VecDeque<(u64, Report)>, conn: Arc<dyn Tracked>, me: i32, now: u64) -> bool {
+    q.retain(|(_, r)| !r.opens(&conn));
+    let sent = conn.report_state().reporter_pid.load(Ordering::Acquire) == me;
+    if sent {
+        q.push_back((now, Report::RingClosed(conn)));
+    }
+    set_oldest(q);
+    sent
 }
 
 /// A tracked socket stays plain TCP; a peer the caller does not give is
@@ -950,3 +975,6 @@ fn run() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

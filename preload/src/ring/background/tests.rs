@@ -1,0 +1,151 @@
+//! The report queue's rules for opens and closes of one connection: the
+//! daemon hears a close exactly when it heard the open.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ringsock_proto::Transport;
+
+use super::{closed_in, take_due, taken_over_in, Next, Report, REPORT_DELAY_NS};
+use crate::process;
+use crate::ring::tracked::{ReportState, Tracked};
+
+struct Fake {
+    st: ReportState,
+}
+
+impl Tracked for Fake {
+    fn offer_id(&self) -> u64 {
+        1
+    }
+    fn local(&self) -> SocketAddr {
+        "127.0.0.1:7000".parse().unwrap()
+    }
+    fn peer(&self) -> SocketAddr {
+        "127.0.0.1:41899".parse().unwrap()
+    }
+    fn report_state(&self) -> &ReportState {
+        &self.st
+    }
+    fn transport(&self) -> Transport {
+        Transport::Shm
+    }
+    fn socket_fd(&self) -> RawFd {
+        -1
+    }
+    fn check_socket(&self) {}
+    fn flush_ring(&self) {}
+    fn try_flush_ring(&self) -> bool {
+        true
+    }
+    fn is_released(&self) -> bool {
+        false
+    }
+    fn still_pending(&self) -> bool {
+        false
+    }
+    fn decline_from_ctl(&self, _reason: Option<&str>) {}
+}
+
+fn conn() -> Arc<dyn Tracked> {
+    let c = Fake {
+        st: ReportState::new(),
+    };
+    c.st.fd.store(7, Ordering::Relaxed);
+    Arc::new(c)
+}
+
+fn open(c: &Arc<dyn Tracked>) -> Report {
+    Report::Ring(c.clone(), 7, None)
+}
+
+/// What `q` holds, as (kind, same connection as `c`).
+fn kinds(q: &VecDeque<(u64, Report)>, c: &Arc<dyn Tracked>) -> Vec<(&'static str, bool)> {
+    q.iter()
+        .map(|(_, r)| match r {
+            Report::Ring(o, _, _) => ("open", Arc::ptr_eq(o, c)),
+            Report::Fallback(o) => ("fallback", Arc::ptr_eq(o, c)),
+            Report::RingClosed(o) => ("close", Arc::ptr_eq(o, c)),
+            Report::Tcp { .. } => ("tcp", false),
+            Report::Closed(..) => ("tcp close", false),
+        })
+        .collect()
+}
+
+/// Sends the front report as the thread does once it is due.
+fn send_front(q: &mut VecDeque<(u64, Report)>) -> Report {
+    match take_due(q, u64::MAX / 2, REPORT_DELAY_NS) {
+        Next::Send(r) => r,
+        _ => panic!("nothing due"),
+    }
+}
+
+#[test]
+fn a_close_never_heard_of_is_not_sent() {
+    let c = conn();
+    let me = process::pid();
+    let mut q = VecDeque::from([(0, open(&c))]);
+    assert!(!closed_in(&mut q, c.clone(), me, 1));
+    assert!(q.is_empty());
+}
+
+#[test]
+fn a_parent_using_a_shared_ring_before_its_report_queues_one_open() {
+    // A fork (redis BGSAVE) made the ring shared while its open was still
+    // queued; the parent's next use takes it over again.
+    let c = conn();
+    let me = process::pid();
+    let mut q = VecDeque::from([(0, open(&c))]);
+    assert!(taken_over_in(&mut q, c.clone(), me, 1));
+    assert_eq!(kinds(&q, &c), [("open", true)]);
+    let _sent = send_front(&mut q);
+    assert!(q.is_empty());
+    // Reported now: a later use queues nothing.
+    assert!(!taken_over_in(&mut q, c.clone(), me, 2));
+    assert!(closed_in(&mut q, c.clone(), me, 3));
+    assert_eq!(kinds(&q, &c), [("close", true)]);
+}
+
+#[test]
+fn a_close_after_a_sent_open_is_queued_whatever_else_is_queued() {
+    let c = conn();
+    let other = conn();
+    let me = process::pid();
+    let mut q = VecDeque::from([(0, open(&c))]);
+    let _sent = send_front(&mut q);
+    // A fallback's re-report, and another connection's open, queued since.
+    q.push_back((1, Report::Fallback(c.clone())));
+    q.push_back((2, open(&other)));
+    assert!(closed_in(&mut q, c.clone(), me, 3));
+    assert_eq!(kinds(&q, &c), [("open", false), ("close", true)]);
+}
+
+#[test]
+fn a_child_takes_over_with_its_copy_of_the_parents_queue() {
+    let c = conn();
+    let me = process::pid();
+    // The parent's open, queued when it forked: the child sends it as its
+    // own rather than a second one.
+    let mut q = VecDeque::from([(0, open(&c))]);
+    assert!(taken_over_in(&mut q, c.clone(), me, 1));
+    assert_eq!(kinds(&q, &c), [("open", true)]);
+    // The parent sent its open before the fork: the child queues its own.
+    let d = conn();
+    d.report_state()
+        .reporter_pid
+        .store(me + 1, Ordering::Release);
+    let mut q = VecDeque::new();
+    assert!(taken_over_in(&mut q, d.clone(), me, 1));
+    assert_eq!(kinds(&q, &d), [("open", true)]);
+    // The child closes what it inherited and never reported: nothing sent.
+    let e = conn();
+    e.report_state()
+        .reporter_pid
+        .store(me + 1, Ordering::Release);
+    let mut q = VecDeque::new();
+    assert!(!closed_in(&mut q, e.clone(), me, 1));
+    assert!(q.is_empty());
+}
