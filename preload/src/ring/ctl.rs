@@ -49,7 +49,7 @@ struct Session {
     owed: u32,
     scratch: Vec<u8>,
     /// Sessions opened so far: a new one means a daemon that may not know
-    /// this process's connections (see `background::resend_reports`).
+    /// this process's connections (see `background::reports::resend`).
     opened: u64,
 }
 

@@ -1,0 +1,529 @@
+//! Status reports: connections are reported to the daemon for
+//! `ringsock-ctl status` from the background thread, off the
+//! connect/accept path, in the order they were queued; a connection opened
+//! and closed within `REPORT_DELAY_NS` never costs the daemon anything.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ringsock_proto::{Msg, Transport};
+
+use super::{ensure_thread, wake};
+use crate::attached::TcpReason;
+use crate::interpose::guard;
+use crate::ring::ctl;
+use crate::ring::plock::PLock;
+use crate::ring::tracked::Tracked;
+use crate::{process, sockaddr, sys};
+
+/// Reports wait this long before they are sent: a connection opened and
+/// closed within it never costs the daemon anything (short-lived
+/// connections are the common case of a busy server, and status only
+/// lists live ones).
+const REPORT_DELAY_NS: u64 = 5_000_000;
+/// A report still queued this long is sent by the program itself, ahead
+/// (no wait for the reply), the next time it is about to block
+/// (`flush_all`): the thread may not have run yet (it starts with the
+/// first report of a process, and a CPU-bound machine can keep a new
+/// thread waiting for most of a second) or may have failed to start, and
+/// a connection the program uses must not stay out of status meanwhile.
+const REPORT_OVERDUE_NS: u64 = 4 * REPORT_DELAY_NS;
+
+enum Report {
+    Ring(Arc<dyn Tracked>, RawFd, Option<OwnedFd>),
+    RingClosed(Arc<dyn Tracked>),
+    Fallback(Arc<dyn Tracked>),
+    /// `local` is learnt when the report is sent (`tcp_local`): most
+    /// plain connections close before that and never ask for it.
+    Tcp {
+        fd: RawFd,
+        local: Option<SocketAddr>,
+        peer: SocketAddr,
+        reason: TcpReason,
+    },
+    /// Without a local address the daemon never heard of the connection.
+    Closed(RawFd, Option<SocketAddr>, SocketAddr),
+}
+
+/// The addresses of each plain-TCP socket whose open report was taken to
+/// be sent, by fd (entered under REPORTS' lock, by `mark_taken`): once
+/// the peer has reset the connection getpeername fails (ENOTCONN), and
+/// the close must still name the connection the daemon knows, or status
+/// shows it until the process exits or reuses the fd number. The local
+/// address is None until the open report is sent. A connection closed
+/// while its open was still queued never enters it.
+static TCP_ADDRS: PLock<BTreeMap<RawFd, (Option<SocketAddr>, SocketAddr)>> =
+    PLock::new(BTreeMap::new(), BTreeMap::new);
+/// What the daemon was last told of each live connection, by fd, with the
+/// session that heard it: a restarted daemon knows nothing, so once a new
+/// session opens, every entry is told again (without the ring's memfd,
+/// which went to the old daemon: those rows show no counters).
+static LIVE: PLock<BTreeMap<RawFd, (u64, Msg)>> = PLock::new(BTreeMap::new(), BTreeMap::new);
+/// Reports waiting to be sent, with the time they were queued.
+static REPORTS: PLock<VecDeque<(u64, Report)>> = PLock::new(VecDeque::new(), VecDeque::new);
+/// When the report at the front of REPORTS was queued, 0 while it is
+/// empty: `flush_all` sees with one load whether one is overdue.
+static OLDEST_REPORT: AtomicU64 = AtomicU64::new(0);
+/// Held from taking a report off REPORTS until it is sent, by the thread
+/// or by the program (`send_overdue`): reports reach the daemon in the
+/// order they were queued (an open before its close).
+static SENDING: PLock<()> = PLock::new((), || ());
+
+impl Report {
+    /// Whether this is an open (or a fallback's re-report) of `conn`.
+    fn opens(&self, conn: &Arc<dyn Tracked>) -> bool {
+        matches!(self, Report::Ring(o, _, _) | Report::Fallback(o) if Arc::ptr_eq(o, conn))
+    }
+}
+
+fn report(r: Report) {
+    {
+        let mut q = REPORTS.lock();
+        q.push_back((sys::monotonic_ns(), r));
+        set_oldest(&q);
+    }
+    ensure_thread();
+    wake();
+}
+
+/// Publishes when the front of `q` was queued (with REPORTS held).
+fn set_oldest(q: &VecDeque<(u64, Report)>) {
+    OLDEST_REPORT.store(q.front().map_or(0, |(t, _)| *t), Ordering::Release);
+}
+
+/// A report taken off the queue to be sent: an open one counts as this
+/// process's from now on (with REPORTS held, so `note_closed`, which
+/// looks under that lock, either still finds it queued or sends the
+/// close after it).
+fn mark_taken(r: &Report) {
+    match r {
+        Report::Ring(conn, _, _) if !conn.is_released() => {
+            let st = conn.report_state();
+            st.reported.store(true, Ordering::Release);
+            st.reporter_pid.store(process::pid(), Ordering::Release);
+        }
+        Report::Tcp {
+            fd, local, peer, ..
+        } => {
+            TCP_ADDRS.lock().insert(*fd, (*local, *peer));
+        }
+        _ => {}
+    }
+}
+
+/// What the front of the queue asks for, reports queued at least `delay`
+/// ago being due.
+enum Next {
+    Send(Report),
+    /// The front is due in this many ns.
+    Wait(u64),
+    Empty,
+}
+
+/// Takes the front report off `q` if it is due (see `Next`).
+fn take_due(q: &mut VecDeque<(u64, Report)>, now: u64, delay: u64) -> Next {
+    match q.front() {
+        Some((t, _)) if now.saturating_sub(*t) >= delay => {
+            let Some((_, r)) = q.pop_front() else {
+                return Next::Empty;
+            };
+            mark_taken(&r);
+            set_oldest(q);
+            Next::Send(r)
+        }
+        Some((t, _)) => Next::Wait(delay - now.saturating_sub(*t)),
+        None => Next::Empty,
+    }
+}
+
+/// The program is about to block: reports the thread left queued past
+/// `REPORT_OVERDUE_NS` go to the daemon now, sent ahead on this
+/// process's session. Nothing is waited for: a session or queue in use
+/// (by the thread, or by this very thread in a signal handler) leaves
+/// them to the thread. One atomic load when none is overdue.
+pub(super) fn send_overdue() {
+    let oldest = OLDEST_REPORT.load(Ordering::Acquire);
+    if oldest == 0 || sys::monotonic_ns().saturating_sub(oldest) < REPORT_OVERDUE_NS {
+        return;
+    }
+    if process::sandbox_begun() {
+        return;
+    }
+    let _g = guard::enter();
+    let Some(_sending) = SENDING.try_lock() else {
+        return;
+    };
+    let Some(mut session) = ctl::try_ahead() else {
+        return;
+    };
+    // Remembered once the session is let go: `stale` takes the
+    // session's lock while it holds LIVE's.
+    let mut told = Vec::new();
+    loop {
+        let next = match REPORTS.try_lock() {
+            Some(mut q) => take_due(&mut q, sys::monotonic_ns(), REPORT_OVERDUE_NS),
+            None => break,
+        };
+        let Next::Send(r) = next else {
+            break;
+        };
+        let Some((msg, memfd)) = prepare(r) else {
+            continue;
+        };
+        let fds: Vec<RawFd> = memfd.iter().map(|f| f.as_raw_fd()).collect();
+        let sent = session.send(&msg, &fds).is_ok();
+        told.push((msg, if sent { session.session() } else { 0 }));
+        if !sent {
+            break;
+        }
+    }
+    drop(session);
+    for (msg, heard) in told {
+        remember(msg, heard);
+    }
+}
+
+/// A ring was attached to `fd` (client or server side).
+/// `memfd` (a descriptor of the ring's segment) goes to the daemon for
+/// its counters and is closed once sent.
+pub fn note_ring(fd: RawFd, conn: Arc<dyn Tracked>, memfd: Option<OwnedFd>) {
+    conn.report_state().fd.store(fd, Ordering::Relaxed);
+    crate::ring::watch::watch(&conn, conn.socket_fd());
+    report(Report::Ring(conn, fd, memfd));
+}
+
+/// A forked child took over a ring its parent reported: status lists it
+/// under the child (without the ring's memfd, which went to the daemon
+/// with the parent's report: the row shows no counters).
+pub fn note_taken_over(conn: Arc<dyn Tracked>) {
+    let queued = taken_over_in(
+        &mut REPORTS.lock(),
+        conn,
+        process::pid(),
+        sys::monotonic_ns(),
+    );
+    if queued {
+        ensure_thread();
+        wake();
+    }
+}
+
+/// Queues `conn`'s open as process `me`'s unless `me` reported it already
+/// or its open is still queued here (the parent itself using a ring a
+/// fork made shared, a child with its copy of the parent's queue): a
+/// second open would outlive the close that cancels the first. Returns
+/// whether an open of `conn` waits in `q` for the thread.
+fn taken_over_in(
+    q: &mut VecDeque<(u64, Report)>,
+    conn: Arc<dyn Tracked>,
+    me: i32,
+    now: u64,
+) -> bool {
+    let st = conn.report_state();
+    if st.reporter_pid.load(Ordering::Acquire) == me {
+        return false;
+    }
+    if !q.iter().any(|(_, r)| r.opens(&conn)) {
+        let fd = st.fd.load(Ordering::Relaxed);
+        q.push_back((now, Report::Ring(conn, fd, None)));
+        set_oldest(q);
+    }
+    true
+}
+
+/// A pending client fell back to TCP.
+pub fn note_fallback(conn: Arc<dyn Tracked>) {
+    report(Report::Fallback(conn));
+}
+
+/// The connection's last fd in this process is gone.
+pub fn note_closed(conn: Arc<dyn Tracked>) {
+    let queued = closed_in(
+        &mut REPORTS.lock(),
+        conn,
+        process::pid(),
+        sys::monotonic_ns(),
+    );
+    if queued {
+        ensure_thread();
+        wake();
+    }
+}
+
+/// Cancels the reports of `conn` still queued in `q`, and queues its close
+/// if process `me` sent its open (`mark_taken`, under the same lock): the
+/// daemon heard of it, so it must hear of its end, whatever else of it was
+/// still queued. A connection this process never reported costs nothing
+/// more (a forked child closing what it inherited often closes the shim's
+/// descriptors in the same close_range). Returns whether a close was
+/// queued.
+fn closed_in(q: &mut VecDeque<(u64, Report)>, conn: Arc<dyn Tracked>, me: i32, now: u64) -> bool {
+    q.retain(|(_, r)| !r.opens(&conn));
+    let sent = conn.report_state().reporter_pid.load(Ordering::Acquire) == me;
+    if sent {
+        q.push_back((now, Report::RingClosed(conn)));
+    }
+    set_oldest(q);
+    sent
+}
+
+/// A tracked socket stays plain TCP; a peer the caller does not give is
+/// asked of the socket, its local address only if the report is sent.
+pub fn note_tcp(fd: RawFd, local: Option<SocketAddr>, peer: Option<SocketAddr>, reason: TcpReason) {
+    let Some(peer) = peer.or_else(|| sockaddr::query(fd, true)) else {
+        return;
+    };
+    report(Report::Tcp {
+        fd,
+        local,
+        peer,
+        reason,
+    });
+}
+
+/// A tracked plain-TCP socket's last fd is being closed: its open report
+/// is cancelled if still queued (most short connections), or its close
+/// is queued after it.
+pub fn note_tcp_closed(fd: RawFd) {
+    let mut q = REPORTS.lock();
+    // Its open is the last queued report for `fd` if any: search from the
+    // back, where a short connection's is.
+    let queued = q
+        .iter()
+        .rposition(|(_, r)| matches!(r, Report::Tcp { fd: f, .. } if *f == fd));
+    if let Some(i) = queued {
+        q.remove(i);
+        set_oldest(&q);
+        return;
+    }
+    let known = TCP_ADDRS.lock().remove(&fd);
+    drop(q);
+    // Its open was taken to be sent: the close goes after it.
+    if let Some((local, peer)) = known {
+        report(Report::Closed(fd, local, peer));
+    }
+}
+
+/// The local address of plain-TCP socket `fd` connected to `peer`, for
+/// its open report: asked of the socket while TCP_ADDRS still lists it
+/// (its close takes the entry out before the descriptor goes, so the
+/// number cannot name another socket meanwhile), and kept for its close.
+/// None once it is closed: then no report is owed.
+fn tcp_local(fd: RawFd, peer: SocketAddr) -> Option<SocketAddr> {
+    let mut addrs = TCP_ADDRS.lock();
+    let entry = addrs.get_mut(&fd).filter(|(_, p)| *p == peer)?;
+    if entry.0.is_none() {
+        entry.0 = sockaddr::query(fd, false);
+    }
+    entry.0
+}
+
+fn reason_text(r: TcpReason) -> &'static str {
+    match r {
+        TcpReason::Undecided => "undecided",
+        TcpReason::Disabled => "RINGSOCK_DISABLE",
+        TcpReason::ExcludedPort => "port excluded",
+        TcpReason::ExcludedNet => "address excluded",
+        TcpReason::NoTransport => "no ring transport",
+        TcpReason::Declined => "no ringsock peer",
+        TcpReason::Family => "address family",
+        TcpReason::NoResources => "no memory or descriptors for a ring",
+        TcpReason::ShortLived => "short-lived connections to this address",
+    }
+}
+
+/// Sends one report and waits for the daemon's reply (the thread).
+fn send_report(r: Report) {
+    let Some((msg, memfd)) = prepare(r) else {
+        return;
+    };
+    let fds: Vec<RawFd> = memfd.iter().map(|f| f.as_raw_fd()).collect();
+    let sent = ctl::call(&msg, &fds).is_ok();
+    let session = if sent {
+        ctl::current_session().unwrap_or(0)
+    } else {
+        0
+    };
+    remember(msg, session);
+}
+
+/// What `r` tells the daemon, with the ring's memfd for an open one;
+/// None when there is nothing to tell.
+fn prepare(r: Report) -> Option<(Msg, Option<OwnedFd>)> {
+    Some(match r {
+        Report::RingClosed(conn) => {
+            let st = conn.report_state();
+            if !st.reported.load(Ordering::Acquire)
+                || st.reporter_pid.load(Ordering::Acquire) != process::pid()
+            {
+                return None;
+            }
+            (
+                Msg::ConnClosed {
+                    fd: st.fd.load(Ordering::Relaxed),
+                    local: st.local_or(conn.local()),
+                    peer: conn.peer(),
+                },
+                None,
+            )
+        }
+        Report::Ring(conn, fd, memfd) => {
+            let st = conn.report_state();
+            if conn.is_released() {
+                // Closed since it was taken: a close queued meanwhile is
+                // not sent either.
+                st.reported.store(false, Ordering::Release);
+                return None;
+            }
+            // A client offered from a wildcard address; by now the kernel
+            // has picked the real one.
+            let local = match sockaddr::query(fd, false) {
+                Some(a)
+                    if conn.local().ip().is_unspecified() && a.port() == conn.local().port() =>
+                {
+                    a
+                }
+                _ => conn.local(),
+            };
+            *st.local.lock().unwrap_or_else(|p| p.into_inner()) = Some(local);
+            (
+                Msg::ConnReport {
+                    fd,
+                    local,
+                    peer: conn.peer(),
+                    transport: conn.transport(),
+                    reason: conn.ring_detail(),
+                    ring: Some(conn.offer_id()),
+                },
+                memfd,
+            )
+        }
+        Report::Fallback(conn) => {
+            let st = conn.report_state();
+            if !st.reported.load(Ordering::Acquire) {
+                return None;
+            }
+            (
+                Msg::ConnReport {
+                    fd: st.fd.load(Ordering::Relaxed),
+                    local: st.local_or(conn.local()),
+                    peer: conn.peer(),
+                    transport: Transport::Tcp,
+                    reason: "server declined the ring".into(),
+                    ring: None,
+                },
+                None,
+            )
+        }
+        Report::Tcp {
+            fd,
+            local,
+            peer,
+            reason,
+        } => {
+            let local = local.or_else(|| tcp_local(fd, peer))?;
+            (
+                Msg::ConnReport {
+                    fd,
+                    local,
+                    peer,
+                    transport: Transport::Tcp,
+                    reason: reason_text(reason).into(),
+                    ring: None,
+                },
+                None,
+            )
+        }
+        Report::Closed(_, None, _) => return None,
+        Report::Closed(fd, Some(local), peer) => (Msg::ConnClosed { fd, local, peer }, None),
+    })
+}
+
+/// Keeps what the daemon was told of each live connection (`LIVE`), with
+/// the session that heard it (0: none did). Never called with the
+/// session's lock held (see `send_overdue`).
+fn remember(msg: Msg, session: u64) {
+    let mut live = LIVE.lock();
+    match msg {
+        Msg::ConnReport { fd, .. } => {
+            live.insert(fd, (session, msg));
+        }
+        Msg::ConnClosed { fd, peer, .. } => {
+            if matches!(live.get(&fd), Some((_, Msg::ConnReport { peer: p, .. })) if *p == peer) {
+                live.remove(&fd);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Tells a daemon that has not heard them (a restarted one, or one that
+/// was absent when they were made) the reports of live connections.
+pub(super) fn resend() {
+    let Some(session) = ctl::open_session() else {
+        return;
+    };
+    // Held throughout, as every sender holds it: a close sent between the
+    // look at LIVE and the resend of its open would let the open reach
+    // the daemon last, and status would list the closed end for good.
+    let _sending = SENDING.lock();
+    let stale: Vec<(RawFd, Msg)> = LIVE
+        .lock()
+        .iter()
+        .filter(|(_, (s, _))| *s != session)
+        .map(|(fd, (_, m))| (*fd, m.clone()))
+        .collect();
+    for (fd, msg) in stale {
+        if ctl::call(&msg, &[]).is_err() {
+            return;
+        }
+        if let Some(e) = LIVE.lock().get_mut(&fd) {
+            e.0 = session;
+        }
+    }
+}
+
+/// Live connections the current daemon session has not heard of (all of
+/// them while there is no session: the daemon is gone or was never seen).
+pub(super) fn stale() -> bool {
+    let live = LIVE.lock();
+    match ctl::current_session() {
+        None => !live.is_empty(),
+        Some(n) => live.values().any(|(s, _)| *s != n),
+    }
+}
+
+/// Sends the reports that are due (the thread); returns in how many ns
+/// the next one is due, if one is queued.
+pub(super) fn send_due() -> Option<u64> {
+    loop {
+        let _sending = SENDING.lock();
+        let next = take_due(&mut REPORTS.lock(), sys::monotonic_ns(), REPORT_DELAY_NS);
+        match next {
+            Next::Send(r) => send_report(r),
+            Next::Wait(ns) => return Some(ns),
+            Next::Empty => return None,
+        }
+    }
+}
+
+/// Sends every queued report now, due or not (before a sandbox).
+pub(super) fn send_queued() {
+    let _sending = SENDING.lock();
+    let queued = {
+        let mut q = REPORTS.lock();
+        let all = std::mem::take(&mut *q);
+        all.iter().for_each(|(_, r)| mark_taken(r));
+        set_oldest(&q);
+        all
+    };
+    for (_, r) in queued {
+        send_report(r);
+    }
+}
+
+#[cfg(test)]
+mod tests;
