@@ -105,6 +105,10 @@ sc_verdict() { # NAME SERVERLOG CLIENTLOG CONNS MIB
     bad "$1 data: streamcheck failed or hashes differ ($n of $4 connections matched)"
     echo "    server:"; tail -n 5 "$2" | sed 's/^/      /'
     echo "    client:"; tail -n 5 "$3" | sed 's/^/      /'
+    # What the shims and daemons said, for a failure that does not repeat.
+    for f in shimA shimB ctlA ctlB; do
+      echo "    $f.log:"; tail -n 15 /tmp/$f.log | sed 's/^/      /'
+    done
   fi
 }
 
