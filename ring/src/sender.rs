@@ -197,15 +197,18 @@ impl<T: Transport> Sender<T> {
         }
         let mut done = 0;
         let mut refreshed = false;
-        while done < buf.len() {
-            let n = self.append(&buf[done..])?;
+        // A transmit that fails once bytes are taken ends the loop (the
+        // bytes are in our copy, where `take_after` finds them, so they
+        // count); the failure comes with the next call (`check`).
+        while done < buf.len() && self.failed.is_none() {
+            let n = self.append(&buf[done..]);
             if n > 0 {
                 done += n;
                 continue;
             }
             // No room in the open record: close it, then look for space.
             if self.open.is_some() {
-                self.commit()?;
+                self.commit_or_fail();
                 continue;
             }
             if refreshed {
@@ -224,11 +227,12 @@ impl<T: Transport> Sender<T> {
             }
         }
         if done == 0 {
+            self.check()?;
             bump(&self.ctrl().tx_stats.full, 1);
             return Err(RingError::WouldBlock);
         }
         if !self.cfg.coalesce {
-            self.commit()?;
+            self.commit_or_fail();
         }
         Ok(done)
     }
@@ -331,16 +335,16 @@ impl<T: Transport> Sender<T> {
 
     /// Copies into the open record (opening one if needed); returns bytes
     /// taken, 0 if the record (or the ring) has no room.
-    fn append(&mut self, src: &[u8]) -> Result<usize, RingError> {
+    fn append(&mut self, src: &[u8]) -> usize {
         let cap_slots = self.record_cap();
         if cap_slots == 0 {
-            return Ok(0);
+            return 0;
         }
         let cap_bytes = (cap_slots as usize * self.slot_size - HEADER_BYTES).min(u32::MAX as usize);
         let used = self.open.unwrap_or(0);
         let n = src.len().min(cap_bytes - used);
         if n == 0 {
-            return Ok(0);
+            return 0;
         }
         let start = (self.tail % self.slots) as usize * self.slot_size;
         self.mem
@@ -349,22 +353,39 @@ impl<T: Transport> Sender<T> {
         let len = used + n;
         self.open = Some(len);
         if record::slots_for(len, self.slot_size) as u64 >= self.beta() {
-            self.commit()?;
+            self.commit_or_fail();
         }
-        Ok(n)
+        n
+    }
+
+    /// `commit` for `write`: a transmit failure is kept (`failed`) for the
+    /// next call, the record staying in our copy.
+    fn commit_or_fail(&mut self) {
+        if let Err(e) = self.commit() {
+            self.failed = Some(e);
+        }
     }
 
     /// Closes the open record: writes its header and moves `tail` past it.
     fn commit(&mut self) -> Result<(), RingError> {
-        let Some(len) = self.open.take() else {
+        if !self.close_open() {
             return Ok(());
+        }
+        self.transmit(false)
+    }
+
+    /// Ends the open record in our copy of the ring (not transmitted);
+    /// false if there was none.
+    fn close_open(&mut self) -> bool {
+        let Some(len) = self.open.take() else {
+            return false;
         };
         self.put_record(Header {
             flags: 0,
             len: len as u32,
         });
         bump(&self.ctrl().tx_stats.bytes, len as u64);
-        self.transmit(false)
+        true
     }
 
     fn put_record(&mut self, h: Header) {
@@ -762,7 +783,9 @@ impl<T: Transport> Sender<T> {
     /// (`Unsupported`) when a zero-copy record's payload, which our copy lacks,
     /// would be needed.
     pub fn take_after(&mut self, consumed: u64) -> Result<Taken, RingError> {
-        self.commit()?;
+        // The open record is ended but not transmitted: its bytes go back
+        // to the caller, and a wire that failed cannot carry them.
+        self.close_open();
         self.refresh_head()?;
         let mut records = Vec::new();
         let mut pos = self.local_head;

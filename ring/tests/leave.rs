@@ -150,3 +150,19 @@ fn end_of_stream_is_seen_once_published_and_taken_back_with_the_bytes() {
     assert_eq!(taken.bytes, b"data");
     assert!(taken.eos);
 }
+
+/// The open record is handed back, never sent: a wire that failed cannot
+/// carry it, and the receiver must not see bytes that also go by TCP.
+#[test]
+fn an_open_record_taken_back_is_not_published() {
+    let (mut tx, mut rx) = heap_pair(small(), None, None).unwrap();
+    tx.write(b"published").unwrap();
+    tx.flush().unwrap();
+    let mut b = [0u8; 64];
+    assert_eq!(rx.read(&mut b), Ok(9));
+    tx.write(b"still open").unwrap();
+    let taken = tx.take_after(rx.bytes_consumed()).unwrap();
+    assert_eq!(taken.bytes, b"still open");
+    assert!(!taken.eos);
+    assert_eq!(rx.read(&mut b), Err(RingError::WouldBlock));
+}

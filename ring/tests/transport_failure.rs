@@ -98,3 +98,47 @@ fn nothing_published_means_the_error_at_once() {
     assert_eq!(rx.read(&mut buf), Err(FLUSHED));
     assert_eq!(rx.readable(), Err(FLUSHED));
 }
+
+/// A sender whose wire failed still hands back, exactly, every byte the
+/// receiver did not consume, the open record included: the shim resends
+/// them over TCP (`take_after` must not need the wire).
+#[test]
+fn a_sender_whose_wire_failed_takes_back_the_unconsumed_bytes() {
+    let (mut tx, mut rx, probes) = shm_probe::probed_sender(small_cfg(), true, false);
+    let data = message(3000, 3);
+    send_all_probed(&mut tx, &data[..1000]);
+    let mut got = vec![0u8; 600];
+    let mut n = 0;
+    while n < 600 {
+        n += rx.read(&mut got[n..]).unwrap();
+    }
+    probes.break_writes();
+    // Written after the failure: stays in our copy as an open record.
+    let mut off = 1000;
+    while off < data.len() {
+        match tx.write(&data[off..]) {
+            Ok(k) => off += k,
+            Err(e) => {
+                assert_eq!(e, FLUSHED);
+                break;
+            }
+        }
+    }
+    assert!(tx.flush().is_err(), "the failed wire shows on a flush");
+    let taken = tx.take_after(rx.bytes_consumed()).unwrap();
+    let mut all = got;
+    all.extend_from_slice(&taken.bytes);
+    assert_eq!(
+        all,
+        data[..off],
+        "consumed + taken back = written, in order"
+    );
+}
+
+fn send_all_probed(tx: &mut Sender<Probed>, data: &[u8]) {
+    let mut off = 0;
+    while off < data.len() {
+        off += tx.write(&data[off..]).unwrap();
+    }
+    tx.flush().unwrap();
+}

@@ -37,6 +37,9 @@ pub struct Probes {
     /// From now on sleeping-flag writes say `AtCompletion` and
     /// `poll_completions` reports nothing.
     pub unreported: Arc<AtomicBool>,
+    /// From now on every write to the peer fails with `FLUSHED` (a verbs
+    /// queue pair in error).
+    pub writes_broken: Arc<AtomicBool>,
 }
 
 impl Probes {
@@ -46,6 +49,10 @@ impl Probes {
 
     pub fn break_fetch(&self) {
         self.broken.store(true, Ordering::Relaxed);
+    }
+
+    pub fn break_writes(&self) {
+        self.writes_broken.store(true, Ordering::Relaxed);
     }
 
     pub fn stop_reports(&self) {
@@ -126,6 +133,9 @@ pub fn probed_receiver(cfg: RingConfig) -> (Sender<ShmTransport>, Receiver<Probe
 
 impl Transport for Probed {
     fn write_slots(&mut self, first: u32, count: u32, last_bytes: u32) -> Result<(), RingError> {
+        if self.probes.writes_broken.load(Ordering::Relaxed) {
+            return Err(FLUSHED);
+        }
         self.probes
             .slot_writes
             .lock()
@@ -146,6 +156,9 @@ impl Transport for Probed {
         value: u64,
         signaled: bool,
     ) -> Result<Visibility, RingError> {
+        if self.probes.writes_broken.load(Ordering::Relaxed) {
+            return Err(FLUSHED);
+        }
         if word == PeerWord::LocalTail {
             self.probes.tails.fetch_add(1, Ordering::Relaxed);
         }

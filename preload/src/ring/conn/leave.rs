@@ -20,6 +20,13 @@
 //! successor. If both sides leave at once, each sees the other's header
 //! while it waits: each then resends from the other's `consumed`, and
 //! neither drains (neither will read the ring again).
+//!
+//! A wire that fails (a verbs error: the queue pair is in error, and what
+//! it carried last may not have landed) is left the same way, since kernel
+//! TCP would carry on: the side that sees the failure sends a header whose
+//! `end` is `LOST` and waits for the peer's own header; the peer reads
+//! nothing more of the ring and answers with its position. Each side then
+//! resends from the other's `consumed`, as when both leave at once.
 
 use std::sync::atomic::Ordering;
 
@@ -36,6 +43,9 @@ const HEADER_WAIT_NS: u64 = 1_000_000_000;
 /// Bytes of a leave header.
 pub const HEADER_BYTES: usize = 24;
 const MAGIC: &[u8; 8] = b"RSLEAVE1";
+/// The `end` of a header sent because the wire failed: the leaver cannot
+/// tell what of its stream reached the peer's ring.
+pub const LOST: u64 = u64::MAX;
 
 /// A leave header: the leaver's exact positions in both streams.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -371,6 +381,10 @@ impl<W: Wire> RingConn<W> {
             s.left.store(1, Ordering::Release);
             s.unlock();
         }
+        if l.end == LOST {
+            self.answer_lost(l, tx, rx);
+            return;
+        }
         let mut drained = Vec::new();
         if let Some(r) = rx.as_mut() {
             let deadline = sys::monotonic_ns() + limit_ns();
@@ -422,6 +436,153 @@ impl<W: Wire> RingConn<W> {
             self.local,
             self.peer,
             l.end,
+            l.consumed
+        );
+        self.push_tx_spill();
+        self.wire.ring_own_bell();
+    }
+
+    /// The peer's wire failed (its header's `end` is `LOST`): read nothing
+    /// more of its ring, tell it where we stopped, and resend from where it
+    /// stopped; from here every call goes to the kernel socket.
+    fn answer_lost(&self, l: Leave, mut tx: OpGuard<'_, TxSlot<W>>, rx: OpGuard<'_, RxSlot<W>>) {
+        let Some(consumed) = rx.as_ref().map(|r| r.bytes_consumed()) else {
+            drop(rx);
+            drop(tx);
+            self.left_broken(&ringsock_ring::RingError::Closed);
+            return;
+        };
+        let header = Leave {
+            consumed,
+            end: LOST,
+        };
+        // Ours goes before any byte we resend.
+        if let Err(Errno(e)) = send_all_bounded(self.tcp_fd(), &header.encode()) {
+            drop(rx);
+            drop(tx);
+            self.left_broken(&ringsock_ring::RingError::Os(e));
+            return;
+        }
+        let taken = match tx.as_mut().map(|t| t.take_after(l.consumed)) {
+            Some(Ok(t)) => t,
+            Some(Err(e)) => {
+                drop(rx);
+                drop(tx);
+                self.left_broken(&e);
+                return;
+            }
+            None => Default::default(),
+        };
+        let resent = taken.bytes.len();
+        self.spill_tx(taken.bytes, taken.eos || self.wr_shut());
+        self.mode.store(MODE_TCP, Ordering::Release);
+        super::super::watch::unwatch(self, self.tcp_fd());
+        drop(rx);
+        drop(tx);
+        log::warn!(
+            "{} -> {}: the peer's ring wire failed; the connection goes on over TCP from byte {consumed} in, {} out ({resent} bytes again)",
+            self.local,
+            self.peer,
+            l.consumed
+        );
+        self.push_tx_spill();
+        self.wire.ring_own_bell();
+    }
+
+    /// Our wire failed (`e`): the connection leaves the ring for the kernel
+    /// socket without it (module docs). Both sides stay locked until the
+    /// peer's header is here, so that no byte of ours reaches the socket
+    /// before what must be resent, and no more of the peer's ring is read;
+    /// other threads wait for that, a bounded time.
+    pub(super) fn wire_lost(&self, e: &ringsock_ring::RingError) {
+        let fd = self.tcp_fd();
+        let mut tx = self.tx.lock();
+        let rx = self.rx.lock();
+        if self.mode() != MODE_RING || self.peer_gone() || fd < 0 {
+            return;
+        }
+        match self.enter_shared(Some(&mut tx)) {
+            super::fork::Entered::Alone => {}
+            super::fork::Entered::Shared(s) => {
+                // Another process holds the ring too and cannot follow.
+                s.unlock();
+                drop(rx);
+                drop(tx);
+                self.left_broken(e);
+                return;
+            }
+            super::fork::Entered::Left => return,
+        }
+        let Some(consumed) = rx.as_ref().map(|r| r.bytes_consumed()) else {
+            drop(rx);
+            drop(tx);
+            self.left_broken(e);
+            return;
+        };
+        let header = Leave {
+            consumed,
+            end: LOST,
+        };
+        if send_all_bounded(fd, &header.encode()).is_err() {
+            drop(rx);
+            drop(tx);
+            self.left_broken(e);
+            return;
+        }
+        let deadline = sys::monotonic_ns() + limit_ns();
+        let peer = loop {
+            let mut b = [0u8; HEADER_BYTES];
+            match sys_recv(fd, &mut b, libc::MSG_PEEK) {
+                Ok(n) if n > 0 => match Leave::parse(&b[..n]) {
+                    Parsed::Leave(l) => {
+                        let _ = sys_recv(fd, &mut b, 0);
+                        break Some(l);
+                    }
+                    Parsed::Garbage => break None,
+                    Parsed::Partial => {}
+                },
+                // The peer's end is gone: what it wrote is in the ring or
+                // lost with it, as its death shows (`check_tcp` below).
+                Ok(_) => {
+                    drop(rx);
+                    drop(tx);
+                    self.check_tcp();
+                    return;
+                }
+                Err(Errno(libc::EAGAIN)) => {}
+                Err(_) => break None,
+            }
+            if sys::monotonic_ns() >= deadline {
+                break None;
+            }
+            poll_one_for(fd, libc::POLLIN, 1);
+        };
+        let Some(l) = peer else {
+            drop(rx);
+            drop(tx);
+            self.left_broken(e);
+            return;
+        };
+        let taken = match tx.as_mut().map(|t| t.take_after(l.consumed)) {
+            Some(Ok(t)) => t,
+            Some(Err(te)) => {
+                drop(rx);
+                drop(tx);
+                self.left_broken(&te);
+                return;
+            }
+            None => Default::default(),
+        };
+        let resent = taken.bytes.len();
+        self.spill_tx(taken.bytes, taken.eos || self.wr_shut());
+        self.mode.store(MODE_TCP, Ordering::Release);
+        super::super::watch::unwatch(self, fd);
+        drop(rx);
+        drop(tx);
+        log::warn!(
+            "{} -> {}: the ring's wire failed ({e}); the connection goes on over TCP from byte {consumed} in, {} out ({resent} bytes again)",
+            self.local,
+            self.peer,
             l.consumed
         );
         self.push_tx_spill();

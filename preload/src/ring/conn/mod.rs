@@ -133,6 +133,11 @@ pub struct RingConn<W: Wire> {
     /// We left and wait for the peer's acknowledgement: the kernel socket
     /// may still bring the peer's own leave header.
     leaving: AtomicBool,
+    /// A flush met a failure of the wire (verbs): the connection must
+    /// leave the ring (`wire_lost`) once no lock of ours is held. The
+    /// failure, for the log.
+    wire_failed: AtomicBool,
+    wire_error: Mutex<Option<RingError>>,
     /// When a partial leave header was first seen (0: none).
     header_since: AtomicU64,
     /// A leave header came while we were pending: the server took the ring
@@ -192,6 +197,8 @@ impl<W: Wire> RingConn<W> {
             wr_shut: AtomicBool::new(false),
             eos_owed: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
+            wire_failed: AtomicBool::new(false),
+            wire_error: Mutex::new(None),
             header_since: AtomicU64::new(0),
             header_early: AtomicBool::new(false),
             rcvlowat: AtomicUsize::new(rcvlowat),
@@ -471,6 +478,20 @@ impl<W: Wire> RingConn<W> {
             );
             return Errno(libc::EPIPE);
         }
+        if W::FAILURES_ARE_FATAL && matches!(e, RingError::Verbs(_)) {
+            self.wire_lost(e);
+            if self.mode() == MODE_TCP && !self.reset.load(Ordering::Acquire) {
+                // Carried on over the kernel socket: the caller goes there.
+                return Errno(libc::EAGAIN);
+            }
+            if self.peer_gone() {
+                return Errno(if self.reset.load(Ordering::Acquire) {
+                    libc::ECONNRESET
+                } else {
+                    libc::EPIPE
+                });
+            }
+        }
         let errno = match e {
             RingError::Config(_) | RingError::Verbs(_) => {
                 log::error!(
@@ -558,7 +579,21 @@ impl<W: Wire> RingConn<W> {
         let mut tx = self.tx.lock();
         self.flush_locked(&mut tx);
         drop(tx);
+        self.lose_wire();
         self.push_tx_spill();
+    }
+
+    /// Leaves the ring if a flush found its wire failed (`wire_failed`).
+    /// The caller holds none of our locks.
+    fn lose_wire(&self) {
+        // One plain load on the way of every send and receive.
+        if self.wire_failed.load(Ordering::Relaxed)
+            && self.wire_failed.swap(false, Ordering::AcqRel)
+        {
+            if let Some(e) = lock(&self.wire_error).take() {
+                self.wire_lost(&e);
+            }
+        }
     }
 
     /// Background variant: skips a connection another thread is using (it
@@ -569,6 +604,7 @@ impl<W: Wire> RingConn<W> {
         };
         self.flush_locked(&mut tx);
         drop(tx);
+        self.lose_wire();
         self.push_tx_spill();
         if W::REAPS_COMPLETIONS {
             // A head push the receiver made (a word write) owes the peer a
@@ -597,6 +633,14 @@ impl<W: Wire> RingConn<W> {
             return;
         };
         if let Err(e) = tx.flush() {
+            if W::FAILURES_ARE_FATAL && matches!(e, RingError::Verbs(_)) {
+                // Left by whoever next holds none of our locks; a waiter
+                // looks again.
+                *lock(&self.wire_error) = Some(e);
+                self.wire_failed.store(true, Ordering::Release);
+                self.wire.ring_own_bell();
+                return;
+            }
             if e != RingError::Closed {
                 log::debug!("flush: {e:?}");
             }
@@ -763,6 +807,9 @@ impl<W: Wire> RingConn<W> {
                 return r;
             }
             let errno = self.ring_failed(&e, "send");
+            if self.mode() == MODE_TCP {
+                return self.tcp_send(bufs);
+            }
             if errno == Errno(libc::EPIPE) && self.peer_gone() {
                 return self.send_after_peer_gone(bufs);
             }
@@ -795,6 +842,10 @@ impl<W: Wire> RingConn<W> {
     /// HUP once the sending side is shut; the sending side to writing
     /// interest, and on a wire that reaps completions on every look.
     fn ring_readiness(&self, interest: Ready) -> Ready {
+        if self.wire_failed.load(Ordering::Relaxed) {
+            // The next send or receive leaves the ring (`lose_wire`).
+            return Ready(interest.0 & (Ready::IN.0 | Ready::OUT.0));
+        }
         let gone = self.peer_gone();
         let reset = self.reset.load(Ordering::Acquire);
         let snd_shut = reset || self.wr_shut.load(Ordering::Acquire);
@@ -1107,6 +1158,7 @@ mod tcp_state {
 
 impl<W: Wire> AttachedConn for RingConn<W> {
     fn try_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
+        self.lose_wire();
         match self.settle() {
             MODE_TCP => return self.tcp_recv(bufs, peek),
             MODE_PENDING => {
@@ -1233,6 +1285,9 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             }
             Some(e) => {
                 let errno = self.ring_failed(&e, "recv");
+                if self.mode() == MODE_TCP {
+                    return self.tcp_recv(bufs, peek);
+                }
                 if errno == Errno(libc::EPIPE) {
                     // The peer closed: what it sent is read, this is EOF.
                     self.nothing_to_read().or(Ok(0))
@@ -1244,6 +1299,7 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     }
 
     fn try_send(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
+        self.lose_wire();
         let mode = self.settle();
         if mode == MODE_TCP {
             return self.tcp_send(bufs);

@@ -1053,7 +1053,11 @@ impl Shared {
         // SAFETY: zeroed is a valid ibv_qp_attr.
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTS;
-        a.timeout = 14;
+        // 4.096 us x 2^16 = 268 ms per try (TCP's least retransmission
+        // timeout is 200 ms), 8 tries: a stall of about 2 s is ridden out;
+        // a longer one fails the queue pair, and the shim carries the
+        // connection on over TCP.
+        a.timeout = 16;
         a.retry_cnt = 7;
         a.rnr_retry = 7;
         a.sq_psn = self.psn;
