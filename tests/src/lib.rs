@@ -21,7 +21,7 @@
 //! * `echo::serve`: the echo server of the helper bins;
 //! * `matrix::Matrix`: one real-program run as the program matrix checks
 //!   it (servers and clients shimmed, watched, nothing left behind);
-//! * `free_port`, `wait_port`, `wait_listening`, `TempDir`, `script`,
+//! * `free_port`, `wait_port`, `TempDir`, `script`,
 //!   `sha256` (sha2) and the `require!`
 //!   macro, which skips a test (with a printed reason) only when a program
 //!   is not installed.
@@ -43,7 +43,7 @@ pub mod status;
 pub mod tmp;
 
 pub use ctl::{Ctl, Watched};
-pub use proc::{free_port, no_daemon_sock, run, wait_listening, wait_port, Cmd, Server};
+pub use proc::{free_port, no_daemon_sock, run, wait_port, Cmd, Server};
 pub use shim::{ctl_bin, shim, which};
 pub use status::{assert_all_shm, links, show, Conn, Link};
 pub use tmp::TempDir;

@@ -3,7 +3,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -348,33 +348,31 @@ pub fn free_port() -> u16 {
     panic!("no free port in {LOW}..{}", LOW + SPAN);
 }
 
-/// Waits until a socket listens on 127.0.0.1:`port` (or the wildcard),
-/// as /proc/net/tcp shows it, without connecting: for servers that serve
-/// one connection and exit (ncat -l, socat without fork), which a probe
-/// connection would use up. Panics with the server's output if it exits or
-/// `timeout` passes first.
-pub fn wait_listening(server: &mut Server, port: u16, timeout: Duration) {
-    // Local address 0100007F:PORT or 00000000:PORT, state 0A (LISTEN).
-    let want: Vec<String> = ["0100007F", "00000000"]
-        .iter()
-        .map(|ip| format!("{ip}:{port:04X}"))
-        .collect();
-    wait_ready(server, port, timeout, || {
-        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-        table.lines().any(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() > 3 && f[3] == "0A" && want.iter().any(|w| w == f[1])
-        })
-    });
-}
-
-/// Waits until 127.0.0.1:`port` accepts connections; panics with the
+/// Waits until a socket listens on `port` (any local address, IPv4 or
+/// IPv6), as /proc/net/tcp and tcp6 show it. It never connects: a probe
+/// connection would be one more connection the server sees (status would
+/// list its end on plain TCP while the server had not closed it yet, which
+/// a loaded machine makes last) and would use up a server that serves one
+/// connection and exits (ncat -l, socat without fork). Panics with the
 /// server's output if it exits or `timeout` passes first.
 pub fn wait_port(server: &mut Server, port: u16, timeout: Duration) {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    wait_ready(server, port, timeout, || {
-        TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
-    });
+    wait_ready(server, port, timeout, || listens(port));
+}
+
+/// Whether /proc/net/tcp or tcp6 has a socket in LISTEN (state 0A) whose
+/// local port is `port`.
+fn listens(port: u16) -> bool {
+    let want = format!(":{port:04X}");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|path| {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && f[3] == "0A" && f[1].ends_with(&want)
+            })
+    })
 }
 
 /// Polls `ready` until it holds; panics with `server`'s output if the

@@ -13,7 +13,7 @@ use ringsock_integration::{free_port, show, wait_port, Cmd, Conn, Ctl, TempDir};
 
 /// The words after `key` on the last line that starts with it.
 pub fn field<'a>(out: &'a str, key: &str) -> Vec<&'a str> {
-    // The last such line: wait_port's probe connections print first.
+    // The last such line, should a program print the key more than once.
     out.lines()
         .rev()
         .find(|l| l.starts_with(&format!("{key} ")))

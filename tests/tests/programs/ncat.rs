@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use ringsock_integration::matrix::Matrix;
 use ringsock_integration::{
-    assert_shim_silent, free_port, payload, require, sha256, wait_listening, TempDir,
+    assert_shim_silent, free_port, payload, require, sha256, wait_port, TempDir,
 };
 
 /// Direction of a transfer, seen from the client.
@@ -51,7 +51,7 @@ fn transfer(way: Way) {
     }
     let mut server = m.serve(server);
     let port: u16 = port.parse().unwrap();
-    wait_listening(&mut server, port, Duration::from_secs(10));
+    wait_port(&mut server, port, Duration::from_secs(10));
     let w = m.run(client, Duration::from_secs(60));
     w.assert_ok(&format!("ncat client ({way:?})"));
     assert_shim_silent("ncat client", &w.stderr);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ringsock_integration::matrix::Matrix;
 use ringsock_integration::{
-    assert_shim_silent, free_port, payload, require, sha256, wait_listening, TempDir,
+    assert_shim_silent, free_port, payload, require, sha256, wait_port, TempDir,
 };
 
 #[test]
@@ -26,7 +26,7 @@ fn socat_echoes_24mib_over_a_ring() {
             .arg(format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr"))
             .arg("PIPE"),
     );
-    wait_listening(&mut server, port, Duration::from_secs(10));
+    wait_port(&mut server, port, Duration::from_secs(10));
     let w = m.run(
         m.ctl
             .shimmed("socat")
