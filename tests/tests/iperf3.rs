@@ -22,8 +22,7 @@ fn run_direction(reverse: bool) {
     let mut m = Matrix::new();
     let port_n = free_port();
     let port = port_n.to_string();
-    // No wait_port probe: it would count as the one-off (-1) server's
-    // client. The server says when it listens.
+    // The server says when it listens.
     let mut server = m.serve(m.ctl.shimmed("iperf3").args([
         "-s",
         "-1",
