@@ -24,6 +24,8 @@ use crate::proc::{Cmd, Server};
 /// How long a process may take to go once told to, and the daemon to hear
 /// that its sessions ended.
 pub const GONE: Duration = Duration::from_secs(15);
+/// How long `settle` waits for a port's ends to leave status.
+const SETTLE: Duration = Duration::from_secs(10);
 
 pub struct Matrix {
     pub ctl: Ctl,
@@ -57,6 +59,14 @@ impl Matrix {
     pub fn run(&mut self, cmd: Cmd, timeout: Duration) -> Watched {
         let mut c = cmd.spawn();
         self.ctl.watch_tree(&mut c, timeout, &mut self.tree)
+    }
+
+    /// Waits (10 s at most) until status lists no connection end on
+    /// `port`: the previous client's connections are closed and their
+    /// closes reported (reports lag by design, more on a loaded machine),
+    /// so the next run's samples hold only its own. Panics if one stays.
+    pub fn settle(&self, port: u16) {
+        self.ctl.expect(port, "ends=0", SETTLE);
     }
 
     /// As `run` for a client already started (to look at it meanwhile).

@@ -46,6 +46,7 @@ fn curl_fetches_from_python_http_server_over_shm() {
     for (name, data) in &files {
         let dest = out_dir.path().join(name);
         let url = format!("http://127.0.0.1:{port}/{name}");
+        m.settle(port);
         let w = m.run(
             curl(m.ctl.shimmed("curl"), &url, &dest, Some("4M")),
             Duration::from_secs(40),

@@ -65,6 +65,7 @@ fn run(with_memcslap: bool) {
         println!("memcslap skipped");
     } else if ringsock_integration::which("memcslap").is_some() {
         for test in ["set", "get"] {
+            m.settle(port);
             let w = m.run(
                 m.ctl
                     .shimmed("memcslap")
@@ -97,6 +98,7 @@ fn run(with_memcslap: bool) {
         println!("memcslap not installed: running the python client only");
     }
     if ringsock_integration::which("python3").is_some() {
+        m.settle(port);
         let w = m.run(
             m.ctl
                 .shimmed("python3")

@@ -50,6 +50,7 @@ fn nginx_serves_files_to_curl() {
         for (name, data) in &files {
             let dest = out_dir.path().join(format!("{round}-{name}"));
             let url = format!("http://127.0.0.1:{port}/{name}");
+            m.settle(port);
             let w = m.run(
                 curl(m.ctl.shimmed("curl"), &url, &dest, Some("20M")),
                 Duration::from_secs(40),

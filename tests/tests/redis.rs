@@ -78,6 +78,7 @@ fn redis_benchmark_and_cli_readback() {
     println!("{}", w.expect(port_n, "transport=shm,ends>=2"));
 
     // One connection, kept for a second: -r 20 -i 0.05 repeats INCR on it.
+    m.settle(port_n);
     let w = m.run(
         m.ctl
             .shimmed("redis-cli")

@@ -48,6 +48,7 @@ fn nginx_reverse_proxy_over_rings() {
     for (name, data) in &files {
         let dest = dir.path().join(format!("got-{name}"));
         let url = format!("http://127.0.0.1:{port}/{name}");
+        m.settle(port);
         let w = m.run(
             curl(m.ctl.shimmed("curl"), &url, &dest, Some("16M")),
             Duration::from_secs(40),
