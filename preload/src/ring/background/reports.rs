@@ -80,13 +80,21 @@ impl Report {
 }
 
 fn report(r: Report) {
-    {
-        let mut q = REPORTS.lock();
-        q.push_back((sys::monotonic_ns(), r));
-        set_oldest(&q);
+    queue_with(|q, _, now| {
+        q.push_back((now, r));
+        set_oldest(q);
+        true
+    });
+}
+
+/// Runs `f` on the queue (with this process's pid and the time) and wakes
+/// the thread if `f` says it queued something to send.
+fn queue_with(f: impl FnOnce(&mut VecDeque<(u64, Report)>, i32, u64) -> bool) {
+    let queued = f(&mut REPORTS.lock(), process::pid(), sys::monotonic_ns());
+    if queued {
+        ensure_thread();
+        wake();
     }
-    ensure_thread();
-    wake();
 }
 
 /// Publishes when the front of `q` was queued (with REPORTS held).
@@ -199,16 +207,7 @@ pub fn note_ring(fd: RawFd, conn: Arc<dyn Tracked>, memfd: Option<OwnedFd>) {
 /// under the child (without the ring's memfd, which went to the daemon
 /// with the parent's report: the row shows no counters).
 pub fn note_taken_over(conn: Arc<dyn Tracked>) {
-    let queued = taken_over_in(
-        &mut REPORTS.lock(),
-        conn,
-        process::pid(),
-        sys::monotonic_ns(),
-    );
-    if queued {
-        ensure_thread();
-        wake();
-    }
+    queue_with(|q, me, now| taken_over_in(q, conn, me, now));
 }
 
 /// Queues `conn`'s open as process `me`'s unless `me` reported it already
@@ -241,16 +240,7 @@ pub fn note_fallback(conn: Arc<dyn Tracked>) {
 
 /// The connection's last fd in this process is gone.
 pub fn note_closed(conn: Arc<dyn Tracked>) {
-    let queued = closed_in(
-        &mut REPORTS.lock(),
-        conn,
-        process::pid(),
-        sys::monotonic_ns(),
-    );
-    if queued {
-        ensure_thread();
-        wake();
-    }
+    queue_with(|q, me, now| closed_in(q, conn, me, now));
 }
 
 /// Cancels the reports of `conn` still queued in `q`, and queues its close

@@ -445,7 +445,7 @@ impl<W: Wire> RingConn<W> {
     /// The peer's wire failed (its header's `end` is `LOST`): read nothing
     /// more of its ring, tell it where we stopped, and resend from where it
     /// stopped; from here every call goes to the kernel socket.
-    fn answer_lost(&self, l: Leave, mut tx: OpGuard<'_, TxSlot<W>>, rx: OpGuard<'_, RxSlot<W>>) {
+    fn answer_lost(&self, l: Leave, tx: OpGuard<'_, TxSlot<W>>, rx: OpGuard<'_, RxSlot<W>>) {
         let Some(consumed) = rx.as_ref().map(|r| r.bytes_consumed()) else {
             drop(rx);
             drop(tx);
@@ -463,13 +463,34 @@ impl<W: Wire> RingConn<W> {
             self.left_broken(&ringsock_ring::RingError::Os(e));
             return;
         }
-        let taken = match tx.as_mut().map(|t| t.take_after(l.consumed)) {
+        let Some(resent) = self.resend_after(l.consumed, tx, rx) else {
+            return;
+        };
+        log::warn!(
+            "{} -> {}: the peer's ring wire failed; the connection goes on over TCP from byte {consumed} in, {} out ({resent} bytes again)",
+            self.local,
+            self.peer,
+            l.consumed
+        );
+    }
+
+    /// The end of a leave without draining (the wire failed): takes back
+    /// everything past the peer's `consumed`, sends it on the kernel socket
+    /// ahead of anything else, and switches to it. Returns how many bytes
+    /// go again, None if the leave could not be exact (then reset).
+    fn resend_after(
+        &self,
+        consumed: u64,
+        mut tx: OpGuard<'_, TxSlot<W>>,
+        rx: OpGuard<'_, RxSlot<W>>,
+    ) -> Option<usize> {
+        let taken = match tx.as_mut().map(|t| t.take_after(consumed)) {
             Some(Ok(t)) => t,
             Some(Err(e)) => {
                 drop(rx);
                 drop(tx);
                 self.left_broken(&e);
-                return;
+                return None;
             }
             None => Default::default(),
         };
@@ -479,14 +500,9 @@ impl<W: Wire> RingConn<W> {
         super::super::watch::unwatch(self, self.tcp_fd());
         drop(rx);
         drop(tx);
-        log::warn!(
-            "{} -> {}: the peer's ring wire failed; the connection goes on over TCP from byte {consumed} in, {} out ({resent} bytes again)",
-            self.local,
-            self.peer,
-            l.consumed
-        );
         self.push_tx_spill();
         self.wire.ring_own_bell();
+        Some(resent)
     }
 
     /// Our wire failed (`e`): the connection leaves the ring for the kernel
@@ -563,30 +579,15 @@ impl<W: Wire> RingConn<W> {
             self.left_broken(e);
             return;
         };
-        let taken = match tx.as_mut().map(|t| t.take_after(l.consumed)) {
-            Some(Ok(t)) => t,
-            Some(Err(te)) => {
-                drop(rx);
-                drop(tx);
-                self.left_broken(&te);
-                return;
-            }
-            None => Default::default(),
+        let Some(resent) = self.resend_after(l.consumed, tx, rx) else {
+            return;
         };
-        let resent = taken.bytes.len();
-        self.spill_tx(taken.bytes, taken.eos || self.wr_shut());
-        self.mode.store(MODE_TCP, Ordering::Release);
-        super::super::watch::unwatch(self, fd);
-        drop(rx);
-        drop(tx);
         log::warn!(
             "{} -> {}: the ring's wire failed ({e}); the connection goes on over TCP from byte {consumed} in, {} out ({resent} bytes again)",
             self.local,
             self.peer,
             l.consumed
         );
-        self.push_tx_spill();
-        self.wire.ring_own_bell();
     }
 
     /// A leave that cannot be carried out exactly: the connection is
