@@ -78,6 +78,14 @@ pub trait Tracked: Send + Sync {
     fn check_socket(&self);
     /// Pushes batched bytes out (may wait for a lock the program holds).
     fn flush_ring(&self);
+    /// Whether the background thread must look for a failed wire now and
+    /// then (`check_wire`): the wire's failures wake no sleeper for sure.
+    fn wire_checked(&self) -> bool {
+        false
+    }
+    /// Looks for a failed wire and leaves the ring over it (skipping a
+    /// connection in use).
+    fn check_wire(&self) {}
     /// Background variant: skips a connection in use; false if skipped
     /// or if it must be flushed again (it stays queued).
     fn try_flush_ring(&self) -> bool;

@@ -12,7 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use super::plock::PLock;
@@ -23,8 +23,39 @@ use crate::process;
 static EP: AtomicI32 = AtomicI32::new(-1);
 static EP_PID: AtomicI32 = AtomicI32::new(0);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-static WATCHED: PLock<BTreeMap<u64, Weak<dyn Tracked>>> =
-    PLock::new(BTreeMap::new(), BTreeMap::new);
+static WATCHED: PLock<Watched> = PLock::new(Watched::new(), Watched::new);
+
+/// How many watched connections want their wire checked
+/// (`Tracked::wire_checked`); changed under the WATCHED lock, read
+/// without it on every turn of the background thread.
+static WIRES: AtomicUsize = AtomicUsize::new(0);
+
+/// The watched connections by id, each with whether its wire is checked.
+struct Watched {
+    conns: BTreeMap<u64, (Weak<dyn Tracked>, bool)>,
+}
+
+impl Watched {
+    const fn new() -> Watched {
+        Watched {
+            conns: BTreeMap::new(),
+        }
+    }
+
+    fn insert(&mut self, id: u64, conn: &Arc<dyn Tracked>) {
+        let wire = conn.wire_checked();
+        if wire {
+            WIRES.fetch_add(1, Ordering::Relaxed);
+        }
+        self.conns.insert(id, (Arc::downgrade(conn), wire));
+    }
+
+    fn remove(&mut self, id: u64) {
+        if let Some((_, true)) = self.conns.remove(&id) {
+            WIRES.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
 
 /// This process's epoll fd, made on first use (and anew in a forked
 /// child, whose inherited one is its parent's).
@@ -37,7 +68,8 @@ fn epoll_fd() -> RawFd {
     if EP_PID.load(Ordering::Acquire) == me {
         return EP.load(Ordering::Acquire);
     }
-    map.clear();
+    *map = Watched::new();
+    WIRES.store(0, Ordering::Relaxed);
     // SAFETY: plain epoll creation.
     let fd =
         unsafe { crate::sys::sys_call!(libc::SYS_epoll_create1, libc::EPOLL_CLOEXEC) } as RawFd;
@@ -70,7 +102,7 @@ pub fn watch(conn: &Arc<dyn Tracked>, socket: RawFd) {
         return;
     }
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    WATCHED.lock().insert(id, Arc::downgrade(conn));
+    WATCHED.lock().insert(id, conn);
     let mut ev = libc::epoll_event {
         events: (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLET) as u32,
         u64: id,
@@ -86,7 +118,7 @@ pub fn watch(conn: &Arc<dyn Tracked>, socket: RawFd) {
         )
     };
     if r < 0 {
-        WATCHED.lock().remove(&id);
+        WATCHED.lock().remove(id);
         return;
     }
     let st = conn.report_state();
@@ -114,7 +146,7 @@ pub fn unwatch(conn: &dyn Tracked, socket: RawFd) {
     if id == 0 {
         return;
     }
-    WATCHED.lock().remove(&id);
+    WATCHED.lock().remove(id);
     if let Some(ep) = fd() {
         if socket >= 0 {
             // SAFETY: removing our own registration.
@@ -154,16 +186,49 @@ pub fn serve() {
         }
         for ev in &evs[..n as usize] {
             let id = ev.u64;
-            let conn = WATCHED.lock().get(&id).and_then(Weak::upgrade);
+            let conn = WATCHED.lock().conns.get(&id).and_then(|(c, _)| c.upgrade());
             match conn {
                 Some(c) if !c.is_released() => c.check_socket(),
-                _ => {
-                    WATCHED.lock().remove(&id);
-                }
+                _ => WATCHED.lock().remove(id),
             }
         }
         if (n as usize) < evs.len() {
             return;
+        }
+    }
+}
+
+/// Whether this process watches a connection whose wire the background
+/// thread must check (`check_wires`).
+pub fn has_wires() -> bool {
+    EP_PID.load(Ordering::Acquire) == process::pid() && WIRES.load(Ordering::Relaxed) > 0
+}
+
+/// Looks for a failed wire under every watched connection that wants it
+/// (the background thread, every `WIRE_CHECK_NS`).
+pub fn check_wires() {
+    if EP_PID.load(Ordering::Acquire) != process::pid() {
+        return;
+    }
+    let mut conns: Vec<Arc<dyn Tracked>> = Vec::new();
+    {
+        let mut w = WATCHED.lock();
+        let mut gone = Vec::new();
+        for (id, (c, wire)) in &w.conns {
+            if *wire {
+                match c.upgrade() {
+                    Some(c) => conns.push(c),
+                    None => gone.push(*id),
+                }
+            }
+        }
+        for id in gone {
+            w.remove(id);
+        }
+    }
+    for c in conns {
+        if !c.is_released() {
+            c.check_wire();
         }
     }
 }

@@ -9,9 +9,13 @@
 //!   the daemon must settle or forget.
 //! * Status reports (`reports`): what the daemon shows in `ringsock-ctl
 //!   status`, sent from here, off the connect/accept path.
+//! * Socket watch and wire check (`watch`): a peer's leave, close or
+//!   death on the kernel socket, answered at once; a failed RDMA queue
+//!   pair, looked for every `WIRE_CHECK_NS`.
 //!
 //! The thread sleeps on an eventfd when it has nothing to do, so an idle
-//! program costs nothing; it is started lazily, and again in a forked child
+//! program costs nothing (one look a second while it holds RDMA
+//! connections); it is started lazily, and again in a forked child
 //! (threads do not survive fork).
 
 use std::os::fd::RawFd;
@@ -50,6 +54,10 @@ const COLLECT_AFTER_NS: u64 = 20_000_000;
 const COLLECT_EVERY_NS: u64 = 50_000_000;
 /// How often a process with listeners looks for a daemon that went away.
 const DAEMON_RETRY_NS: u64 = 1_000_000_000;
+/// How often the thread looks for a failed RDMA wire (`watch::check_wires`)
+/// while the process has one: a queue pair gives up after about 2 s, so a
+/// failure is noticed within half as long again.
+const WIRE_CHECK_NS: u64 = 1_000_000_000;
 
 /// Connections with bytes or completions owed, with when they were queued.
 static FLUSH: PLock<Vec<(u64, Arc<dyn Tracked>)>> = PLock::new(Vec::new(), Vec::new);
@@ -297,6 +305,7 @@ fn run() {
     // `stop` clears THREAD_PID and wakes us: we then return at once.
     let me = process::pid();
     let mut next_collect = 0u64;
+    let mut next_wire_check = 0u64;
     let mut idle = IDLE_TICKS;
     loop {
         if THREAD_PID.load(Ordering::Acquire) != me {
@@ -321,6 +330,11 @@ fn run() {
         } else if follow::urgent() {
             follow::follow_pending(now);
         }
+        let wires = super::watch::has_wires();
+        if wires && now >= next_wire_check {
+            super::watch::check_wires();
+            next_wire_check = now + WIRE_CHECK_NS;
+        }
         let follow_up = follow::has_work();
         if follow::urgent() {
             park(seen, Some(FLUSH_NS), false);
@@ -343,6 +357,12 @@ fn run() {
                 Some(DAEMON_RETRY_NS)
             } else {
                 None
+            };
+            let timeout = if wires {
+                let due = next_wire_check.saturating_sub(now).max(FLUSH_NS);
+                Some(timeout.map_or(due, |t| t.min(due)))
+            } else {
+                timeout
             };
             park(seen, timeout, true);
             if ctl::wants_session(stale) {

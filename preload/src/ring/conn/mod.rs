@@ -138,6 +138,11 @@ pub struct RingConn<W: Wire> {
     /// failure, for the log.
     wire_failed: AtomicBool,
     wire_error: Mutex<Option<RingError>>,
+    /// `settle_words` gave up with a word write unreported (a sleeping
+    /// flag among them, maybe): once it is reported the background thread
+    /// looks at readiness for the armed waiters, whose own look came
+    /// before the flag was known to be visible (`try_flush`).
+    settle_owed: AtomicBool,
     /// When a partial leave header was first seen (0: none).
     header_since: AtomicU64,
     /// A leave header came while we were pending: the server took the ring
@@ -199,6 +204,7 @@ impl<W: Wire> RingConn<W> {
             leaving: AtomicBool::new(false),
             wire_failed: AtomicBool::new(false),
             wire_error: Mutex::new(None),
+            settle_owed: AtomicBool::new(false),
             header_since: AtomicU64::new(0),
             header_early: AtomicBool::new(false),
             rcvlowat: AtomicUsize::new(rcvlowat),
@@ -565,6 +571,7 @@ impl<W: Wire> RingConn<W> {
             if spins.is_multiple_of(64) {
                 self.check_tcp();
                 if self.peer_gone() || sys::monotonic_ns() - start > SETTLE_LIMIT_NS {
+                    self.settle_owed.store(true, Ordering::Release);
                     self.mark_dirty();
                     return;
                 }
@@ -583,6 +590,46 @@ impl<W: Wire> RingConn<W> {
         self.push_tx_spill();
     }
 
+    /// Records `e` if it says the wire failed (`wire_failed`): the ring is
+    /// left by whoever next holds none of our locks (`lose_wire`), and a
+    /// waiter looks again. Returns whether it did.
+    fn note_wire_failure(&self, e: &RingError) -> bool {
+        if !(W::FAILURES_ARE_FATAL && matches!(e, RingError::Verbs(_))) {
+            return false;
+        }
+        lock(&self.wire_error).get_or_insert_with(|| e.clone());
+        self.wire_failed.store(true, Ordering::Release);
+        self.wire.ring_own_bell();
+        true
+    }
+
+    /// The background thread's look for a failed wire (`watch::check_wires`)
+    /// on a connection no thread of the program may be looking at: reaps
+    /// the completions of both ends, skipping one in use, and leaves the
+    /// ring if they tell of a failure. A device need not wake a sleeping
+    /// end when its queue pair fails, and both ends may sleep, each
+    /// waiting for the other.
+    fn check_wire(&self) {
+        if !W::REAPS_COMPLETIONS || self.mode() != MODE_RING || !W::is_user(self) {
+            return;
+        }
+        if let Some(mut tx) = self.tx.try_lock() {
+            let polled = tx.as_mut().map(|tx| {
+                tx.poll()
+                    .and_then(|()| W::check_stalled(tx.transport_mut()))
+            });
+            if let Some(Err(e)) = polled {
+                self.note_wire_failure(&e);
+            }
+        }
+        if let Some(mut rx) = self.rx.try_lock() {
+            if let Some(Err(e)) = rx.as_mut().map(|rx| rx.poll()) {
+                self.note_wire_failure(&e);
+            }
+        }
+        self.lose_wire();
+    }
+
     /// Leaves the ring if a flush found its wire failed (`wire_failed`).
     /// The caller holds none of our locks.
     fn lose_wire(&self) {
@@ -590,7 +637,10 @@ impl<W: Wire> RingConn<W> {
         if self.wire_failed.load(Ordering::Relaxed)
             && self.wire_failed.swap(false, Ordering::AcqRel)
         {
-            if let Some(e) = lock(&self.wire_error).take() {
+            // `wire_error` is a leaf lock: taken under the ring ends' locks
+            // (`note_wire_failure`), so not held while leaving takes them.
+            let e = lock(&self.wire_error).take();
+            if let Some(e) = e {
                 self.wire_lost(&e);
             }
         }
@@ -609,18 +659,43 @@ impl<W: Wire> RingConn<W> {
         if W::REAPS_COMPLETIONS {
             // A head push the receiver made (a word write) owes the peer a
             // kick if it waits for space: poll it here too.
-            if let Some(mut rx) = self.rx.try_lock() {
-                if let Some(rx) = rx.as_mut() {
-                    let _ = rx.poll();
-                    if W::words_pending(rx.transport_mut()) {
-                        self.mark_dirty();
+            let rx_owes = match self.rx.try_lock() {
+                Some(mut rx) => rx.as_mut().is_some_and(|rx| {
+                    if let Err(e) = rx.poll() {
+                        self.note_wire_failure(&e);
                     }
-                }
-            } else {
+                    W::words_pending(rx.transport_mut())
+                }),
+                None => true,
+            };
+            if rx_owes || self.dirty.load(Ordering::Acquire) {
                 self.mark_dirty();
+            } else if self.settle_owed.swap(false, Ordering::AcqRel) {
+                self.wake_if_ready();
             }
+            self.lose_wire();
         }
         true
+    }
+
+    /// Rings our own bell if a waiter is armed for what readiness now
+    /// shows: the look a sleeper took while its flag write was unreported
+    /// may have missed bytes or space the peer, not seeing the flag yet,
+    /// announced to no one.
+    fn wake_if_ready(&self) {
+        let armed = {
+            let w = lock(&self.waiters);
+            (w.rx > 0, w.tx > 0)
+        };
+        if armed == (false, false) {
+            return;
+        }
+        let r = self.readiness();
+        let rx_ready = armed.0 && r.intersects(Ready::IN | Ready::RDHUP | Ready::HUP | Ready::ERR);
+        let tx_ready = armed.1 && r.intersects(Ready::OUT | Ready::HUP | Ready::ERR);
+        if rx_ready || tx_ready {
+            self.wire.ring_own_bell();
+        }
     }
 
     /// Flushes with the sender locked; pays a deferred end-of-stream mark.
@@ -633,12 +708,7 @@ impl<W: Wire> RingConn<W> {
             return;
         };
         if let Err(e) = tx.flush() {
-            if W::FAILURES_ARE_FATAL && matches!(e, RingError::Verbs(_)) {
-                // Left by whoever next holds none of our locks; a waiter
-                // looks again.
-                *lock(&self.wire_error) = Some(e);
-                self.wire_failed.store(true, Ordering::Release);
-                self.wire.ring_own_bell();
+            if self.note_wire_failure(&e) {
                 return;
             }
             if e != RingError::Closed {
@@ -859,7 +929,10 @@ impl<W: Wire> RingConn<W> {
                 Some(rx) => {
                     let lowat = self.rcvlowat.load(Ordering::Relaxed);
                     let data = if lowat <= 1 {
-                        !matches!(rx.readable(), Ok(false))
+                        match rx.readable() {
+                            Ok(d) => d,
+                            Err(e) => !self.note_wire_failure(&e),
+                        }
                     } else {
                         rx.available().map_or(true, |n| n >= lowat)
                     };
@@ -889,13 +962,19 @@ impl<W: Wire> RingConn<W> {
                     // left to this end's own arming the doorbell would
                     // wait out our spin while the peer oversleeps.
                     if W::REAPS_COMPLETIONS {
-                        let _ = tx.poll();
+                        if let Err(e) = tx.poll() {
+                            self.note_wire_failure(&e);
+                        }
                     }
                     !matches!(tx.writable(), Ok(false))
                 }
                 None => true,
             }
         };
+        if self.wire_failed.load(Ordering::Relaxed) {
+            // A look above found the wire failed.
+            return Ready(interest.0 & (Ready::IN.0 | Ready::OUT.0));
+        }
         if snd_shut || gone || writable {
             r = r | Ready::OUT;
         }
@@ -1117,6 +1196,14 @@ impl<W: Wire> Tracked for RingConn<W> {
 
     fn flush_ring(&self) {
         self.flush_now();
+    }
+
+    fn wire_checked(&self) -> bool {
+        W::FAILURES_ARE_FATAL
+    }
+
+    fn check_wire(&self) {
+        RingConn::check_wire(self);
     }
 
     fn try_flush_ring(&self) -> bool {

@@ -78,6 +78,12 @@ pub trait Wire: Sized + Send + Sync + 'static {
         false
     }
 
+    /// Fails the transport if its requests stopped completing (now and
+    /// then, from the background thread's wire check).
+    fn check_stalled(_t: &mut Self::Transport) -> Result<(), RingError> {
+        Ok(())
+    }
+
     /// The doorbells a sleeper waits on besides the kernel socket.
     fn bell_fds(&self) -> [Option<RawFd>; 2];
 

@@ -198,6 +198,10 @@ impl Wire for RdmaWire {
         t.words_pending()
     }
 
+    fn check_stalled(t: &mut VerbsTransport) -> Result<(), RingError> {
+        t.check_stalled()
+    }
+
     fn bell_fds(&self) -> [Option<RawFd>; 2] {
         [Some(self.bell_fd), Some(self.wake.fd())]
     }

@@ -251,6 +251,10 @@ struct SqState {
     /// re-sent before the next tail word (`Shared::resend_headers`).
     headerless: VecDeque<SentHeaderless>,
     failed: Option<RingError>,
+    /// `check_stalled`'s watch: the completion count it last saw, and
+    /// since when it has not moved with requests outstanding.
+    stall_done: u64,
+    stall_since: Option<std::time::Instant>,
 }
 
 /// A record whose header stayed home (`SqState::headerless`).
@@ -1054,11 +1058,12 @@ impl Shared {
         let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv_qp_state::IBV_QPS_RTS;
         // 4.096 us x 2^16 = 268 ms per try (TCP's least retransmission
-        // timeout is 200 ms), 8 tries: a stall of about 2 s is ridden out;
+        // timeout is 200 ms), 7 tries: a stall of about 2 s is ridden out;
         // a longer one fails the queue pair, and the shim carries the
-        // connection on over TCP.
+        // connection on over TCP. Not 7 retries: Soft-RoCE takes 7 to mean
+        // retry forever.
         a.timeout = 16;
-        a.retry_cnt = 7;
+        a.retry_cnt = 6;
         a.rnr_retry = 7;
         a.sq_psn = self.psn;
         a.max_rd_atomic = 1;
@@ -1398,7 +1403,13 @@ impl Shared {
                     self.rq_counters()
                         .cq_errors
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    return Err(wc_error(w.status));
+                    // Kept where every later reap finds it: whoever drained
+                    // this completion (a doorbell's waiter, say) may drop
+                    // the error, and the queue pair carries nothing more.
+                    // The rq -> sq lock order is fetch_tail's.
+                    let e = wc_error(w.status);
+                    lock(&self.sq).failed.get_or_insert_with(|| e.clone());
+                    return Err(e);
                 }
                 if w.wc_flags & ibv_wc_flags::IBV_WC_WITH_IMM.0 == 0 {
                     continue;
@@ -1475,6 +1486,31 @@ impl VerbsTransport {
     /// ends until this is false (see the module documentation).
     pub fn words_pending(&self) -> bool {
         lock(&self.shared.sq).unreported[self.role as usize] > 0
+    }
+
+    /// Reaps, and fails the connection (`give_up`) if a signaled request
+    /// has been outstanding without one completing for `REQUEST_LIMIT`: a device
+    /// may retry without end (Soft-RoCE after its link came back, say),
+    /// and nothing else bounds a stall no thread waits on. Called now and
+    /// then (the shim's background thread, every second or so); each call
+    /// compares with the previous one.
+    pub fn check_stalled(&self) -> Result<(), RingError> {
+        let s = &*self.shared;
+        let mut st = lock(&s.sq);
+        s.reap(&mut st)?;
+        // Only a signaled request reports its completion: the latest one is
+        // `unsignaled` posts back.
+        let last_signaled = st.posted - u64::from(st.unsignaled);
+        if last_signaled <= st.done || st.done != st.stall_done {
+            st.stall_done = st.done;
+            st.stall_since = None;
+            return Ok(());
+        }
+        let since = *st.stall_since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() >= REQUEST_LIMIT {
+            return Err(s.give_up(&mut st, "WRITE"));
+        }
+        Ok(())
     }
 
     /// Whether the rings use huge pages.
