@@ -29,6 +29,9 @@
 #     shim log line must name the locked-memory limit. First verbscheck
 #     (the verbs library alone) shows that the limit really stops a
 #     registration there.
+# Last, the RDMA wire goes down mid-stream, for 1 s and then for longer
+# than the queue pairs retry: every byte checked both times, and after the
+# long outage both shims must say they left the ring for TCP.
 # One "CHECK PASS|FAIL name: ..." line per check; exit 1 if any failed.
 #
 # iperf3's sender and receiver byte counts agree only in -R mode with -n
@@ -50,6 +53,9 @@ REDIS_D=1024        # its value size
 MEMLOCK_KB=64       # the low RLIMIT_MEMLOCK of the locked-memory check
 ZC_MIN=65536        # RINGSOCK_ZEROCOPY_MIN of the zero-copy checks
 ZC_MIB=4            # zero-copy streamcheck: MiB each way (1 connection)
+OUT_MIB=16          # wire outage streamcheck: MiB each way (1 connection)
+OUT_SECS=4          # how long the RDMA wire is down (past the retries)
+OUT_SHORT_SECS=1    # and for a stall the queue pairs ride out
 
 fail=0
 npass=0
@@ -406,6 +412,57 @@ if [ -x /opt/ringsock/setpriv ]; then
   fi
 else
   bad "memlock: no setpriv in the guest (pass /usr/bin/setpriv to scripts/softroce-vm)"
+fi
+
+# ---------------------------------------------------------------- outage
+# The RDMA wire goes down mid-stream. Shorter than the queue pairs retry
+# (7 tries of 268 ms), the stream rides it out on the ring; longer, kernel
+# TCP would still ride it out, so the connection must too, leaving the
+# ring for its kernel socket (on the ctl wire) at offsets both ends agree
+# on. Either way every byte arrives once and in order, and nothing hangs.
+outage() { # NAME PORT SECS
+  name=$1; port=$2; secs=$3
+  step "RDMA wire outage: streamcheck, shim both ends, 1 connection, $OUT_MIB MiB each way, vethB down $secs s mid-stream"
+  gone0=$(cat /tmp/shimA.log /tmp/shimB.log | grep -c "goes on over TCP")
+  $SA streamcheck server --host $SRV --port $port --mib $OUT_MIB --conns 1 --timeout-s 90 \
+    > /tmp/sc.$name.srv 2>&1 &
+  spid=$!
+  wait_listen A $port || bad "$name: server did not listen"
+  (
+    # Once the connection is on the ring and moving bytes, cut the wire.
+    i=0
+    while [ $i -lt 200 ]; do
+      ringsock-ctl status --socket /tmp/ctlA.sock 2>/dev/null | grep ":$port " | grep -q "rdma.*in_bytes=[1-9]" && break
+      sleep 0.1; i=$((i + 1))
+    done
+    $IP link set vethB down
+    echo "    vethB down [t=$(uptime_s)]"
+    sleep $secs
+    $IP link set vethB up
+    echo "    vethB up [t=$(uptime_s)]"
+  ) &
+  cutpid=$!
+  timeout 120 $SB streamcheck client --host $SRV --port $port --mib $OUT_MIB --conns 1 --timeout-s 90 \
+    > /tmp/sc.$name.cli 2>&1
+  echo "    client exit $? [t=$(uptime_s)]"
+  wait $cutpid
+  i=0
+  while kill -0 $spid 2>/dev/null && [ $i -lt 50 ]; do sleep 0.2; i=$((i + 1)); done
+  kill -0 $spid 2>/dev/null && { echo "    server still running 10 s after its client: killed"; stop $spid; }
+  wait $spid
+  echo "    server exit $?"
+  sc_verdict $name /tmp/sc.$name.srv /tmp/sc.$name.cli 1 $OUT_MIB
+  gone=$(($(cat /tmp/shimA.log /tmp/shimB.log | grep -c "goes on over TCP") - gone0))
+  echo "    $gone log lines of ends that left the ring for TCP"
+  grep -h "goes on over TCP\|wire failed\|cannot be left" /tmp/shimA.log /tmp/shimB.log | tail -n 4 | sed 's/^/    /'
+}
+
+outage outage-short 7211 $OUT_SHORT_SECS
+outage outage 7210 $OUT_SECS
+if [ $gone -ge 2 ]; then
+  pass "outage leave: both ends left the ring for TCP ($gone log lines)"
+else
+  bad "outage leave: $gone of 2 ends logged leaving the ring for TCP"
 fi
 
 # ---------------------------------------------------------------- end
