@@ -397,15 +397,15 @@ impl<W: Wire> RingConn<W> {
                         wait.relax();
                     }
                     Ok(false) => {
+                        self.left_broken(&ringsock_ring::RingError::WouldBlock);
                         drop(rx);
                         drop(tx);
-                        self.left_broken(&ringsock_ring::RingError::WouldBlock);
                         return;
                     }
                     Err(e) => {
+                        self.left_broken(&e);
                         drop(rx);
                         drop(tx);
-                        self.left_broken(&e);
                         return;
                     }
                 }
@@ -415,9 +415,9 @@ impl<W: Wire> RingConn<W> {
         let taken = match tx.as_mut().map(|t| t.take_after(l.consumed)) {
             Some(Ok(t)) => t,
             Some(Err(e)) => {
+                self.left_broken(&e);
                 drop(rx);
                 drop(tx);
-                self.left_broken(&e);
                 return;
             }
             None => Default::default(),
@@ -447,9 +447,9 @@ impl<W: Wire> RingConn<W> {
     /// stopped; from here every call goes to the kernel socket.
     fn answer_lost(&self, l: Leave, tx: OpGuard<'_, TxSlot<W>>, rx: OpGuard<'_, RxSlot<W>>) {
         let Some(consumed) = rx.as_ref().map(|r| r.bytes_consumed()) else {
+            self.left_broken(&ringsock_ring::RingError::Closed);
             drop(rx);
             drop(tx);
-            self.left_broken(&ringsock_ring::RingError::Closed);
             return;
         };
         let header = Leave {
@@ -458,9 +458,9 @@ impl<W: Wire> RingConn<W> {
         };
         // Ours goes before any byte we resend.
         if let Err(Errno(e)) = send_all_bounded(self.tcp_fd(), &header.encode()) {
+            self.left_broken(&ringsock_ring::RingError::Os(e));
             drop(rx);
             drop(tx);
-            self.left_broken(&ringsock_ring::RingError::Os(e));
             return;
         }
         let Some(resent) = self.resend_after(l.consumed, tx, rx) else {
@@ -487,9 +487,9 @@ impl<W: Wire> RingConn<W> {
         let taken = match tx.as_mut().map(|t| t.take_after(consumed)) {
             Some(Ok(t)) => t,
             Some(Err(e)) => {
+                self.left_broken(&e);
                 drop(rx);
                 drop(tx);
-                self.left_broken(&e);
                 return None;
             }
             None => Default::default(),
@@ -522,27 +522,32 @@ impl<W: Wire> RingConn<W> {
             super::fork::Entered::Shared(s) => {
                 // Another process holds the ring too and cannot follow.
                 s.unlock();
+                self.left_broken(e);
                 drop(rx);
                 drop(tx);
-                self.left_broken(e);
                 return;
             }
             super::fork::Entered::Left => return,
         }
         let Some(consumed) = rx.as_ref().map(|r| r.bytes_consumed()) else {
+            self.left_broken(e);
             drop(rx);
             drop(tx);
-            self.left_broken(e);
             return;
         };
         let header = Leave {
             consumed,
             end: LOST,
         };
+        if self.lost_sent.swap(true, Ordering::AcqRel) {
+            // An earlier leave sent ours and ended without leaving the ring
+            // (the peer's end was gone).
+            return;
+        }
         if send_all_bounded(fd, &header.encode()).is_err() {
+            self.left_broken(e);
             drop(rx);
             drop(tx);
-            self.left_broken(e);
             return;
         }
         let deadline = sys::monotonic_ns() + limit_ns();
@@ -574,9 +579,9 @@ impl<W: Wire> RingConn<W> {
             poll_one_for(fd, libc::POLLIN, 1);
         };
         let Some(l) = peer else {
+            self.left_broken(e);
             drop(rx);
             drop(tx);
-            self.left_broken(e);
             return;
         };
         let Some(resent) = self.resend_after(l.consumed, tx, rx) else {
@@ -591,7 +596,11 @@ impl<W: Wire> RingConn<W> {
     }
 
     /// A leave that cannot be carried out exactly: the connection is
-    /// reset, never continued with bytes lost or repeated.
+    /// reset, never continued with bytes lost or repeated. Called with the
+    /// ring ends still locked where the caller holds them: a thread
+    /// waiting for those locks must find the connection off the ring, or
+    /// it would start a leave of its own, whose second header the peer
+    /// reads as stream data once it is on the socket.
     fn left_broken(&self, e: &ringsock_ring::RingError) {
         log::error!(
             "{} -> {}: the ring cannot be left exactly ({e}); the connection is reset",

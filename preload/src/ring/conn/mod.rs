@@ -138,6 +138,9 @@ pub struct RingConn<W: Wire> {
     /// failure, for the log.
     wire_failed: AtomicBool,
     wire_error: Mutex<Option<RingError>>,
+    /// Our LOST leave header went out (`wire_lost`): never a second one,
+    /// which the peer, on the socket by then, would read as stream data.
+    lost_sent: AtomicBool,
     /// `settle_words` gave up with a word write unreported (a sleeping
     /// flag among them, maybe): once it is reported the background thread
     /// looks at readiness for the armed waiters, whose own look came
@@ -204,6 +207,7 @@ impl<W: Wire> RingConn<W> {
             leaving: AtomicBool::new(false),
             wire_failed: AtomicBool::new(false),
             wire_error: Mutex::new(None),
+            lost_sent: AtomicBool::new(false),
             settle_owed: AtomicBool::new(false),
             header_since: AtomicU64::new(0),
             header_early: AtomicBool::new(false),
