@@ -463,34 +463,29 @@ impl<W: Wire> RingConn<W> {
             drop(tx);
             return;
         }
-        let Some(resent) = self.resend_after(l.consumed, tx, rx) else {
-            return;
-        };
-        log::warn!(
-            "{} -> {}: the peer's ring wire failed; the connection goes on over TCP from byte {consumed} in, {} out ({resent} bytes again)",
-            self.local,
-            self.peer,
-            l.consumed
-        );
+        self.resend_after(l.consumed, consumed, "the peer's ring wire failed", tx, rx);
     }
 
     /// The end of a leave without draining (the wire failed): takes back
     /// everything past the peer's `consumed`, sends it on the kernel socket
-    /// ahead of anything else, and switches to it. Returns how many bytes
-    /// go again, None if the leave could not be exact (then reset).
+    /// ahead of anything else, and switches to it, logging `why` with both
+    /// positions (`ours`: what we consumed). A leave that cannot be exact
+    /// resets instead.
     fn resend_after(
         &self,
         consumed: u64,
+        ours: u64,
+        why: &str,
         mut tx: OpGuard<'_, TxSlot<W>>,
         rx: OpGuard<'_, RxSlot<W>>,
-    ) -> Option<usize> {
+    ) {
         let taken = match tx.as_mut().map(|t| t.take_after(consumed)) {
             Some(Ok(t)) => t,
             Some(Err(e)) => {
                 self.left_broken(&e);
                 drop(rx);
                 drop(tx);
-                return None;
+                return;
             }
             None => Default::default(),
         };
@@ -502,7 +497,11 @@ impl<W: Wire> RingConn<W> {
         drop(tx);
         self.push_tx_spill();
         self.wire.ring_own_bell();
-        Some(resent)
+        log::warn!(
+            "{} -> {}: {why}; the connection goes on over TCP from byte {ours} in, {consumed} out ({resent} bytes again)",
+            self.local,
+            self.peer
+        );
     }
 
     /// Our wire failed (`e`): the connection leaves the ring for the kernel
@@ -584,15 +583,8 @@ impl<W: Wire> RingConn<W> {
             drop(tx);
             return;
         };
-        let Some(resent) = self.resend_after(l.consumed, tx, rx) else {
-            return;
-        };
-        log::warn!(
-            "{} -> {}: the ring's wire failed ({e}); the connection goes on over TCP from byte {consumed} in, {} out ({resent} bytes again)",
-            self.local,
-            self.peer,
-            l.consumed
-        );
+        let why = format!("the ring's wire failed ({e})");
+        self.resend_after(l.consumed, consumed, &why, tx, rx);
     }
 
     /// A leave that cannot be carried out exactly: the connection is
