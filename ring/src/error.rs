@@ -41,6 +41,8 @@ pub enum Corruption {
     Segment(&'static str),
     /// A stream position the peer named lies outside `[low, high]`.
     Position { pos: u64, low: u64, high: u64 },
+    /// The reader's closed flag held neither 0 nor 1.
+    ClosedFlag { raw: u64 },
 }
 
 /// Why a ring's configuration cannot work.
@@ -120,6 +122,7 @@ impl fmt::Display for Corruption {
                 )
             }
             Corruption::Segment(what) => write!(f, "bad shared segment: {what}"),
+            Corruption::ClosedFlag { raw } => write!(f, "reader's closed flag {raw:#x}"),
             Corruption::Position { pos, low, high } => {
                 write!(f, "stream position {pos} outside {low}..={high}")
             }

@@ -151,9 +151,21 @@ impl<T: Transport> Sender<T> {
         e
     }
 
-    /// Whether the reader has closed its end.
+    /// Whether the reader has closed its end (a flag that is neither 0 nor
+    /// 1 is not a close: `check_peer` fails the ring on it).
     pub fn peer_closed(&self) -> bool {
-        self.ctrl().rx_closed.value.load(Ordering::Acquire) != 0
+        self.ctrl().rx_closed.value.load(Ordering::Acquire) == 1
+    }
+
+    /// The reader's closed flag, checked: a value the receiver never writes
+    /// is corruption, never taken for a close (whose writes would be
+    /// dropped as the kernel drops them after the peer's close).
+    fn check_peer(&mut self) -> Result<bool, RingError> {
+        match self.ctrl().rx_closed.value.load(Ordering::Acquire) {
+            0 => Ok(false),
+            1 => Ok(true),
+            raw => Err(self.fail(RingError::Corrupt(Corruption::ClosedFlag { raw }))),
+        }
     }
 
     /// Re-reads the head the receiver pushed. The value comes from the peer:
@@ -189,7 +201,7 @@ impl<T: Transport> Sender<T> {
     /// after publishing everything (the ring is full).
     pub fn write(&mut self, buf: &[u8]) -> Result<usize, RingError> {
         self.check()?;
-        if self.peer_closed() {
+        if self.check_peer()? {
             return Err(RingError::PeerClosed);
         }
         if buf.is_empty() {
@@ -251,7 +263,7 @@ impl<T: Transport> Sender<T> {
     /// (`take_unconsumed` serves the shm handshake only).
     pub fn write_zero_copy(&mut self, buf: &[u8], lkey: u32) -> Result<usize, RingError> {
         self.check()?;
-        if self.peer_closed() {
+        if self.check_peer()? {
             return Err(RingError::PeerClosed);
         }
         if buf.is_empty() {
@@ -628,7 +640,7 @@ impl<T: Transport> Sender<T> {
     /// Whether a write would take at least one byte now.
     pub fn writable(&mut self) -> Result<bool, RingError> {
         self.check()?;
-        if self.peer_closed() || self.has_room() {
+        if self.check_peer()? || self.has_room() {
             // A closed peer makes the write report EPIPE, like the kernel.
             return Ok(true);
         }

@@ -4,7 +4,7 @@
 #![cfg(not(loom))]
 
 use proptest::prelude::*;
-use ringsock_ring::{heap_pair, Receiver, RingConfig, RingError, RingMem, ShmTransport};
+use ringsock_ring::{heap_pair, Receiver, RingConfig, RingError, RingMem, Sender, ShmTransport};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 
@@ -151,6 +151,42 @@ proptest! {
             }
             if corrupt {
                 prop_assert!(matches!(rx.read(&mut buf), Err(RingError::Corrupt(_))), "corruption must be sticky");
+            }
+        }
+    }
+
+    /// Arbitrary words where the receiver writes (the head it hands back,
+    /// its closed flag): the sender takes a close only from the flag the
+    /// receiver writes (1), and reports anything impossible as corruption,
+    /// which stays; never a panic, never a write dropped as after a close.
+    #[test]
+    fn sender_survives_arbitrary_receiver_words(
+        words in prop::collection::vec((any::<u64>(), prop_oneof![Just(0u64), Just(1), any::<u64>()]), 1..12),
+        writes in prop::collection::vec(1usize..3000, 1..12),
+    ) {
+        let cfg = RingConfig { slots: 16, slot_size: 64, alpha: 1, beta: 1, gamma: 1, max_record_slots: 8, ..RingConfig::default() };
+        let mem = RingMem::heap(&cfg);
+        let mut tx = Sender::new(mem.clone(), ShmTransport::new(mem.clone(), None), cfg).unwrap();
+        let mut corrupt = false;
+        for (i, n) in writes.iter().enumerate() {
+            let (head, closed) = words[i % words.len()];
+            mem.ctrl().local_head.value.store(head % 64, Ordering::Release);
+            mem.ctrl().rx_closed.value.store(closed, Ordering::Release);
+            let data = vec![7u8; *n];
+            let results = [tx.write(&data).err(), tx.writable().err(), tx.flush().err()];
+            for r in results.into_iter().flatten() {
+                match r {
+                    RingError::WouldBlock => prop_assert!(!corrupt),
+                    RingError::PeerClosed => prop_assert!(!corrupt && closed == 1, "a close from flag {closed:#x}"),
+                    RingError::Corrupt(_) => corrupt = true,
+                    other => prop_assert!(false, "unexpected error {other}"),
+                }
+            }
+            if closed > 1 {
+                prop_assert!(corrupt, "flag {closed:#x} taken for no corruption");
+            }
+            if corrupt {
+                prop_assert!(matches!(tx.write(&data), Err(RingError::Corrupt(_))), "corruption must be sticky");
             }
         }
     }

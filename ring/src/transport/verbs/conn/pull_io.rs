@@ -444,7 +444,7 @@ impl VerbsTransport {
         if pace
             && s.ctrl_word(s.layout.out_ctrl, offset_of!(RingControl, rx_closed))
                 .load(Ordering::Acquire)
-                != 0
+                == 1
         {
             // Going away and the peer's reader is gone too: nobody will
             // read what a catch-up would carry.
