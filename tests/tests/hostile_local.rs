@@ -464,11 +464,15 @@ fn scribbled_ring_fails_the_connection_not_the_process() {
         status.signal().is_none(),
         "the client died of a signal: {status:?}\n{o}\n{e}"
     );
-    // Either an error, or exactly the right bytes; never a wrong one.
+    // Either an error, or exactly the right bytes; never a wrong one, and
+    // never a cut stream that ends as if whole (exit 4).
     assert!(o.contains(" prefix ok"), "garbage delivered:\n{o}\n{e}");
     let intact = format!("recv {} {} prefix ok", SIZE, sha256::hex(&pair.data));
+    assert!(o.contains(&intact) || status.code() == Some(3), "{o}\n{e}");
+    // The server too: the whole stream, or the reset; never an early EOF.
+    let (so, _) = pair.srv.output();
     assert!(
-        o.contains(&intact) || status.code() == Some(3) || status.code() == Some(4),
-        "{o}\n{e}"
+        so.contains(&format!("echoed {SIZE}")) || so.contains("error ConnectionResetError"),
+        "{so}"
     );
 }

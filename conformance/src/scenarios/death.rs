@@ -17,6 +17,7 @@ use crate::scenarios::readiness::reset_close;
 pub fn list() -> Vec<Scenario> {
     vec![
         sc("peer_close_unread_data", "peer closes with our bytes unread: POLLERR|POLLHUP, recv ECONNRESET then 0, send EPIPE", close_unread),
+        sc("peer_close_unread_after_fin", "peer shuts down, then closes with our bytes unread: recv stays 0, SO_ERROR EPIPE, send EPIPE", close_unread_after_fin),
         sc("peer_sigkill_unread_data", "peer SIGKILLed with our bytes unread: a reset, as for close", sigkill_unread),
         sc("peer_sigkill_idle", "peer SIGKILLed with nothing unread: EOF, the first send accepted, the next EPIPE", sigkill_idle),
         sc("peer_reset_with_our_data_unread", "peer sends then resets (SO_LINGER {1,0}): what recv returns of its bytes, then the error", reset_with_unread),
@@ -73,6 +74,30 @@ fn close_unread(r: &mut Role) {
         r.barrier("closed");
         after_reset(r, fd);
     } else {
+        r.await_bytes(fd, 6);
+        r.call(ops::close(fd));
+        r.barrier("closed");
+    }
+}
+
+/// The peer's reset finds this end in CLOSE_WAIT: the kernel keeps EPIPE
+/// as the socket's error, and a receive after the FIN returns 0 without
+/// taking it.
+fn close_unread_after_fin(r: &mut Role) {
+    let fd = r.open();
+    if r.is_server() {
+        r.await_eof(fd);
+        r.call(ops::send(fd, b"unread", 0));
+        r.barrier("closed");
+        r.await_events(fd, libc::POLLERR);
+        r.call(ops::poll(&[(fd, ALL)], 0));
+        r.call(ops::recv(fd, 100, 0));
+        r.call(ops::recv(fd, 100, 0));
+        r.call(ops::so_error(fd));
+        r.call(ops::send(fd, b"x", libc::MSG_NOSIGNAL));
+        r.call(ops::poll(&[(fd, ALL)], 0));
+    } else {
+        r.call(ops::shutdown(fd, libc::SHUT_WR));
         r.await_bytes(fd, 6);
         r.call(ops::close(fd));
         r.barrier("closed");

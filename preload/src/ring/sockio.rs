@@ -192,10 +192,36 @@ pub fn recv_then_error(
     if matches!(got, Ok(n) if n > 0) {
         return got;
     }
-    match error.swap(0, Ordering::AcqRel) {
-        0 => got,
-        e => Err(Errno(e)),
+    match take_recv_error(error) {
+        Some(e) => Err(Errno(e)),
+        None => got,
     }
+}
+
+/// The error a receive reports, taken once; None when there is none for
+/// it. EPIPE stays for the next send: the kernel holds EPIPE only for a
+/// reset after the peer's FIN, and a receive after a FIN returns EOF
+/// before it looks at the error (recv never fails with EPIPE).
+pub fn take_recv_error(error: &AtomicI32) -> Option<c_int> {
+    error
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
+            (e != 0 && e != libc::EPIPE).then_some(0)
+        })
+        .ok()
+}
+
+/// Aborts the kernel connection under `fd` as a close with SO_LINGER
+/// {1,0} would, though other descriptors share the socket: connect with
+/// AF_UNSPEC disconnects it, sending a reset where the state calls for
+/// one. The peer reads a reset, never an end of stream that would pass
+/// a cut stream off as whole.
+pub fn abort(fd: RawFd) {
+    // SAFETY: a zeroed sockaddr is a valid AF_UNSPEC address.
+    let mut unspec: libc::sockaddr = unsafe { std::mem::zeroed() };
+    unspec.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    let len = std::mem::size_of::<libc::sockaddr>() as libc::socklen_t;
+    // SAFETY: connect reads `len` bytes of our own address.
+    unsafe { crate::sys::sys_call!(libc::SYS_connect, fd, &unspec as *const libc::sockaddr, len) };
 }
 
 /// A send that met the peer's closed flag (its reader closed: the peer

@@ -30,6 +30,8 @@
 
 use std::sync::atomic::Ordering;
 
+use ringsock_ring::Receiver;
+
 use super::lock::OpGuard;
 use super::tcp::poll_one_for;
 use super::{RingConn, RxSlot, TxSlot, Wire, MODE_PENDING, MODE_RING, MODE_TCP};
@@ -292,7 +294,7 @@ impl<W: Wire> RingConn<W> {
                 break t;
             }
             if sys::monotonic_ns() >= deadline {
-                self.left_broken(&ringsock_ring::RingError::WouldBlock);
+                self.left_broken(&ringsock_ring::RingError::WouldBlock, None);
                 return;
             }
             std::thread::yield_now();
@@ -300,7 +302,7 @@ impl<W: Wire> RingConn<W> {
         let taken = match taken {
             Some(Ok(t)) => t,
             Some(Err(e)) => {
-                self.left_broken(&e);
+                self.left_broken(&e, None);
                 return;
             }
             None => return,
@@ -397,13 +399,17 @@ impl<W: Wire> RingConn<W> {
                         wait.relax();
                     }
                     Ok(false) => {
-                        self.left_broken(&ringsock_ring::RingError::WouldBlock);
+                        lock(&self.rx_spill).extend(drained);
+                        self.salvage(r);
+                        self.left_broken(&ringsock_ring::RingError::WouldBlock, None);
                         drop(rx);
                         drop(tx);
                         return;
                     }
                     Err(e) => {
-                        self.left_broken(&e);
+                        lock(&self.rx_spill).extend(drained);
+                        self.salvage(r);
+                        self.left_broken(&e, None);
                         drop(rx);
                         drop(tx);
                         return;
@@ -412,17 +418,17 @@ impl<W: Wire> RingConn<W> {
             }
             let _ = r.close();
         }
+        lock(&self.rx_spill).extend(drained);
         let taken = match tx.as_mut().map(|t| t.take_after(l.consumed)) {
             Some(Ok(t)) => t,
             Some(Err(e)) => {
-                self.left_broken(&e);
+                self.left_broken(&e, None);
                 drop(rx);
                 drop(tx);
                 return;
             }
             None => Default::default(),
         };
-        lock(&self.rx_spill).extend(drained);
         let resent = taken.bytes.len();
         self.spill_tx(taken.bytes, taken.eos || self.wr_shut());
         self.mode.store(MODE_TCP, Ordering::Release);
@@ -445,9 +451,9 @@ impl<W: Wire> RingConn<W> {
     /// The peer's wire failed (its header's `end` is `LOST`): read nothing
     /// more of its ring, tell it where we stopped, and resend from where it
     /// stopped; from here every call goes to the kernel socket.
-    fn answer_lost(&self, l: Leave, tx: OpGuard<'_, TxSlot<W>>, rx: OpGuard<'_, RxSlot<W>>) {
+    fn answer_lost(&self, l: Leave, tx: OpGuard<'_, TxSlot<W>>, mut rx: OpGuard<'_, RxSlot<W>>) {
         let Some(consumed) = rx.as_ref().map(|r| r.bytes_consumed()) else {
-            self.left_broken(&ringsock_ring::RingError::Closed);
+            self.left_broken(&ringsock_ring::RingError::Closed, None);
             drop(rx);
             drop(tx);
             return;
@@ -458,7 +464,7 @@ impl<W: Wire> RingConn<W> {
         };
         // Ours goes before any byte we resend.
         if let Err(Errno(e)) = send_all_bounded(self.tcp_fd(), &header.encode()) {
-            self.left_broken(&ringsock_ring::RingError::Os(e));
+            self.left_broken(&ringsock_ring::RingError::Os(e), Some(&mut rx));
             drop(rx);
             drop(tx);
             return;
@@ -477,12 +483,12 @@ impl<W: Wire> RingConn<W> {
         ours: u64,
         why: &str,
         mut tx: OpGuard<'_, TxSlot<W>>,
-        rx: OpGuard<'_, RxSlot<W>>,
+        mut rx: OpGuard<'_, RxSlot<W>>,
     ) {
         let taken = match tx.as_mut().map(|t| t.take_after(consumed)) {
             Some(Ok(t)) => t,
             Some(Err(e)) => {
-                self.left_broken(&e);
+                self.left_broken(&e, Some(&mut rx));
                 drop(rx);
                 drop(tx);
                 return;
@@ -512,7 +518,7 @@ impl<W: Wire> RingConn<W> {
     pub(super) fn wire_lost(&self, e: &ringsock_ring::RingError) {
         let fd = self.tcp_fd();
         let mut tx = self.tx.lock();
-        let rx = self.rx.lock();
+        let mut rx = self.rx.lock();
         if self.mode() != MODE_RING || self.peer_gone() || fd < 0 {
             return;
         }
@@ -521,7 +527,7 @@ impl<W: Wire> RingConn<W> {
             super::fork::Entered::Shared(s) => {
                 // Another process holds the ring too and cannot follow.
                 s.unlock();
-                self.left_broken(e);
+                self.left_broken(e, None);
                 drop(rx);
                 drop(tx);
                 return;
@@ -529,7 +535,7 @@ impl<W: Wire> RingConn<W> {
             super::fork::Entered::Left => return,
         }
         let Some(consumed) = rx.as_ref().map(|r| r.bytes_consumed()) else {
-            self.left_broken(e);
+            self.left_broken(e, None);
             drop(rx);
             drop(tx);
             return;
@@ -544,7 +550,7 @@ impl<W: Wire> RingConn<W> {
             return;
         }
         if send_all_bounded(fd, &header.encode()).is_err() {
-            self.left_broken(e);
+            self.left_broken(e, Some(&mut rx));
             drop(rx);
             drop(tx);
             return;
@@ -578,7 +584,7 @@ impl<W: Wire> RingConn<W> {
             poll_one_for(fd, libc::POLLIN, 1);
         };
         let Some(l) = peer else {
-            self.left_broken(e);
+            self.left_broken(e, Some(&mut rx));
             drop(rx);
             drop(tx);
             return;
@@ -587,13 +593,31 @@ impl<W: Wire> RingConn<W> {
         self.resend_after(l.consumed, consumed, &why, tx, rx);
     }
 
+    /// What the peer's ring holds that we have not read, kept for the
+    /// program ahead of the reset: a prefix of the peer's stream, which
+    /// TCP too delivers before the error. Nothing where the ring fails.
+    fn salvage(&self, r: &mut Receiver<W::Transport>) {
+        let Ok(n) = r.available() else {
+            return;
+        };
+        let mut b = vec![0u8; n];
+        if let Ok(k) = r.peek(&mut b) {
+            b.truncate(k);
+            lock(&self.rx_spill).extend(b);
+        }
+    }
+
     /// A leave that cannot be carried out exactly: the connection is
-    /// reset, never continued with bytes lost or repeated. Called with the
-    /// ring ends still locked where the caller holds them: a thread
-    /// waiting for those locks must find the connection off the ring, or
-    /// it would start a leave of its own, whose second header the peer
-    /// reads as stream data once it is on the socket.
-    fn left_broken(&self, e: &ringsock_ring::RingError) {
+    /// reset, never continued with bytes lost or repeated; what `rx` (the
+    /// receiver, where the caller holds it) has unread is read first.
+    /// Called with the ring ends still locked where the caller holds them:
+    /// a thread waiting for those locks must find the connection off the
+    /// ring, or it would start a leave of its own, whose second header the
+    /// peer reads as stream data once it is on the socket.
+    fn left_broken(&self, e: &ringsock_ring::RingError, rx: Option<&mut RxSlot<W>>) {
+        if let Some(r) = rx.and_then(|rx| rx.as_mut()) {
+            self.salvage(r);
+        }
         log::error!(
             "{} -> {}: the ring cannot be left exactly ({e}); the connection is reset",
             self.local,

@@ -380,6 +380,7 @@ impl<W: Wire> RingConn<W> {
             Ok(n) if mode == MODE_PENDING => self.tcp_while_pending(&b[..n]),
             Ok(_) => self.header_arrived(),
             Err(Errno(libc::EAGAIN)) => {}
+            Err(Errno(libc::ECONNRESET)) => self.reset_as_tcp_would(),
             Err(Errno(e)) => self.reset_by_peer(e),
         }
     }
@@ -425,13 +426,14 @@ impl<W: Wire> RingConn<W> {
 
     /// The reset the peer's kernel would have sent (it closed with bytes
     /// of ours unread): after its FIN TCP reports it as EPIPE (the socket
-    /// was in CLOSE_WAIT), before it as ECONNRESET.
+    /// was in CLOSE_WAIT), before it as ECONNRESET. A ring that fails shows
+    /// no FIN.
     fn reset_as_tcp_would(&self) {
         let fin = self
             .rx
             .lock()
             .as_mut()
-            .is_none_or(|rx| rx.eos_published().unwrap_or(true));
+            .is_none_or(|rx| rx.eos_published().unwrap_or(false));
         let errno = if fin && !self.wr_shut() {
             libc::EPIPE
         } else {
@@ -453,8 +455,9 @@ impl<W: Wire> RingConn<W> {
     }
 
     /// The connection cannot go on: the program gets `errno`, and the peer
-    /// hears our kernel socket shut down (its ring layer reads that as this
-    /// end gone), so it does not sleep forever on a ring nobody writes.
+    /// gets a reset on our kernel socket (its ring layer reads that as
+    /// this end gone), so it neither sleeps forever on a ring nobody
+    /// writes nor takes a cut stream for a whole one.
     pub fn fail_hard(&self, errno: c_int) {
         self.error.store(errno, Ordering::Release);
         self.reset.store(true, Ordering::Release);
@@ -462,8 +465,7 @@ impl<W: Wire> RingConn<W> {
             self.rd_shut.store(true, Ordering::Release);
             let fd = self.tcp_fd();
             if fd >= 0 {
-                // SAFETY: shutdown on our own duplicate of the socket.
-                unsafe { crate::sys::sys_call!(libc::SYS_shutdown, fd, libc::SHUT_RDWR) };
+                sockio::abort(fd);
             }
         }
         self.wire.ring_own_bell();
@@ -769,8 +771,7 @@ impl<W: Wire> RingConn<W> {
     /// EAGAIN.
     fn nothing_to_read(&self) -> Result<usize, Errno> {
         if self.peer_gone() || self.reset.load(Ordering::Acquire) {
-            let e = self.error.swap(0, Ordering::AcqRel);
-            return if e != 0 { Err(Errno(e)) } else { Ok(0) };
+            return sockio::take_recv_error(&self.error).map_or(Ok(0), |e| Err(Errno(e)));
         }
         if self.rd_shut.load(Ordering::Acquire) {
             return Ok(0);
@@ -1345,13 +1346,9 @@ impl<W: Wire> AttachedConn for RingConn<W> {
             return Ok(total);
         }
         if eof {
-            // After a reset the error comes before the EOF, as on TCP.
-            let e = self.error.swap(0, Ordering::AcqRel);
-            return if e != 0 && self.reset.load(Ordering::Acquire) {
-                Err(Errno(e))
-            } else {
-                Ok(0)
-            };
+            // The peer's FIN: a reset after it leaves its error to the
+            // next send or SO_ERROR, as on TCP.
+            return Ok(0);
         }
         match outcome {
             None => {
@@ -1380,8 +1377,12 @@ impl<W: Wire> AttachedConn for RingConn<W> {
                     return self.tcp_recv(bufs, peek);
                 }
                 if errno == Errno(libc::EPIPE) {
-                    // The peer closed: what it sent is read, this is EOF.
-                    self.nothing_to_read().or(Ok(0))
+                    // The peer closed: what it sent is read, this is EOF,
+                    // or its reset where it reset.
+                    match self.nothing_to_read() {
+                        Err(Errno(libc::EAGAIN)) => Ok(0),
+                        r => r,
+                    }
                 } else {
                     Err(errno)
                 }

@@ -94,8 +94,7 @@ impl<W: Wire> RingConn<W> {
             }
         }
         if self.reset.load(Ordering::Acquire) {
-            let e = self.error.swap(0, Ordering::AcqRel);
-            return if e != 0 { Err(Errno(e)) } else { Ok(0) };
+            return sockio::take_recv_error(&self.error).map_or(Ok(0), |e| Err(Errno(e)));
         }
         sockio::recv_then_error(self.tcp_fd(), &self.error, bufs, peek)
     }
