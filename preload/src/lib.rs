@@ -29,6 +29,7 @@ pub mod fdspace;
 pub mod fdtable;
 pub mod hooks;
 mod interpose;
+pub mod keymap;
 pub mod lifecycle;
 pub mod log;
 pub mod process;

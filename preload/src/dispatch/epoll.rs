@@ -68,8 +68,7 @@
 //! A socket registered in an epoll set *before* its ring was attached
 //! (nginx adds upstream sockets before connect) is moved over by `migrate`.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -83,6 +82,7 @@ use super::wait::{fewest_looks, remaining, spin};
 use crate::attached::{AttachedConn, Ready};
 use crate::fdtable::{self, EpollSlot, FdRef, FdState, Kind};
 use crate::interpose::guard;
+use crate::keymap::KeyMap;
 use crate::{process, real, sys};
 
 /// Sets with at most this many ring registrations spin over all of them
@@ -178,31 +178,8 @@ struct Reg {
     listed: bool,
 }
 
-/// A hash map with u64 keys (ids, addresses) and a cheap mixing hasher.
-type Map<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
-
-#[derive(Default)]
-struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        // splitmix64's finaliser: addresses and counters both spread well.
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
+/// A hash map with u64 keys (ids, addresses).
+type Map<V> = KeyMap<u64, V>;
 
 const ALWAYS: u32 = (libc::EPOLLERR | libc::EPOLLHUP) as u32;
 const MODE_BITS: u32 =

@@ -23,12 +23,12 @@
 //! process (a program that makes one connection per process keeps getting
 //! rings), bounded to `MAX_DESTS` destinations.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
 use super::plock::PLock;
 use crate::attached::TcpReason;
+use crate::keymap::KeyMap;
 use crate::{config, sys};
 
 /// A connection closed within this of its connect is short; 0: none is.
@@ -66,15 +66,15 @@ struct Dest {
 }
 
 struct Record {
-    dests: HashMap<SocketAddr, Dest>,
+    dests: KeyMap<SocketAddr, Dest>,
     /// Connections that skipped the ring, by fd: where to and since when.
-    skipped: HashMap<RawFd, (SocketAddr, u64)>,
+    skipped: KeyMap<RawFd, (SocketAddr, u64)>,
 }
 
 fn fresh() -> Record {
     Record {
-        dests: HashMap::new(),
-        skipped: HashMap::new(),
+        dests: KeyMap::default(),
+        skipped: KeyMap::default(),
     }
 }
 

@@ -37,6 +37,7 @@ const LAYERS: &[&str] = &[
     "signals",
     "process",
     "sys",
+    "keymap",
 ];
 
 /// Modules only the crate root names: the constructor installs the ring
