@@ -11,16 +11,28 @@
 //! an entry change under it, or the overflow count above zero (an offer the
 //! table had no room for), answers "maybe", and the server asks the daemon.
 //!
+//! A reader compares only an entry's ports word until it matches: the
+//! entry of an offer for its own connection was written before that
+//! connection existed (the daemon's answer, the client's connect and the
+//! server's accept order it), so a torn read can only be of another
+//! offer's entry, or of its own being removed, where any answer is right.
+//! The model is in tests/loom_offers.rs.
+//!
 //! Layout, in 8-byte words: `[magic, slots, overflow, 5 reserved]`, then
 //! `slots` entries of 8 words: `[seq, key0..key4, 2 reserved]`. A key is the
 //! client address and port and the server address and port; an entry whose
 //! `seq` is even and nonzero holds one, zero or even-with-zero-key is free.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 
-/// `magic`: "RSOFFERS" as little-endian bytes.
-pub const MAGIC: u64 = u64::from_le_bytes(*b"RSOFFERS");
+#[cfg(loom)]
+use loom::sync::atomic::{fence, AtomicU64, Ordering};
+#[cfg(not(loom))]
+use std::sync::atomic::{fence, AtomicU64, Ordering};
+
+/// `magic`: "RSOFFER2" as little-endian bytes (2: a key's home slot
+/// leaves its client address out).
+pub const MAGIC: u64 = u64::from_le_bytes(*b"RSOFFER2");
 /// Entries in a table.
 pub const SLOTS: usize = 4096;
 /// Entries probed from a key's home slot.
@@ -57,20 +69,24 @@ pub fn key(client: &SocketAddr, server: &SocketAddr) -> Key {
     [c0, c1, s0, s1, ports]
 }
 
-fn home(k: &Key) -> usize {
+/// The index of a key (`% slots`): of the server address and both ports,
+/// so that keys differing only in the client address (a client's own and
+/// the wildcard it may have bound) share one window.
+fn spread(k: &Key) -> usize {
     // FNV-1a over the words: cheap, and spread enough for ports.
     let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for w in k {
+    for w in &k[2..] {
         h ^= *w;
         h = h.wrapping_mul(0x100_0000_01b3);
     }
-    (h ^ h >> 29) as usize % SLOTS
+    (h ^ h >> 29) as usize
 }
 
 /// A table over shared words (a mapping of the memfd, or a test's array).
 #[derive(Clone, Copy)]
 pub struct Table<'a> {
     words: &'a [AtomicU64],
+    slots: usize,
 }
 
 impl<'a> Table<'a> {
@@ -78,45 +94,71 @@ impl<'a> Table<'a> {
     /// writes the header), or one a process mapped, which must say what it
     /// is.
     pub fn new(words: &'a [AtomicU64]) -> Option<Table<'a>> {
-        (words.len() >= WORDS).then_some(Table { words })
+        Self::with_slots(words, SLOTS)
+    }
+
+    /// A table of `slots` entries (the shared one has `SLOTS`; models use
+    /// a few) over `words`, if they hold that many.
+    pub fn with_slots(words: &'a [AtomicU64], slots: usize) -> Option<Table<'a>> {
+        (slots > 0 && words.len() >= HEADER_WORDS + slots * ENTRY_WORDS)
+            .then_some(Table { words, slots })
     }
 
     /// Writes the header of a fresh (zeroed) table.
     pub fn init(&self) {
-        self.words[W_SLOTS].store(SLOTS as u64, Ordering::Relaxed);
+        self.words[W_SLOTS].store(self.slots as u64, Ordering::Relaxed);
         self.words[W_MAGIC].store(MAGIC, Ordering::Release);
     }
 
     /// Whether the header is one this build can read.
     pub fn valid(&self) -> bool {
         self.words[W_MAGIC].load(Ordering::Acquire) == MAGIC
-            && self.words[W_SLOTS].load(Ordering::Relaxed) == SLOTS as u64
+            && self.words[W_SLOTS].load(Ordering::Relaxed) == self.slots as u64
     }
 
-    fn entry(&self, slot: usize) -> &'a [AtomicU64] {
-        let at = HEADER_WORDS + slot * ENTRY_WORDS;
-        &self.words[at..at + ENTRY_WORDS]
+    /// The entries a key may be in: from its home slot on, `WINDOW` at
+    /// most, wrapping at the end of the table.
+    fn window(&self, k: &Key) -> impl Iterator<Item = &'a [AtomicU64]> + use<'a> {
+        let entries = &self.words[HEADER_WORDS..HEADER_WORDS + self.slots * ENTRY_WORDS];
+        let start = spread(k) % self.slots;
+        let end = start + WINDOW.min(self.slots);
+        let (head, wrapped) = (end.min(self.slots), end.saturating_sub(self.slots));
+        entries[start * ENTRY_WORDS..head * ENTRY_WORDS]
+            .chunks_exact(ENTRY_WORDS)
+            .chain(entries[..wrapped * ENTRY_WORDS].chunks_exact(ENTRY_WORDS))
     }
 
     /// Reader: false only when no offer for `k` is live (the server need
     /// not ask the daemon); true when one is, or may be.
     pub fn may_have(&self, k: &Key) -> bool {
+        self.may_have_any(std::slice::from_ref(k))
+    }
+
+    /// `may_have` for any of `keys`, which differ only in their client
+    /// address (they share one window). Only an entry whose ports word is
+    /// theirs is read whole (module docs).
+    pub fn may_have_any(&self, keys: &[Key]) -> bool {
+        let Some(first) = keys.first() else {
+            return false;
+        };
+        debug_assert!(keys.iter().all(|k| k[2..] == first[2..]), "one window");
         if !self.valid() || self.words[W_OVERFLOW].load(Ordering::Acquire) != 0 {
             return true;
         }
-        let start = home(k);
-        for i in 0..WINDOW {
-            let e = self.entry((start + i) % SLOTS);
+        for e in self.window(first) {
+            if e[5].load(Ordering::Relaxed) != first[4] {
+                continue;
+            }
             let s1 = e[0].load(Ordering::Acquire);
             if s1 & 1 == 1 {
                 return true;
             }
-            let same = (0..5).all(|j| e[1 + j].load(Ordering::Relaxed) == k[j]);
-            std::sync::atomic::fence(Ordering::Acquire);
+            let held: [u64; 5] = std::array::from_fn(|j| e[1 + j].load(Ordering::Relaxed));
+            fence(Ordering::Acquire);
             if e[0].load(Ordering::Relaxed) != s1 {
                 return true;
             }
-            if same && s1 != 0 {
+            if s1 != 0 && keys.contains(&held) {
                 return true;
             }
         }
@@ -126,7 +168,7 @@ impl<'a> Table<'a> {
     fn write(&self, e: &[AtomicU64], k: &Key) {
         let s = e[0].load(Ordering::Relaxed);
         e[0].store(s | 1, Ordering::Relaxed);
-        std::sync::atomic::fence(Ordering::Release);
+        fence(Ordering::Release);
         for j in 0..5 {
             e[1 + j].store(k[j], Ordering::Relaxed);
         }
@@ -141,9 +183,7 @@ impl<'a> Table<'a> {
     /// full; the overflow count then makes every reader ask the daemon
     /// until the matching `remove`.
     pub fn insert(&self, k: &Key) -> bool {
-        let start = home(k);
-        for i in 0..WINDOW {
-            let e = self.entry((start + i) % SLOTS);
+        for e in self.window(k) {
             if Self::is_free(e) {
                 self.write(e, k);
                 return true;
@@ -160,9 +200,7 @@ impl<'a> Table<'a> {
             self.words[W_OVERFLOW].fetch_sub(1, Ordering::AcqRel);
             return;
         }
-        let start = home(k);
-        for i in 0..WINDOW {
-            let e = self.entry((start + i) % SLOTS);
+        for e in self.window(k) {
             if (0..5).all(|j| e[1 + j].load(Ordering::Relaxed) == k[j]) {
                 self.write(e, &[0; 5]);
                 return;
@@ -199,6 +237,28 @@ mod tests {
         // An IPv4 address and its mapped IPv6 form are one key.
         let m = key(&addr("[::ffff:127.0.0.1]:40000"), &addr("127.0.0.1:6379"));
         assert_eq!(m, a);
+    }
+
+    #[test]
+    fn an_offer_from_a_wildcard_bound_client_is_found_in_one_window() {
+        let w = table();
+        let t = Table::new(&w).unwrap();
+        t.init();
+        let server = addr("10.0.0.2:6379");
+        let offered = key(&addr("0.0.0.0:40000"), &server);
+        assert!(t.insert(&offered));
+        let variants = |client: &str| {
+            let port = addr(client).port();
+            [
+                key(&addr(client), &server),
+                key(&SocketAddr::new("0.0.0.0".parse().unwrap(), port), &server),
+                key(&SocketAddr::new("::".parse().unwrap(), port), &server),
+            ]
+        };
+        assert!(t.may_have_any(&variants("10.0.0.1:40000")));
+        assert!(!t.may_have(&variants("10.0.0.1:40000")[0]));
+        assert!(!t.may_have_any(&variants("10.0.0.1:40001")));
+        assert!(!t.may_have_any(&[]));
     }
 
     #[test]

@@ -269,13 +269,13 @@ pub fn offer_may_exist(client: SocketAddr, server: SocketAddr) -> bool {
     };
     // A client that bound the wildcard address offered from it.
     let port = client.port();
-    [
+    let keys = [
         client,
         SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
         SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
     ]
-    .iter()
-    .any(|c| t.may_have(&offers::key(c, &server)))
+    .map(|c| offers::key(&c, &server));
+    t.may_have_any(&keys)
 }
 
 /// Sends a request whose reply (`Ok`, or an error that is only logged) is
