@@ -619,7 +619,7 @@ def proc_holdings(pid):
 # ringsock_proto::offers: 8 header words ([magic, slots, overflow, ..]),
 # then entries of 8 words ([seq, key0..key4, ..]); key4 (ports and a set
 # bit) is zero in a free entry.
-OFFERS_MAGIC = int.from_bytes(b"RSOFFERS", "little")
+OFFERS_MAGIC = int.from_bytes(b"RSOFFER2", "little")
 
 
 def offer_table(pid):
