@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! connrr server [--port P] [--threads T] [--size B]
-//! connrr client --port P --n N [--size B] [--probe-every K]
+//! connrr client --port P --n N [--size B] [--probe-every K] [--slowest S]
 //! connrr churn --port P --secs S --rate R [--threads T] [--size B]
 //! ```
 //!
@@ -19,7 +19,9 @@
 //!   one); probes are left out of the latencies. Prints one JSON line:
 //!   `{"n":..,"p50_us":..,"p99_us":..,"mean_us":..,"conns_per_s":..,
 //!   "probes":..,"probes_on_ring":..}`, the latencies from before
-//!   connect() to after close().
+//!   connect() to after close(); with S > 0 also `"slowest":[[i,us],..]`,
+//!   the S slowest connections by index (where in the run the slow ones
+//!   fall).
 //! * `churn` runs T threads of such connections for S seconds, paced to R
 //!   connections per second in all (a thread that falls behind goes on at
 //!   once, so the rate achieved is what the machine gives). Prints one JSON
@@ -60,6 +62,7 @@ struct Opts {
     secs: f64,
     rate: f64,
     probe_every: usize,
+    slowest: usize,
 }
 
 fn parse(args: &[String]) -> Opts {
@@ -71,6 +74,7 @@ fn parse(args: &[String]) -> Opts {
         secs: 10.0,
         rate: 20_000.0,
         probe_every: 100,
+        slowest: 0,
     };
     for pair in args.chunks(2) {
         let [k, v] = pair else { usage() };
@@ -83,6 +87,7 @@ fn parse(args: &[String]) -> Opts {
             "--secs" => o.secs = v,
             "--rate" => o.rate = v,
             "--probe-every" => o.probe_every = v as usize,
+            "--slowest" => o.slowest = v as usize,
             _ => usage(),
         }
     }
@@ -211,21 +216,33 @@ fn client(o: &Opts) {
             probes += 1;
             on_ring += usize::from(ring);
         } else {
-            lat.push(took);
+            lat.push((took, i));
         }
     }
     if lat.is_empty() {
         fail("every connection was a probe: raise --n or --probe-every".into());
     }
     let wall = t0.elapsed().as_secs_f64();
-    let mean = lat.iter().sum::<Duration>().as_secs_f64() * 1e6 / lat.len() as f64;
+    let mean = lat.iter().map(|l| l.0).sum::<Duration>().as_secs_f64() * 1e6 / lat.len() as f64;
     lat.sort_unstable();
+    let slowest: Vec<String> = lat
+        .iter()
+        .rev()
+        .take(o.slowest)
+        .map(|(d, i)| format!("[{i},{:.1}]", d.as_secs_f64() * 1e6))
+        .collect();
+    let slowest = if o.slowest > 0 {
+        format!(",\"slowest\":[{}]", slowest.join(","))
+    } else {
+        String::new()
+    };
+    let times: Vec<Duration> = lat.iter().map(|l| l.0).collect();
     println!(
         "{{\"n\":{},\"p50_us\":{:.1},\"p99_us\":{:.1},\"mean_us\":{mean:.1},\"conns_per_s\":{:.1},\
-         \"probes\":{probes},\"probes_on_ring\":{on_ring}}}",
+         \"probes\":{probes},\"probes_on_ring\":{on_ring}{slowest}}}",
         o.n,
-        percentile(&lat, 50.0),
-        percentile(&lat, 99.0),
+        percentile(&times, 50.0),
+        percentile(&times, 99.0),
         o.n as f64 / wall
     );
 }
