@@ -830,16 +830,21 @@ impl<W: Wire> RingConn<W> {
         }
         let mut total = 0;
         let mut failed = None;
+        let mut full = false;
         for b in bufs.iter().filter(|b| !b.is_empty()) {
             let chunk = &b[..b.len().min(budget - total)];
             match W::write(tx, chunk) {
                 Ok(n) => {
                     total += n;
+                    full = n < chunk.len();
                     if n < b.len() || total == budget {
                         break;
                     }
                 }
-                Err(RingError::WouldBlock) => break,
+                Err(RingError::WouldBlock) => {
+                    full = true;
+                    break;
+                }
                 Err(e) => {
                     if total == 0 {
                         failed = Some(e);
@@ -890,10 +895,39 @@ impl<W: Wire> RingConn<W> {
             }
             return Err(errno);
         }
+        if full {
+            self.keep_waiters_armed(false);
+        }
         if total == 0 {
             return Err(Errno(libc::EAGAIN));
         }
         Ok(total)
+    }
+
+    /// A call found the ring empty (`input`) or full while a waiter is
+    /// armed for it: raises our flag now, as the kernel marks a socket
+    /// whose call returned EAGAIN, so that the peer's next send (or read)
+    /// rings us. The waiter may have armed while the ring still had data
+    /// (or room), when no flag was needed, and the program emptied (or
+    /// filled) it since without an epoll set looking again: an
+    /// edge-triggered set would never hear of the next change.
+    fn keep_waiters_armed(&self, input: bool) {
+        let w = lock(&self.waiters);
+        let armed = if input { w.rx > 0 } else { w.tx > 0 };
+        if !armed || self.peer_gone() {
+            return;
+        }
+        let raised = if input {
+            self.rx.lock().as_mut().map(|rx| rx.prepare_wait())
+        } else {
+            self.tx.lock().as_mut().map(|tx| tx.prepare_wait())
+        };
+        drop(w);
+        self.settle_words();
+        if let Some(Ok(false)) = raised {
+            // Data (or room) came meanwhile: the waiter looks again.
+            self.wire.ring_own_bell();
+        }
     }
 
     /// A send once the peer process is gone: after a reset, the error once
@@ -1369,7 +1403,11 @@ impl<W: Wire> AttachedConn for RingConn<W> {
                     // second look ends at `gone_before`.
                     return self.try_recv(bufs, peek);
                 }
-                self.nothing_to_read()
+                let r = self.nothing_to_read();
+                if r == Err(Errno(libc::EAGAIN)) {
+                    self.keep_waiters_armed(true);
+                }
+                r
             }
             Some(e) => {
                 let errno = self.ring_failed(&e, "recv");
