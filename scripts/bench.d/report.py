@@ -210,9 +210,11 @@ def markdown(meta, systems, results, ablation, plots):
              "system / kernel; latency: kernel / system), medians of the same session. "
              "Ratios here are measured against kernel TCP loopback on the same machine in the same "
              "session, interleaved run by run. `via ring`: what `ringsock-ctl status --json` showed "
-             "once mid-run in every shimmed run (connection ends on the shared-memory ring / on "
-             "kernel TCP; the run with the fewest ring ends is shown). Everything on 127.0.0.1; "
-             "each shimmed run has its own `ringsock-ctl` daemon.\n")
+             "in every shimmed run, sampled mid-run (or 20 ms in, when the mid-run sample saw "
+             "none) (connection ends on the shared-memory ring / on kernel TCP; the run with the "
+             "fewest ring ends is shown); the other systems are sampled at the same moments with "
+             "`ss`, so the observer loads them alike. Everything on 127.0.0.1; each shimmed run "
+             "has its own `ringsock-ctl` daemon.\n")
     head = header(systems)
     for suite in meta["suites"]:
         if suite == "ablation":
