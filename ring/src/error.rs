@@ -69,6 +69,8 @@ pub enum VerbsError {
     /// A work request completed in error: its `ibv_wc_status` and what
     /// that status means.
     Completion { status: u32, what: &'static str },
+    /// libibverbs cannot be loaded (the message says why).
+    NoLibrary(String),
     /// The system has no RDMA device.
     NoDevice,
     /// No RDMA device has this name.
@@ -174,6 +176,7 @@ impl fmt::Display for VerbsError {
             VerbsError::Completion { status, what } => {
                 write!(f, "{what} (work completion status {status})")
             }
+            VerbsError::NoLibrary(why) => write!(f, "cannot load libibverbs: {why}"),
             VerbsError::NoDevice => write!(f, "no RDMA device found"),
             VerbsError::NoSuchDevice(name) => write!(f, "no RDMA device named {name:?}"),
             VerbsError::NoActivePort { device, port: None } => {

@@ -4,6 +4,11 @@
 
 use super::device::Device;
 use super::headerless;
+use super::ibv::{
+    ibv_ack_cq_events, ibv_create_comp_channel, ibv_create_cq, ibv_create_qp, ibv_dereg_mr,
+    ibv_destroy_comp_channel, ibv_destroy_cq, ibv_destroy_qp, ibv_get_cq_event, ibv_modify_qp,
+    ibv_reg_mr,
+};
 use super::params::{
     QpParams, RingDesc, FEATURE_HEADERLESS, FEATURE_STANDING_WAITS, FEATURE_TAIL_CREDITS,
     FEATURE_TAIL_IN_IMM,

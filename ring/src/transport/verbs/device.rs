@@ -1,5 +1,9 @@
 //! Opening an RDMA device: context, protection domain, port and GID.
 
+use super::ibv::{
+    ibv_alloc_pd, ibv_close_device, ibv_dealloc_pd, ibv_free_device_list, ibv_get_device_list,
+    ibv_get_device_name, ibv_open_device, ibv_query_device, ibv_query_gid, query_port,
+};
 use super::{call_failed, errno};
 use crate::error::{RingError, VerbsError};
 use rdma_sys::*;
@@ -110,6 +114,7 @@ impl Device {
         port: Option<u8>,
         gid_index: Option<u8>,
     ) -> Result<Arc<Device>, RingError> {
+        super::ibv::available().map_err(VerbsError::NoLibrary)?;
         let mut n = 0;
         // SAFETY: `n` is a live out-parameter; the list is freed below
         // (ibv_free_device_list), once.
@@ -192,7 +197,7 @@ impl Device {
             // SAFETY: zeroed is a valid ibv_port_attr.
             let mut pa: ibv_port_attr = unsafe { std::mem::zeroed() };
             // SAFETY: ctx open, port in range, pa a valid out-pointer.
-            if unsafe { ___ibv_query_port(ctx, port, &mut pa) } != 0 {
+            if unsafe { query_port(ctx, port, &mut pa) } != 0 {
                 continue;
             }
             if pa.state == ibv_port_state::IBV_PORT_ACTIVE {

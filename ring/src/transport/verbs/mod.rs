@@ -319,6 +319,8 @@ mod conn;
 mod device;
 #[cfg(all(feature = "verbs", not(loom)))]
 mod fdplace;
+#[cfg(all(feature = "verbs", not(loom)))]
+mod ibv;
 model_visible! {
     #[cfg(any(feature = "verbs", test, loom, fuzzing))]
     mod headerless;

@@ -33,6 +33,7 @@
 //! synchronization), so the load sees the count the send left.
 
 use super::device::Device;
+use super::ibv::{ibv_dereg_mr, ibv_is_fork_initialized, ibv_reg_mr};
 use rdma_sys::*;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
