@@ -1,7 +1,8 @@
 //! Status reports: connections are reported to the daemon for
 //! `ringsock-ctl status` from the background thread, off the
 //! connect/accept path, in the order they were queued; a connection opened
-//! and closed within `REPORT_DELAY_NS` never costs the daemon anything.
+//! and closed within `REPORT_DELAY_NS` (a plain-TCP one: within
+//! `TCP_REPORT_DELAY_NS`) never costs the daemon anything.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -24,13 +25,19 @@ use crate::{process, sockaddr, sys};
 /// connections are the common case of a busy server, and status only
 /// lists live ones).
 const REPORT_DELAY_NS: u64 = 5_000_000;
-/// A report still queued this long is sent by the program itself, ahead
-/// (no wait for the reply), the next time it is about to block
-/// (`flush_all`): the thread may not have run yet (it starts with the
-/// first report of a process, and a CPU-bound machine can keep a new
+/// A plain-TCP connection's open waits as long as the policy's short
+/// connections live (`RINGSOCK_SHORT_MS`'s default): the many that carry a
+/// request or two and wait on a database or a busy CPU would otherwise
+/// each cost two round trips to the daemon (open and close), as much as
+/// the rest of the shim costs them.
+const TCP_REPORT_DELAY_NS: u64 = 50_000_000;
+/// A report still queued this many times its delay is sent by the program
+/// itself, ahead (no wait for the reply), the next time it is about to
+/// block (`flush_all`): the thread may not have run yet (it starts with
+/// the first report of a process, and a CPU-bound machine can keep a new
 /// thread waiting for most of a second) or may have failed to start, and
 /// a connection the program uses must not stay out of status meanwhile.
-const REPORT_OVERDUE_NS: u64 = 4 * REPORT_DELAY_NS;
+const OVERDUE_DELAYS: u64 = 4;
 
 enum Report {
     Ring(Arc<dyn Tracked>, RawFd, Option<OwnedFd>),
@@ -49,7 +56,7 @@ enum Report {
 }
 
 /// The addresses of each plain-TCP socket whose open report was taken to
-/// be sent, by fd (entered under REPORTS' lock, by `mark_taken`): once
+/// be sent, by fd (entered under TCP_OPENS' lock, by `mark_taken`): once
 /// the peer has reset the connection getpeername fails (ENOTCONN), and
 /// the close must still name the connection the daemon knows, or status
 /// shows it until the process exits or reuses the fd number. The local
@@ -62,12 +69,41 @@ static TCP_ADDRS: PLock<BTreeMap<RawFd, (Option<SocketAddr>, SocketAddr)>> =
 /// session opens, every entry is told again (without the ring's memfd,
 /// which went to the old daemon: those rows show no counters).
 static LIVE: PLock<BTreeMap<RawFd, (u64, Msg)>> = PLock::new(BTreeMap::new(), BTreeMap::new);
-/// Reports waiting to be sent, with the time they were queued.
-static REPORTS: PLock<VecDeque<(u64, Report)>> = PLock::new(VecDeque::new(), VecDeque::new);
-/// When the report at the front of REPORTS was queued, 0 while it is
-/// empty: `flush_all` sees with one load whether one is overdue.
-static OLDEST_REPORT: AtomicU64 = AtomicU64::new(0);
-/// Held from taking a report off REPORTS until it is sent, by the thread
+/// Reports waiting to be sent, with the time each was queued; each is
+/// sent once it waited `delay_ns`.
+struct Queue {
+    items: PLock<VecDeque<(u64, Report)>>,
+    /// When the report at the front was queued, 0 while there is none:
+    /// `flush_all` sees with one load whether one is overdue.
+    oldest: AtomicU64,
+    delay_ns: u64,
+}
+
+impl Queue {
+    const fn new(delay_ns: u64) -> Queue {
+        Queue {
+            items: PLock::new(VecDeque::new(), VecDeque::new),
+            oldest: AtomicU64::new(0),
+            delay_ns,
+        }
+    }
+
+    /// Publishes when the front of `q` (this queue's items, held) was
+    /// queued.
+    fn set_oldest(&self, q: &VecDeque<(u64, Report)>) {
+        self.oldest
+            .store(q.front().map_or(0, |(t, _)| *t), Ordering::Release);
+    }
+}
+
+/// Every report but plain-TCP opens: opens, fallbacks and closes of rings,
+/// and the closes of plain-TCP connections whose open was sent.
+static REPORTS: Queue = Queue::new(REPORT_DELAY_NS);
+/// Plain-TCP opens (`Report::Tcp`). A connection's close is queued (in
+/// REPORTS) only once its open was taken from here to be sent, so the
+/// daemon hears the two in order.
+static TCP_OPENS: Queue = Queue::new(TCP_REPORT_DELAY_NS);
+/// Held from taking a report off a queue until it is sent, by the thread
 /// or by the program (`send_overdue`): reports reach the daemon in the
 /// order they were queued (an open before its close).
 static SENDING: PLock<()> = PLock::new((), || ());
@@ -80,32 +116,41 @@ impl Report {
 }
 
 fn report(r: Report) {
-    queue_with(|q, _, now| {
+    let queue = if matches!(r, Report::Tcp { .. }) {
+        &TCP_OPENS
+    } else {
+        &REPORTS
+    };
+    queue_in(queue, |q, _, now| {
         q.push_back((now, r));
-        set_oldest(q);
+        queue.set_oldest(q);
         true
     });
 }
 
-/// Runs `f` on the queue (with this process's pid and the time) and wakes
+/// Runs `f` on REPORTS (with this process's pid and the time) and wakes
 /// the thread if `f` says it queued something to send.
 fn queue_with(f: impl FnOnce(&mut VecDeque<(u64, Report)>, i32, u64) -> bool) {
-    let queued = f(&mut REPORTS.lock(), process::pid(), sys::monotonic_ns());
+    queue_in(&REPORTS, f)
+}
+
+fn queue_in(queue: &Queue, f: impl FnOnce(&mut VecDeque<(u64, Report)>, i32, u64) -> bool) {
+    let queued = f(&mut queue.items.lock(), process::pid(), sys::monotonic_ns());
     if queued {
         ensure_thread();
         wake();
     }
 }
 
-/// Publishes when the front of `q` was queued (with REPORTS held).
+/// Publishes when the front of `q` (REPORTS' items, held) was queued.
 fn set_oldest(q: &VecDeque<(u64, Report)>) {
-    OLDEST_REPORT.store(q.front().map_or(0, |(t, _)| *t), Ordering::Release);
+    REPORTS.set_oldest(q);
 }
 
-/// A report taken off the queue to be sent: an open one counts as this
-/// process's from now on (with REPORTS held, so `note_closed`, which
-/// looks under that lock, either still finds it queued or sends the
-/// close after it).
+/// A report taken off its queue to be sent: an open one counts as this
+/// process's from now on (with its queue held, so `note_closed` and
+/// `note_tcp_closed`, which look under that lock, either still find it
+/// queued or send the close after it).
 fn mark_taken(r: &Report) {
     match r {
         Report::Ring(conn, _, _) if !conn.is_released() => {
@@ -131,15 +176,16 @@ enum Next {
     Empty,
 }
 
-/// Takes the front report off `q` if it is due (see `Next`).
-fn take_due(q: &mut VecDeque<(u64, Report)>, now: u64, delay: u64) -> Next {
+/// Takes the front report off `q` (`queue`'s items, held) if it is due
+/// (see `Next`).
+fn take_due(queue: &Queue, q: &mut VecDeque<(u64, Report)>, now: u64, delay: u64) -> Next {
     match q.front() {
         Some((t, _)) if now.saturating_sub(*t) >= delay => {
             let Some((_, r)) = q.pop_front() else {
                 return Next::Empty;
             };
             mark_taken(&r);
-            set_oldest(q);
+            queue.set_oldest(q);
             Next::Send(r)
         }
         Some((t, _)) => Next::Wait(delay - now.saturating_sub(*t)),
@@ -148,13 +194,17 @@ fn take_due(q: &mut VecDeque<(u64, Report)>, now: u64, delay: u64) -> Next {
 }
 
 /// The program is about to block: reports the thread left queued past
-/// `REPORT_OVERDUE_NS` go to the daemon now, sent ahead on this
-/// process's session. Nothing is waited for: a session or queue in use
-/// (by the thread, or by this very thread in a signal handler) leaves
-/// them to the thread. One atomic load when none is overdue.
+/// `OVERDUE_DELAYS` times their delay go to the daemon now, sent ahead on
+/// this process's session. Nothing is waited for: a session or queue in
+/// use (by the thread, or by this very thread in a signal handler) leaves
+/// them to the thread. Two atomic loads when none is overdue.
 pub(super) fn send_overdue() {
-    let oldest = OLDEST_REPORT.load(Ordering::Acquire);
-    if oldest == 0 || sys::monotonic_ns().saturating_sub(oldest) < REPORT_OVERDUE_NS {
+    let now = sys::monotonic_ns();
+    let overdue = |queue: &Queue| {
+        let oldest = queue.oldest.load(Ordering::Acquire);
+        oldest != 0 && now.saturating_sub(oldest) >= OVERDUE_DELAYS * queue.delay_ns
+    };
+    if !overdue(&REPORTS) && !overdue(&TCP_OPENS) {
         return;
     }
     if process::sandbox_begun() {
@@ -170,22 +220,29 @@ pub(super) fn send_overdue() {
     // Remembered once the session is let go: `stale` takes the
     // session's lock while it holds LIVE's.
     let mut told = Vec::new();
-    loop {
-        let next = match REPORTS.try_lock() {
-            Some(mut q) => take_due(&mut q, sys::monotonic_ns(), REPORT_OVERDUE_NS),
-            None => break,
-        };
-        let Next::Send(r) = next else {
-            break;
-        };
-        let Some((msg, memfd)) = prepare(r) else {
-            continue;
-        };
-        let fds: Vec<RawFd> = memfd.iter().map(|f| f.as_raw_fd()).collect();
-        let sent = session.send(&msg, &fds).is_ok();
-        told.push((msg, if sent { session.session() } else { 0 }));
-        if !sent {
-            break;
+    'queues: for queue in [&REPORTS, &TCP_OPENS] {
+        loop {
+            let next = match queue.items.try_lock() {
+                Some(mut q) => take_due(
+                    queue,
+                    &mut q,
+                    sys::monotonic_ns(),
+                    OVERDUE_DELAYS * queue.delay_ns,
+                ),
+                None => break,
+            };
+            let Next::Send(r) = next else {
+                break;
+            };
+            let Some((msg, memfd)) = prepare(r) else {
+                continue;
+            };
+            let fds: Vec<RawFd> = memfd.iter().map(|f| f.as_raw_fd()).collect();
+            let sent = session.send(&msg, &fds).is_ok();
+            told.push((msg, if sent { session.session() } else { 0 }));
+            if !sent {
+                break 'queues;
+            }
         }
     }
     drop(session);
@@ -278,7 +335,7 @@ pub fn note_tcp(fd: RawFd, local: Option<SocketAddr>, peer: Option<SocketAddr>, 
 /// is cancelled if still queued (most short connections), or its close
 /// is queued after it.
 pub fn note_tcp_closed(fd: RawFd) {
-    let mut q = REPORTS.lock();
+    let mut q = TCP_OPENS.items.lock();
     // Its open is the last queued report for `fd` if any: search from the
     // back, where a short connection's is.
     let queued = q
@@ -286,7 +343,7 @@ pub fn note_tcp_closed(fd: RawFd) {
         .rposition(|(_, r)| matches!(r, Report::Tcp { fd: f, .. } if *f == fd));
     if let Some(i) = queued {
         q.remove(i);
-        set_oldest(&q);
+        TCP_OPENS.set_oldest(&q);
         return;
     }
     let known = TCP_ADDRS.lock().remove(&fd);
@@ -489,29 +546,43 @@ pub(super) fn stale() -> bool {
 /// Sends the reports that are due (the thread); returns in how many ns
 /// the next one is due, if one is queued.
 pub(super) fn send_due() -> Option<u64> {
-    loop {
-        let _sending = SENDING.lock();
-        let next = take_due(&mut REPORTS.lock(), sys::monotonic_ns(), REPORT_DELAY_NS);
-        match next {
-            Next::Send(r) => send_report(r),
-            Next::Wait(ns) => return Some(ns),
-            Next::Empty => return None,
+    let mut wait: Option<u64> = None;
+    for queue in [&REPORTS, &TCP_OPENS] {
+        loop {
+            let _sending = SENDING.lock();
+            let next = take_due(
+                queue,
+                &mut queue.items.lock(),
+                sys::monotonic_ns(),
+                queue.delay_ns,
+            );
+            match next {
+                Next::Send(r) => send_report(r),
+                Next::Wait(ns) => {
+                    wait = Some(wait.map_or(ns, |w| w.min(ns)));
+                    break;
+                }
+                Next::Empty => break,
+            }
         }
     }
+    wait
 }
 
 /// Sends every queued report now, due or not (before a sandbox).
 pub(super) fn send_queued() {
     let _sending = SENDING.lock();
-    let queued = {
-        let mut q = REPORTS.lock();
-        let all = std::mem::take(&mut *q);
-        all.iter().for_each(|(_, r)| mark_taken(r));
-        set_oldest(&q);
-        all
-    };
-    for (_, r) in queued {
-        send_report(r);
+    for queue in [&REPORTS, &TCP_OPENS] {
+        let queued = {
+            let mut q = queue.items.lock();
+            let all = std::mem::take(&mut *q);
+            all.iter().for_each(|(_, r)| mark_taken(r));
+            queue.set_oldest(&q);
+            all
+        };
+        for (_, r) in queued {
+            send_report(r);
+        }
     }
 }
 

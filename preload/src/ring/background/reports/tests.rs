@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use ringsock_proto::Transport;
 
-use super::{closed_in, take_due, taken_over_in, Next, Report, REPORT_DELAY_NS};
+use super::{closed_in, take_due, taken_over_in, Next, Report, REPORTS, REPORT_DELAY_NS};
 use crate::process;
 use crate::ring::tracked::{ReportState, Tracked};
 
@@ -77,7 +77,7 @@ fn kinds(q: &VecDeque<(u64, Report)>, c: &Arc<dyn Tracked>) -> Vec<(&'static str
 
 /// Sends the front report as the thread does once it is due.
 fn send_front(q: &mut VecDeque<(u64, Report)>) -> Report {
-    match take_due(q, u64::MAX / 2, REPORT_DELAY_NS) {
+    match take_due(&REPORTS, q, u64::MAX / 2, REPORT_DELAY_NS) {
         Next::Send(r) => r,
         _ => panic!("nothing due"),
     }
