@@ -142,7 +142,31 @@ impl SignalFd {
 
 /// A non-blocking SOCK_SEQPACKET listener bound to `path`, mode 0666 (any
 /// local user may talk to the daemon; descriptor proofs protect rings).
+/// It is bound, made 0666 and listening under `path` + ".new" first and
+/// then renamed into place, so that nobody finds `path` before it takes
+/// every user's connections (bind makes it by the umask, 0755 under 022).
+/// The caller holds the instance lock, so the temporary name is ours.
 pub fn listen_unix(path: &Path, backlog: i32) -> io::Result<OwnedFd> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = std::path::PathBuf::from(tmp);
+    if unix_addr(&tmp).is_err() {
+        // No room in sun_path for the suffix: bind in place.
+        return listen_at(path, backlog);
+    }
+    let _ = std::fs::remove_file(&tmp);
+    let published = listen_at(&tmp, backlog).and_then(|fd| {
+        std::fs::rename(&tmp, path)?;
+        Ok(fd)
+    });
+    if published.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    published
+}
+
+/// `listen_unix` without the rename: bound, chmod 0666, listening.
+fn listen_at(path: &Path, backlog: i32) -> io::Result<OwnedFd> {
     let (sun, len) = unix_addr(path)?;
     // SAFETY: plain socket(2).
     let fd = owned(cvt(unsafe {
