@@ -74,7 +74,7 @@ static LIVE: PLock<BTreeMap<RawFd, (u64, Msg)>> = PLock::new(BTreeMap::new(), BT
 struct Queue {
     items: PLock<VecDeque<(u64, Report)>>,
     /// When the report at the front was queued, 0 while there is none:
-    /// `flush_all` sees with one load whether one is overdue.
+    /// `flush_all` sees with one load per queue whether one is overdue.
     oldest: AtomicU64,
     delay_ns: u64,
 }
