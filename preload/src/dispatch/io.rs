@@ -207,6 +207,20 @@ fn discard(
     }
 }
 
+/// The slices of `bufs` after its first `skip` bytes.
+fn after<'a>(bufs: &'a [IoSlice<'_>], mut skip: usize) -> Vec<IoSlice<'a>> {
+    let mut rest = Vec::with_capacity(bufs.len());
+    for b in bufs {
+        if skip >= b.len() {
+            skip -= b.len();
+            continue;
+        }
+        rest.push(IoSlice::new(&b[skip..]));
+        skip = 0;
+    }
+    rest
+}
+
 /// send/write/writev/sendmsg on a ring connection.
 pub fn send(fd: c_int, st: &FdRef, bufs: &[IoSlice<'_>], flags: c_int) -> ssize_t {
     let Some(conn) = st.conn() else {
@@ -223,11 +237,14 @@ pub fn send(fd: c_int, st: &FdRef, bufs: &[IoSlice<'_>], flags: c_int) -> ssize_
     let nonblock = flags & libc::MSG_DONTWAIT != 0 || st.nonblocking();
     let timeout = st.sndtimeo_ns();
     let deadline = deadline_after(timeout);
-    // IoSlice::advance_slices needs an owned, mutable slice of slices.
-    let mut owned: Vec<IoSlice<'_>> = bufs.to_vec();
-    let mut rest: &mut [IoSlice<'_>] = &mut owned;
+    // What is left to send: the caller's slices until a partial send, then
+    // `owned[first..]`, a copy of their rest (the only allocation, and only
+    // for a send that did not fit at once).
+    let mut owned: Vec<IoSlice<'_>> = Vec::new();
+    let mut first = 0usize;
     let mut sent = 0usize;
     loop {
+        let rest: &[IoSlice<'_>] = if sent == 0 { bufs } else { &owned[first..] };
         // Zero bytes accepted means no room, whatever the transport says.
         let res = match conn.try_send(rest) {
             Ok(0) => Err(Errno(libc::EAGAIN)),
@@ -235,13 +252,23 @@ pub fn send(fd: c_int, st: &FdRef, bufs: &[IoSlice<'_>], flags: c_int) -> ssize_
         };
         match res {
             Ok(n) => {
+                let was_whole = sent == 0;
                 sent += n;
                 if sent >= want {
                     return sent as ssize_t;
                 }
                 // Try again at once: a non-blocking send returns what fits,
                 // a blocking one waits only when nothing fits.
-                IoSlice::advance_slices(&mut rest, n);
+                if was_whole {
+                    owned = after(bufs, sent);
+                } else {
+                    let left = {
+                        let mut rest = &mut owned[first..];
+                        IoSlice::advance_slices(&mut rest, n);
+                        rest.len()
+                    };
+                    first = owned.len() - left;
+                }
             }
             Err(Errno(libc::EAGAIN)) => {
                 if nonblock {
@@ -283,6 +310,26 @@ pub fn send(fd: c_int, st: &FdRef, bufs: &[IoSlice<'_>], flags: c_int) -> ssize_
                 return fail(libc::EPIPE);
             }
             Err(Errno(e)) => return if sent > 0 { sent as ssize_t } else { fail(e) },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flat(bufs: &[IoSlice<'_>]) -> Vec<u8> {
+        bufs.iter().flat_map(|b| b.iter().copied()).collect()
+    }
+
+    #[test]
+    fn after_skips_whole_and_partial_slices() {
+        let (a, b, c) = (*b"abc", *b"", *b"defg");
+        let bufs = [IoSlice::new(&a), IoSlice::new(&b), IoSlice::new(&c)];
+        for skip in 0..=7 {
+            let rest = after(&bufs, skip);
+            assert_eq!(flat(&rest), b"abcdefg"[skip..].to_vec(), "skip {skip}");
+            assert!(rest.iter().all(|s| !s.is_empty()) || skip == 0);
         }
     }
 }
