@@ -11,7 +11,6 @@
 //!
 //! Return values use the C convention: bytes (>= 0) or -1 with errno set.
 
-use std::cell::Cell;
 use std::io::{IoSlice, IoSliceMut};
 
 use libc::{c_int, ssize_t};
@@ -21,12 +20,6 @@ use crate::attached::{Errno, Ready};
 use crate::fdtable::FdRef;
 use crate::interpose::guard;
 use crate::{signals, sys};
-
-thread_local! {
-    /// Whether this thread's last blocking read found its connection empty
-    /// at its first look (see `recv`).
-    static FOUND_EMPTY: Cell<bool> = const { Cell::new(false) };
-}
 
 fn fail(e: c_int) -> ssize_t {
     sys::set_errno(e);
@@ -42,7 +35,10 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
     let Some(conn) = st.conn() else {
         return fail(libc::EBADF);
     };
-    let _g = guard::enter();
+    let g = guard::enter();
+    // This thread's note of whether its last blocking read found the ring
+    // empty (see below).
+    let found_empty = &g.thread().read_found_empty;
     if let Err(Errno(e)) = st.claim(conn) {
         return fail(e);
     }
@@ -86,7 +82,7 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
     // taken, and TCP's reader that took them waits for the low mark to be
     // met again by new bytes alone.
     let plain_wait = !nonblock && !peek && lowat <= 1;
-    let mut look_first = plain_wait && FOUND_EMPTY.with(Cell::get);
+    let mut look_first = plain_wait && found_empty.get();
     let mut first_look = plain_wait;
     loop {
         if std::mem::take(&mut look_first) {
@@ -94,7 +90,7 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
                 .readiness()
                 .intersects(Ready::READ | Ready::RDHUP | Ready::ERR | Ready::HUP);
             if ready {
-                FOUND_EMPTY.with(|f| f.set(false));
+                found_empty.set(false);
             } else {
                 match wait_conn(fd, conn, Ready::READ | Ready::RDHUP, deadline) {
                     Woke::Ready => {}
@@ -113,7 +109,7 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
         }
         let res = conn.try_recv(bufs, peek);
         if std::mem::take(&mut first_look) {
-            FOUND_EMPTY.with(|f| f.set(matches!(res, Err(Errno(libc::EAGAIN)))));
+            found_empty.set(matches!(res, Err(Errno(libc::EAGAIN))));
         }
         match res {
             Ok(0) => return got as ssize_t,

@@ -8,10 +8,13 @@
 //! `active()` only on their slow path (tracked fds, socket creation), so the
 //! pass-through fast path never touches thread-local storage.
 //!
-//! The flag is a `const`-initialised thread-local `Cell<bool>` without a
-//! destructor: its access never allocates and registers nothing at thread
-//! exit. A preloaded library's TLS lives in the static TLS block, so the
-//! access is a couple of instructions.
+//! The flag lives in `ThreadState`, a `const`-initialised thread-local
+//! without a destructor: its access never allocates and registers nothing
+//! at thread exit. A shared library's thread-locals are reached through
+//! `__tls_get_addr` (the general-dynamic model: about a dozen instructions
+//! a look), so a scope keeps the address it found on entry and its exit,
+//! and the data path's other per-thread notes (`ThreadState`), use that
+//! instead of looking again.
 //!
 //! A program's signal handler never runs inside a scope (defer.rs): it is
 //! deferred to the end of the exported entry point that entered the scope
@@ -21,35 +24,71 @@
 
 use std::cell::Cell;
 
+/// What the shim keeps per thread on the data path, in one thread-local so
+/// that one TLS lookup reaches all of it (see the module docs).
+pub struct ThreadState {
+    /// Inside a `Shim` scope.
+    in_shim: Cell<bool>,
+    /// Whether this thread's last blocking read on a ring found its
+    /// connection empty at its first look (dispatch::io's `recv`).
+    pub read_found_empty: Cell<bool>,
+}
+
 thread_local! {
-    static IN_SHIM: Cell<bool> = const { Cell::new(false) };
+    static THREAD: ThreadState = const {
+        ThreadState {
+            in_shim: Cell::new(false),
+            read_found_empty: Cell::new(false),
+        }
+    };
 }
 
 /// True while the current thread is inside a `Shim` scope.
 #[inline]
 pub fn active() -> bool {
-    IN_SHIM.with(Cell::get)
+    THREAD.with(|t| t.in_shim.get())
 }
 
 /// Marks the current thread as running shim code until dropped. Nested
 /// scopes are fine: the outermost one restores "not in shim".
+///
+/// Holds a pointer to the thread's `ThreadState`, which makes it neither
+/// `Send` nor `Sync`: it lives and drops on the thread that entered.
 #[must_use = "the guard only lasts as long as the value"]
 pub struct Shim {
     was: bool,
+    thread: *const ThreadState,
 }
 
 /// Enters a shim scope.
 #[inline]
 pub fn enter() -> Shim {
-    let was = IN_SHIM.with(|c| c.replace(true));
-    Shim { was }
+    THREAD.with(|t| Shim {
+        was: t.in_shim.replace(true),
+        thread: t,
+    })
+}
+
+impl Shim {
+    /// The entering thread's state, without another TLS lookup.
+    #[inline]
+    pub fn thread(&self) -> &ThreadState {
+        // SAFETY: `thread` is the address of the entering thread's
+        // ThreadState, and only that thread holds this !Send guard. The
+        // thread-local is const-initialised and has no destructor, so its
+        // storage is valid, and never torn down, for as long as the thread
+        // runs any code, this guard's drop included (a forked child's copy
+        // of the thread has it at the same address). Cells are only
+        // touched from their own thread, so the shared borrow is sound.
+        unsafe { &*self.thread }
+    }
 }
 
 impl Drop for Shim {
     #[inline]
     fn drop(&mut self) {
         let was = self.was;
-        IN_SHIM.with(|c| c.set(was));
+        self.thread().in_shim.set(was);
     }
 }
 
@@ -67,7 +106,7 @@ impl Drop for Shim {
 /// passes `Sleep::mask` to its ppoll or epoll_pwait, which unblocks them
 /// for the wait only.
 pub fn sleeping() -> Sleep {
-    let was = IN_SHIM.with(|c| c.replace(false));
+    let was = THREAD.with(|t| t.in_shim.replace(false));
     Sleep {
         was,
         deferred: super::defer::requeue_for_sleep(),
@@ -111,7 +150,7 @@ impl Drop for Sleep {
         // Those the wait's mask kept blocked are delivered here.
         crate::signals::mask::unblock(self.deferred);
         let was = self.was;
-        IN_SHIM.with(|c| c.set(was));
+        THREAD.with(|t| t.in_shim.set(was));
     }
 }
 
