@@ -86,8 +86,10 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
     let mut first_look = plain_wait;
     loop {
         if std::mem::take(&mut look_first) {
+            // Only the receiving side's readiness: the sending side's
+            // would take the sender's lock for nothing.
             let ready = conn
-                .readiness()
+                .readiness_for(Ready::READ | Ready::RDHUP)
                 .intersects(Ready::READ | Ready::RDHUP | Ready::ERR | Ready::HUP);
             if ready {
                 found_empty.set(false);
