@@ -173,7 +173,12 @@ impl FdRef {
 
 /// The state of `fd`, if tracked (see the lifetime protocol above).
 pub fn get(fd: i32) -> Option<FdRef> {
-    let s = slot(fd)?;
+    get_at(slot(fd)?)
+}
+
+/// `get` on the slot of an fd.
+#[inline]
+fn get_at(s: &'static Slot) -> Option<FdRef> {
     loop {
         let p = s.load(Ordering::Acquire);
         if p.is_null() {
@@ -208,7 +213,7 @@ pub fn attached(fd: i32) -> Option<FdRef> {
     if !unsafe { &*p }.has_conn() {
         return None;
     }
-    get(fd).filter(|r| r.conn().is_some())
+    get_at(s).filter(|r| r.conn().is_some())
 }
 
 /// Starts tracking a new socket (or epoll instance) at `fd`. Returns the

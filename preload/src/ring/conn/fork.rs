@@ -77,10 +77,17 @@ impl<W: Wire> RingConn<W> {
     /// or leaving the ring (see `share`). `held` is the sender slot when
     /// the caller holds its lock: a leave waits for the peer's answer
     /// through it (the lock is not taken twice).
+    #[inline]
     pub(super) fn enter_shared(&self, held: Option<&mut TxSlot<W>>) -> Entered<'_> {
         if !self.forked.load(Ordering::Relaxed) {
             return Entered::Alone;
         }
+        self.enter_forked(held)
+    }
+
+    /// `enter_shared` on a side a fork shared.
+    #[inline(never)]
+    fn enter_forked(&self, held: Option<&mut TxSlot<W>>) -> Entered<'_> {
         let Some(share) = self.wire.share() else {
             return Entered::Alone;
         };

@@ -277,9 +277,23 @@ impl<W: Wire> RingConn<W> {
     }
 
     /// Resolves `Pending` where the wire carries the decision itself.
-    /// Cheap when already decided.
+    /// Cheap when already decided: on the ring with nothing owed, three
+    /// loads inlined into the data path.
+    #[inline]
     pub fn settle(&self) -> u8 {
         let m = self.mode();
+        if m == MODE_RING
+            && !self.header_early.load(Ordering::Relaxed)
+            && !self.forked.load(Ordering::Relaxed)
+        {
+            return m;
+        }
+        self.settle_from(m)
+    }
+
+    /// `settle`'s work once the mode read `m` is not a plain ring.
+    #[inline(never)]
+    fn settle_from(&self, m: u8) -> u8 {
         if m == MODE_RING {
             if self.header_early.load(Ordering::Relaxed)
                 && self.header_early.swap(false, Ordering::AcqRel)
@@ -638,11 +652,19 @@ impl<W: Wire> RingConn<W> {
 
     /// Leaves the ring if a flush found its wire failed (`wire_failed`).
     /// The caller holds none of our locks.
+    #[inline]
     fn lose_wire(&self) {
         // One plain load on the way of every send and receive.
-        if self.wire_failed.load(Ordering::Relaxed)
-            && self.wire_failed.swap(false, Ordering::AcqRel)
-        {
+        if self.wire_failed.load(Ordering::Relaxed) {
+            self.lose_failed_wire();
+        }
+    }
+
+    /// `lose_wire` once the flag showed.
+    #[cold]
+    #[inline(never)]
+    fn lose_failed_wire(&self) {
+        if self.wire_failed.swap(false, Ordering::AcqRel) {
             // `wire_error` is a leaf lock: taken under the ring ends' locks
             // (`note_wire_failure`), so not held while leaving takes them.
             let e = lock(&self.wire_error).take();
