@@ -34,6 +34,7 @@ fn may_track() -> bool {
 /// socket() returned `fd` for a TCP socket.
 pub fn on_new_socket(fd: c_int, domain: c_int, ty: c_int) {
     if may_track() {
+        crate::fdspace::reserve(fd);
         let nonblock = ty & libc::SOCK_NONBLOCK != 0;
         if fdtable::track_new(fd, Kind::Tcp, domain, nonblock).is_none() {
             log::debug!("fd {fd} not tracked (beyond table capacity)");
@@ -70,6 +71,8 @@ pub fn on_accepted(
     if !may_track() {
         return;
     }
+    // A listener inherited or passed in, never made here.
+    crate::fdspace::reserve(fd);
     let nonblock = flags & libc::SOCK_NONBLOCK != 0;
     let Some(st) = fdtable::track_new(fd, Kind::Tcp, listener.family(), nonblock) else {
         return;

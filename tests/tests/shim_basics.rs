@@ -100,3 +100,36 @@ fn disabled_shim_passes_everything_through() {
     assert_eq!(out, "ping\n");
     assert_eq!(err, "");
 }
+
+/// The kernel grows a descriptor table that threads share only after an
+/// RCU grace period (milliseconds): the shim grows it over its own range
+/// at the first TCP socket, not at the first connection that needs one of
+/// its descriptors (fdspace::reserve).
+#[test]
+fn the_first_tcp_socket_grows_the_fd_table_over_the_shims_range() {
+    require!("python3");
+    let script = "import resource, socket\n\
+        def size():\n    return int(next(l for l in open('/proc/self/status') if l.startswith('FDSize:')).split()[1])\n\
+        resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))\n\
+        before = size()\n\
+        s = socket.socket()\n\
+        print(before, size())\n";
+    let sizes = |out: &str| -> (u32, u32) {
+        let v: Vec<u32> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+        (v[0], v[1])
+    };
+    // The shim's range starts at 3/4 of the soft limit: 3072.
+    let (out, _) = Cmd::shimmed("python3").arg("-c").arg(script).run_ok(T);
+    let (before, after) = sizes(&out);
+    assert!(before <= 3072, "{out}");
+    assert!(
+        after > 3072,
+        "the table does not cover fd 3072 after a TCP socket: {out}"
+    );
+    let (out, _) = Cmd::plain("python3").arg("-c").arg(script).run_ok(T);
+    let (_, plain) = sizes(&out);
+    assert!(
+        plain <= 3072,
+        "without the shim the table stays small: {out}"
+    );
+}

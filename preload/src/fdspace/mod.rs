@@ -21,6 +21,7 @@
 mod owned;
 
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicI32, Ordering};
 
 pub use owned::{disown, is_own, mover, next_own, own, set_mover, Mover};
 
@@ -81,6 +82,33 @@ pub fn high_or_emfile(fd: OwnedFd) -> Result<OwnedFd, i32> {
     own(n as RawFd);
     // SAFETY: fcntl just gave us this new descriptor.
     Ok(unsafe { OwnedFd::from_raw_fd(n as RawFd) })
+}
+
+/// The pid of the process whose descriptor table covers the shim's range
+/// (0: none yet; a fork child inherits the table and finds its parent's).
+static RESERVED_BY: AtomicI32 = AtomicI32::new(0);
+
+/// Grows the kernel's descriptor table over the shim's range, once per
+/// process, from its first TCP socket (`fd`). The kernel grows a table
+/// that several threads share only after an RCU grace period
+/// (`expand_fdtable`: about 10 ms), so the growth is taken now, while most
+/// programs run one thread, rather than by the first connection that needs
+/// a descriptor of ours in a threaded server, or by the program's own
+/// descriptors once the shim's thread shares the table.
+pub fn reserve(fd: RawFd) {
+    let me = crate::process::pid();
+    if RESERVED_BY.load(Ordering::Relaxed) == me {
+        return;
+    }
+    RESERVED_BY.store(me, Ordering::Relaxed);
+    let saved = crate::sys::errno();
+    // SAFETY: fcntl on a descriptor the caller holds; the duplicate is
+    // ours alone and closed at once.
+    let n = unsafe { crate::sys::sys_call!(libc::SYS_fcntl, fd, libc::F_DUPFD_CLOEXEC, base()) };
+    if n >= 0 {
+        crate::sys::close(n as RawFd);
+    }
+    crate::sys::set_errno(saved);
 }
 
 /// A close-on-exec duplicate of `fd` in the shim's range (for a ring);
