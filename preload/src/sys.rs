@@ -208,6 +208,19 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// The CPUs this process may run on (sched_getaffinity), at least 1.
+pub fn cpus_allowed() -> u32 {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set is a valid out-pointer of the size passed.
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    if r != 0 {
+        return 1;
+    }
+    // SAFETY: the kernel filled the set.
+    (unsafe { libc::CPU_COUNT(&set) } as u32).max(1)
+}
+
 /// The inode number of an open descriptor (fstat(2)).
 pub fn inode_of(fd: c_int) -> Option<u64> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();

@@ -13,9 +13,13 @@
 //! maximum, and a spin that lost its CPU zeroes it, so a busy ping-pong
 //! keeps spinning while an idle program, or any program on an
 //! oversubscribed machine, sleeps at once as over kernel TCP. A zero budget
-//! probes with a full spin every few waits.
+//! probes with a full spin every few waits. At most half as many threads
+//! of one process as it has CPUs spin at a time (`SpinSlot`); the others
+//! look once and sleep, so that a process's waiting threads never take
+//! the CPUs the threads they wait for need.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use ringsock_ring::SpinBudget;
@@ -63,11 +67,14 @@ fn wanted(interest: Ready) -> Ready {
 /// call of `ready` looks at (see `spin_for`).
 pub fn spin(looks: u32, width: usize, mut ready: impl FnMut() -> bool) -> bool {
     let mut budget = BUDGET.with(|b| {
-        b.get()
-            .unwrap_or_else(|| SpinBudget::new(Duration::from_micros(config::get().spin_us.into())))
+        b.get().unwrap_or_else(|| {
+            waiter_born();
+            SpinBudget::new(Duration::from_micros(config::get().spin_us.into()))
+        })
     });
     let limit = budget.limit().as_nanos() as u64;
-    let hit = if limit == 0 {
+    let slot = (limit != 0).then(SpinSlot::take).flatten();
+    let hit = if slot.is_none() {
         // A connection ready at the first look says nothing about spinning.
         ready()
     } else {
@@ -86,8 +93,117 @@ pub fn spin(looks: u32, width: usize, mut ready: impl FnMut() -> bool) -> bool {
             }
         }
     };
+    drop(slot);
     BUDGET.with(|b| b.set(Some(budget)));
     hit
+}
+
+/// This process's spinning threads: its pid in the high half, their count
+/// in the low one. A count left by another pid is a parent's, copied by a
+/// fork without the threads that spun: zero here.
+static SPINNERS: AtomicU64 = AtomicU64::new(0);
+/// This process's live threads that have waited on a ring, counted the
+/// same way: while they are no more than `max_spinners`, a spin takes no
+/// place in SPINNERS (no read-modify-write on a ping-pong's path).
+static WAITERS: AtomicU64 = AtomicU64::new(0);
+/// Most threads of this process that spin at once (0: not known yet).
+static MAX_SPINNERS: AtomicU32 = AtomicU32::new(0);
+
+/// A thread that has waited on a ring: counted in WAITERS until it ends.
+struct Waiter {
+    pid: u32,
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        leave_place(&WAITERS, self.pid);
+    }
+}
+
+thread_local! {
+    static WAITER: std::cell::RefCell<Option<Waiter>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The calling thread waits on a ring for the first time.
+fn waiter_born() {
+    let pid = crate::process::pid() as u32;
+    if take_place(&WAITERS, u32::MAX, pid) {
+        // A thread already being torn down keeps no count (try_with fails).
+        let kept = WAITER.try_with(|w| *w.borrow_mut() = Some(Waiter { pid }));
+        if kept.is_err() {
+            leave_place(&WAITERS, pid);
+        }
+    }
+}
+
+/// Half the CPUs this process may run on, at least one: more spinners
+/// than that take the CPUs their peers need to answer them (threads of
+/// one process yielding to each other while the thread they wait for, in
+/// another process, waits for a CPU).
+fn max_spinners() -> u32 {
+    let known = MAX_SPINNERS.load(Ordering::Relaxed);
+    if known != 0 {
+        return known;
+    }
+    let n = (sys::cpus_allowed() / 2).max(1);
+    MAX_SPINNERS.store(n, Ordering::Relaxed);
+    n
+}
+
+/// This process's spinner count in `word`.
+fn spinners_of(word: u64, pid: u32) -> u32 {
+    if (word >> 32) as u32 == pid {
+        word as u32
+    } else {
+        0
+    }
+}
+
+fn spinners_word(pid: u32, n: u32) -> u64 {
+    (u64::from(pid) << 32) | u64::from(n)
+}
+
+/// Takes a place among the spinners counted in `word` for `pid`, if
+/// fewer than `cap` hold one.
+fn take_place(word: &AtomicU64, cap: u32, pid: u32) -> bool {
+    word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+        let n = spinners_of(w, pid);
+        (n < cap).then(|| spinners_word(pid, n + 1))
+    })
+    .is_ok()
+}
+
+fn leave_place(word: &AtomicU64, pid: u32) {
+    let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+        let n = spinners_of(w, pid);
+        (n > 0).then(|| spinners_word(pid, n - 1))
+    });
+}
+
+/// Leave to spin: a place among this process's spinners, or none needed
+/// while its waiting threads are few enough to all spin.
+enum SpinSlot {
+    Free,
+    Taken { pid: u32 },
+}
+
+impl SpinSlot {
+    fn take() -> Option<SpinSlot> {
+        let pid = crate::process::pid() as u32;
+        let cap = max_spinners();
+        if spinners_of(WAITERS.load(Ordering::Relaxed), pid) <= cap {
+            return Some(SpinSlot::Free);
+        }
+        take_place(&SPINNERS, cap, pid).then_some(SpinSlot::Taken { pid })
+    }
+}
+
+impl Drop for SpinSlot {
+    fn drop(&mut self) {
+        if let SpinSlot::Taken { pid } = *self {
+            leave_place(&SPINNERS, pid);
+        }
+    }
 }
 
 /// The busy looks for a spin over several connections: the fewest any of
@@ -284,5 +400,27 @@ mod tests {
         // Never fewer than one busy poll, and the clock read on every poll.
         assert_eq!(pace(turns, 100_000), (1, 1));
         assert_eq!(pace(4, 8), (1, LOOKS_PER_CLOCK / 8));
+    }
+
+    #[test]
+    fn spinners_are_capped_per_process_and_a_parents_count_is_not_ours() {
+        let cap = max_spinners();
+        assert!(cap >= 1 && cap <= sys::cpus_allowed());
+        let word = AtomicU64::new(0);
+        let (parent, child) = (1000, 999);
+        assert!(take_place(&word, 2, parent) && take_place(&word, 2, parent));
+        assert!(!take_place(&word, 2, parent));
+        leave_place(&word, parent);
+        assert!(take_place(&word, 2, parent));
+        // A forked child finds its parent's spinners, which it does not
+        // have: its own count starts at zero.
+        assert!(take_place(&word, 1, child));
+        assert_eq!(spinners_of(word.load(Ordering::Relaxed), child), 1);
+        // The parent's leaving does not touch the child's count.
+        leave_place(&word, parent);
+        assert_eq!(spinners_of(word.load(Ordering::Relaxed), child), 1);
+        leave_place(&word, child);
+        leave_place(&word, child);
+        assert_eq!(spinners_of(word.load(Ordering::Relaxed), child), 0);
     }
 }
