@@ -349,6 +349,20 @@ impl TcpReason {
     }
 }
 
+/// What the ring layer keeps of a connection it left on plain TCP, for
+/// the close of its last fd (`Attacher::tcp_closed`). Kept in the
+/// socket's own state (fdtable/state.rs), it spares the layer a table
+/// keyed by fd to insert into at connect and search at close.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TcpMemo {
+    /// A connection the policy kept off the ring (ring/policy.rs): its
+    /// destination and when it was connected (monotonic ns).
+    pub skipped: Option<(SocketAddr, u64)>,
+    /// The ticket of its open's status report, which close cancels while
+    /// it is still queued (0: none was queued).
+    pub report: u64,
+}
+
 /// What the transport decided for one connection.
 pub enum Decision {
     /// Attach this ring channel to the socket.
@@ -367,18 +381,28 @@ pub trait Attacher: Send + Sync {
     /// once to let the kernel connect happen (it returns the real connect's
     /// result, EINPROGRESS included), and returns that result together with
     /// its decision. Bytes must never be lost or reordered whatever it
-    /// decides (docs/design.md, "Control plane", 4).
+    /// decides (docs/design.md, "Control plane", 4). On a `Decision::Tcp`
+    /// it may fill `memo`, which `tcp_closed` gets back.
     fn connect(
         &self,
         fd: RawFd,
         dest: SocketAddr,
         nonblocking: bool,
         connect: &mut dyn FnMut() -> Result<(), Errno>,
+        memo: &mut TcpMemo,
     ) -> (Result<(), Errno>, Decision);
 
     /// A connection accepted on a tracked listener, before accept() returns
-    /// it to the program; `local` is the address it was accepted on.
-    fn accept(&self, listener: RawFd, fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision;
+    /// it to the program; `local` is the address it was accepted on. On a
+    /// `Decision::Tcp` it may fill `memo`, as `connect`.
+    fn accept(
+        &self,
+        listener: RawFd,
+        fd: RawFd,
+        local: SocketAddr,
+        peer: SocketAddr,
+        memo: &mut TcpMemo,
+    ) -> Decision;
 
     /// Flushes every attached connection with batched, unpublished bytes.
     /// Called before the process blocks in poll/select/epoll.
@@ -393,11 +417,14 @@ pub trait Attacher: Send + Sync {
 
     /// A tracked connection `fd` stays plain TCP, for `reason`; `peer`
     /// where the caller knows it (a connect still in progress has no peer
-    /// the socket would tell yet).
-    fn tcp_decided(&self, _fd: RawFd, _peer: Option<SocketAddr>, _reason: TcpReason) {}
+    /// the socket would tell yet). Returns what `tcp_closed` gets back.
+    fn tcp_decided(&self, _fd: RawFd, _peer: Option<SocketAddr>, _reason: TcpReason) -> TcpMemo {
+        TcpMemo::default()
+    }
 
-    /// The last fd of a tracked plain-TCP connection is being closed.
-    fn tcp_closed(&self, _fd: RawFd) {}
+    /// The last fd of a tracked plain-TCP connection is being closed;
+    /// `memo` is what connect, accept or `tcp_decided` left with it.
+    fn tcp_closed(&self, _fd: RawFd, _memo: TcpMemo) {}
 
     /// The process is about to put itself under a seccomp filter, its
     /// connections left and forgotten: whatever the layer still owes goes

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 
 use libc::c_int;
 
-use crate::attached::{self, Decision, Errno, TcpReason};
+use crate::attached::{self, Decision, Errno, TcpMemo, TcpReason};
 use crate::config::{self, Excluded};
 use crate::fdtable::{self, FdRef, Kind};
 use crate::interpose::guard;
@@ -93,8 +93,9 @@ pub fn on_accepted(
         return;
     }
     let _g = guard::enter();
-    let decision = attacher.accept(lfd, fd, local, peer);
-    apply(fd, &st, decision);
+    let mut memo = TcpMemo::default();
+    let decision = attacher.accept(lfd, fd, local, peer, &mut memo);
+    apply(fd, &st, decision, memo);
 }
 
 /// connect() on tracked socket `st`: decides, lets the kernel connect
@@ -130,8 +131,9 @@ pub fn connect(
         return real_connect();
     };
     let _g = guard::enter();
-    let (res, decision) = attacher.connect(fd, dest, st.nonblocking(), real_connect);
-    apply(fd, st, decision);
+    let mut memo = TcpMemo::default();
+    let (res, decision) = attacher.connect(fd, dest, st.nonblocking(), real_connect, &mut memo);
+    apply(fd, st, decision, memo);
     res
 }
 
@@ -158,13 +160,26 @@ fn stay_tcp(fd: c_int, st: &FdRef, peer: Option<SocketAddr>, r: TcpReason) {
     st.set_tcp_reason(r);
     if let Some(a) = attached::attacher() {
         let _g = guard::enter();
-        a.tcp_decided(fd, peer, r);
+        let memo = a.tcp_decided(fd, peer, r);
+        keep_memo(st, memo);
     }
 }
 
-fn apply(fd: c_int, st: &FdRef, decision: Decision) {
+/// Keeps the ring layer's memo of a plain-TCP connection for its close.
+fn keep_memo(st: &FdRef, memo: TcpMemo) {
+    if memo != TcpMemo::default() {
+        st.set_tcp_memo(memo);
+    }
+}
+
+fn apply(fd: c_int, st: &FdRef, decision: Decision, memo: TcpMemo) {
     match decision {
-        Decision::Tcp(r) => st.set_tcp_reason(r),
+        Decision::Tcp(r) => {
+            // Kept before the decision ends the pre-connect window: a
+            // close that finds the socket decided finds its memo.
+            keep_memo(st, memo);
+            st.set_tcp_reason(r);
+        }
         Decision::Ring(conn) => {
             if st.attach(conn).is_err() {
                 // Only possible if the program raced two connects on one fd.

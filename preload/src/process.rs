@@ -24,7 +24,7 @@
 //! seen (docs/limits.md).
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 
 use libc::pid_t;
 
@@ -115,11 +115,27 @@ thread_local! {
     static VFORKED: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Threads with VFORKED set: while there are none (and no SHARED_VM),
+/// `owns_memory` needs no thread-local look-up. Counted in before the
+/// vfork, so the child, which runs on that thread, sees it; counted out
+/// when the parent thread clears its mark. A count too high (a forked
+/// child's copy) only costs the look-up.
+static VFORKING: AtomicU32 = AtomicU32::new(0);
+
 /// True when the calling process owns this memory image, false in a child
 /// that shares it (vfork, clone(CLONE_VM)) and must not change shim state.
 /// No system call unless a hook marked such a child (module docs); then
 /// one getpid.
+#[inline]
 pub fn owns_memory() -> bool {
+    if VFORKING.load(Ordering::Acquire) == 0 && !SHARED_VM.load(Ordering::Acquire) {
+        return true;
+    }
+    owns_memory_slow()
+}
+
+#[cold]
+fn owns_memory_slow() -> bool {
     let vforked = VFORKED.with(Cell::get);
     if !vforked && !SHARED_VM.load(Ordering::Acquire) {
         return true;
@@ -128,6 +144,7 @@ pub fn owns_memory() -> bool {
     if owns && vforked {
         // The parent after vfork returned: the child exec'd or exited.
         VFORKED.with(|v| v.set(false));
+        VFORKING.fetch_sub(1, Ordering::AcqRel);
     }
     owns
 }
@@ -136,7 +153,11 @@ pub fn owns_memory() -> bool {
 /// memory until it execs or exits (hooks/process.rs, `vfork`).
 pub fn before_vfork() {
     pid();
-    VFORKED.with(|v| v.set(true));
+    VFORKED.with(|v| {
+        if !v.replace(true) {
+            VFORKING.fetch_add(1, Ordering::AcqRel);
+        }
+    });
 }
 
 /// A child that may share this memory (or that keeps a stale cached pid)

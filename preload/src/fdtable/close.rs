@@ -25,12 +25,16 @@ pub(super) fn last_fd_gone(fd: i32, st: &FdState, stale: bool) {
         } else {
             ReleaseKind::Inherited
         };
-        let _g = guard::enter();
-        conn.release(fd, kind);
-    }
-    if let Some(drop_closed) = EPOLL_DROP.get() {
-        for epfd in st.take_epoll_homes() {
-            drop_closed(epfd, st);
+        {
+            let _g = guard::enter();
+            conn.release(fd, kind);
+        }
+        // Only a ring is added to epoll sets as one (`note_epoll_home`),
+        // and its connection stays attached until the state is recycled.
+        if let Some(drop_closed) = EPOLL_DROP.get() {
+            for epfd in st.take_epoll_homes() {
+                drop_closed(epfd, st);
+            }
         }
     }
 }
@@ -57,7 +61,9 @@ fn tell_attacher(fd: i32, st: &FdState) {
                 a.listener_closed(addr);
             }
         }
-        Some(Kind::Tcp) if !st.is_preconnect() && st.conn().is_none() => a.tcp_closed(fd),
+        Some(Kind::Tcp) if !st.is_preconnect() && st.conn().is_none() => {
+            a.tcp_closed(fd, st.tcp_memo())
+        }
         _ => {}
     }
 }

@@ -216,6 +216,25 @@ pub fn attached(fd: i32) -> Option<FdRef> {
     get_at(s).filter(|r| r.conn().is_some())
 }
 
+/// The state of `fd` if `want` holds for it. `want` is first asked of the
+/// slot's object before any reference is taken (it may read only the
+/// state's atomics: the object may be a recycled one, as in `attached`),
+/// so an fd it turns down costs a few loads; a reference taken is asked
+/// again.
+#[inline]
+pub fn get_if(fd: i32, want: impl Fn(&FdState) -> bool) -> Option<FdRef> {
+    let s = slot(fd)?;
+    let p = s.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: type-stable pool object (pool.rs); `want` reads atomics.
+    if !want(unsafe { &*p }) {
+        return None;
+    }
+    get_at(s).filter(|r| want(r))
+}
+
 /// Starts tracking a new socket (or epoll instance) at `fd`. Returns the
 /// new state, or None if it could not be tracked (table or pool exhausted:
 /// the fd then simply stays a plain kernel fd).

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 use libc::pid_t;
 
-use crate::attached::{AttachedConn, Errno, TcpReason};
+use crate::attached::{AttachedConn, Errno, TcpMemo, TcpReason};
 use crate::process;
 
 /// What an fd table entry is.
@@ -45,6 +45,10 @@ const F_NONBLOCK: u32 = 1;
 /// socket() done, connect() not yet decided: the only window in which a ring
 /// can still be attached by connect.
 const F_PRECONNECT: u32 = 2;
+/// `pre_epoll` may hold registrations (set under its lock when one is
+/// recorded): where it is clear, the list is empty and unallocated, and
+/// nobody takes its lock.
+const F_PRE_EPOLL: u32 = 4;
 
 type ConnBox = Arc<dyn AttachedConn>;
 
@@ -106,11 +110,47 @@ pub struct FdState {
     /// socket it accepts has as its local address: family and port, then
     /// the IP's two halves (`set_bound`); all zero when not known.
     bound: [AtomicU64; 3],
+    /// The ring layer's `TcpMemo` of a connection decided plain TCP: the
+    /// skipped destination (packed as `bound`), when it was connected, and
+    /// its report's ticket; all zero when there is none.
+    memo_dest: [AtomicU64; 3],
+    memo_since: AtomicU64,
+    memo_report: AtomicU64,
 }
 
 /// Epoll fds remembered per socket; a socket added to more instances than
 /// this is dropped from the others by their sweeps instead.
 const HOMES_MAX: usize = 8;
+
+/// Stores `addr` in three words: family and port, then the IP's two
+/// halves; the first word alone, zero, says none. The first word is
+/// stored last (Release), so a reader that sees it sees the rest.
+fn store_addr(w: &[AtomicU64; 3], addr: Option<SocketAddr>) {
+    let Some(a) = addr else {
+        w[0].store(0, Ordering::Release);
+        return;
+    };
+    let (tag, ip) = match a.ip() {
+        IpAddr::V4(v4) => (4u64, u128::from(u32::from(v4))),
+        IpAddr::V6(v6) => (6u64, u128::from(v6)),
+    };
+    w[1].store((ip >> 64) as u64, Ordering::Relaxed);
+    w[2].store(ip as u64, Ordering::Relaxed);
+    w[0].store(tag << 16 | u64::from(a.port()), Ordering::Release);
+}
+
+/// The address `store_addr` stored, if any.
+fn load_addr(w: &[AtomicU64; 3]) -> Option<SocketAddr> {
+    let w0 = w[0].load(Ordering::Acquire);
+    let ip =
+        u128::from(w[1].load(Ordering::Relaxed)) << 64 | u128::from(w[2].load(Ordering::Relaxed));
+    let ip = match w0 >> 16 {
+        4 => IpAddr::V4(Ipv4Addr::from(ip as u32)),
+        6 => IpAddr::V6(Ipv6Addr::from(ip)),
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, w0 as u16))
+}
 
 /// One epoll registration of a pre-connect socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,6 +181,9 @@ impl FdState {
             pre_epoll: Mutex::new(Vec::new()),
             epoll_homes: [const { AtomicI32::new(-1) }; HOMES_MAX],
             bound: [const { AtomicU64::new(0) }; 3],
+            memo_dest: [const { AtomicU64::new(0) }; 3],
+            memo_since: AtomicU64::new(0),
+            memo_report: AtomicU64::new(0),
         }
     }
 
@@ -204,15 +247,20 @@ impl FdState {
             // gave us the only copy of the pointer.
             drop(unsafe { Box::from_raw(conn) });
             RINGS.fetch_sub(1, Ordering::Relaxed);
+            // Only a ring is added to epoll sets as one (`note_epoll_home`).
+            self.take_epoll_homes().for_each(drop);
         }
         let ep = self.epoll.swap(ptr::null_mut(), Ordering::AcqRel);
         if !ep.is_null() {
             // SAFETY: as above, from Box::into_raw in `epoll_slot_or_init`.
             drop(unsafe { Box::from_raw(ep) });
         }
-        drop(std::mem::take(&mut *self.pre_epoll_lock()));
-        self.take_epoll_homes().for_each(drop);
+        if self.flags.load(Ordering::Relaxed) & F_PRE_EPOLL != 0 {
+            drop(std::mem::take(&mut *self.pre_epoll_lock()));
+        }
         self.set_bound(None);
+        self.memo_dest[0].store(0, Ordering::Relaxed);
+        self.memo_report.store(0, Ordering::Relaxed);
         self.fds.store(0, Ordering::Relaxed);
         self.kind.store(0, Ordering::Relaxed);
         self.tcp_reason.store(0, Ordering::Relaxed);
@@ -286,8 +334,12 @@ impl FdState {
     /// Records the TCP-or-ring decision; ends the pre-connect window.
     pub fn set_tcp_reason(&self, r: TcpReason) {
         self.tcp_reason.store(r as u8, Ordering::Relaxed);
-        self.flags.fetch_and(!F_PRECONNECT, Ordering::Relaxed);
-        self.pre_epoll_lock().clear();
+        let was = self
+            .flags
+            .fetch_and(!(F_PRECONNECT | F_PRE_EPOLL), Ordering::Relaxed);
+        if was & F_PRE_EPOLL != 0 {
+            drop(std::mem::take(&mut *self.pre_epoll_lock()));
+        }
     }
 
     fn pre_epoll_lock(&self) -> std::sync::MutexGuard<'_, Vec<PreEpoll>> {
@@ -304,42 +356,49 @@ impl FdState {
         let mut v = self.pre_epoll_lock();
         v.retain(|r| r.epfd != epfd);
         if op != libc::EPOLL_CTL_DEL {
+            // Flagged before it is pushed: whoever finds the flag clear
+            // comes before this registration, as if it had taken the lock
+            // first.
+            self.flags.fetch_or(F_PRE_EPOLL, Ordering::Relaxed);
             v.push(PreEpoll { epfd, events, data });
         }
     }
 
     /// Takes the recorded pre-connect epoll registrations.
     pub fn take_pre_epoll(&self) -> Vec<PreEpoll> {
+        if self.flags.fetch_and(!F_PRE_EPOLL, Ordering::Relaxed) & F_PRE_EPOLL == 0 {
+            return Vec::new();
+        }
         std::mem::take(&mut *self.pre_epoll_lock())
     }
 
     /// Records a listener's own address (None: unknown, or not one every
     /// accepted socket shares).
     pub fn set_bound(&self, addr: Option<SocketAddr>) {
-        let Some(a) = addr else {
-            self.bound[0].store(0, Ordering::Release);
-            return;
-        };
-        let (tag, ip) = match a.ip() {
-            IpAddr::V4(v4) => (4u64, u128::from(u32::from(v4))),
-            IpAddr::V6(v6) => (6u64, u128::from(v6)),
-        };
-        self.bound[1].store((ip >> 64) as u64, Ordering::Relaxed);
-        self.bound[2].store(ip as u64, Ordering::Relaxed);
-        self.bound[0].store(tag << 16 | u64::from(a.port()), Ordering::Release);
+        store_addr(&self.bound, addr);
     }
 
     /// A listener's own address, if `set_bound` recorded one.
     pub fn bound(&self) -> Option<SocketAddr> {
-        let w0 = self.bound[0].load(Ordering::Acquire);
-        let ip = u128::from(self.bound[1].load(Ordering::Relaxed)) << 64
-            | u128::from(self.bound[2].load(Ordering::Relaxed));
-        let ip = match w0 >> 16 {
-            4 => IpAddr::V4(Ipv4Addr::from(ip as u32)),
-            6 => IpAddr::V6(Ipv6Addr::from(ip)),
-            _ => return None,
-        };
-        Some(SocketAddr::new(ip, w0 as u16))
+        load_addr(&self.bound)
+    }
+
+    /// Keeps the ring layer's memo of a connection decided plain TCP.
+    pub fn set_tcp_memo(&self, m: TcpMemo) {
+        if let Some((_, since)) = m.skipped {
+            self.memo_since.store(since, Ordering::Relaxed);
+        }
+        store_addr(&self.memo_dest, m.skipped.map(|(d, _)| d));
+        self.memo_report.store(m.report, Ordering::Relaxed);
+    }
+
+    /// What `set_tcp_memo` kept (the default if nothing).
+    pub fn tcp_memo(&self) -> TcpMemo {
+        TcpMemo {
+            skipped: load_addr(&self.memo_dest)
+                .map(|d| (d, self.memo_since.load(Ordering::Relaxed))),
+            report: self.memo_report.load(Ordering::Relaxed),
+        }
     }
 
     /// Remembers that the ring was added to epoll fd `epfd`.
@@ -432,6 +491,12 @@ impl FdState {
     #[inline]
     pub(super) fn has_conn(&self) -> bool {
         !self.conn.load(Ordering::Relaxed).is_null()
+    }
+
+    /// `has_conn` for filters outside the table (`fdtable::get_if`).
+    #[inline]
+    pub fn conn_attached(&self) -> bool {
+        self.has_conn()
     }
 
     /// Attaches `conn`; the calling process becomes its owner. Fails (giving

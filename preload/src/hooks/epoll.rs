@@ -83,33 +83,39 @@ fn wait(
     r
 }
 
-/// `fd` went into another epoll instance: if it is an epoll instance, its
-/// ring registrations must make it readable there (`EpollSet::watch`).
-fn watched(fd: c_int) {
-    if guard::active() {
-        return;
-    }
-    if let Some(st) = fdtable::get(fd).filter(|st| st.kind() == Some(Kind::Epoll)) {
-        let _g = guard::enter();
-        set_or_init(&st).watch();
-    }
-}
-
-/// Records an epoll registration of a pre-connect socket, so that a ring
-/// attached by connect() can take it over (dispatch/epoll.rs, `migrate`).
-fn note_pre_connect(epfd: c_int, op: c_int, fd: c_int, event: *const epoll_event) {
-    let Some(st) = fdtable::get(fd).filter(|s| s.is_preconnect()) else {
+/// After a successful epoll_ctl on tracked `fd`, one look-up for both
+/// cases that need one: an epoll instance added to another must make its
+/// ring registrations readable there (`EpollSet::watch`), and a
+/// pre-connect socket's registration is recorded, so that a ring attached
+/// by connect() can take it over (dispatch/epoll.rs, `migrate`). Any other
+/// fd (a connection already decided, the common case) takes no reference.
+fn after_ctl(epfd: c_int, op: c_int, fd: c_int, event: *const epoll_event) {
+    let notes_pre = crate::attached::attacher().is_some();
+    let wanted = |s: &fdtable::FdState| match s.kind() {
+        Some(Kind::Epoll) => op == libc::EPOLL_CTL_ADD,
+        _ => notes_pre && s.is_preconnect(),
+    };
+    let Some(st) = fdtable::get_if(fd, wanted) else {
         return;
     };
-    let (events, data) = if event.is_null() {
-        (0, 0)
+    let saved = sys::errno();
+    if st.kind() == Some(Kind::Epoll) {
+        if !guard::active() {
+            let _g = guard::enter();
+            set_or_init(&st).watch();
+        }
     } else {
-        // SAFETY: the kernel just accepted this event pointer; the struct is
-        // packed, so read it unaligned.
-        let e = unsafe { std::ptr::read_unaligned(event) };
-        (e.events, e.u64)
-    };
-    st.note_pre_epoll(op, epfd, events, data);
+        let (events, data) = if event.is_null() {
+            (0, 0)
+        } else {
+            // SAFETY: the kernel just accepted this event pointer; the
+            // struct is packed, so read it unaligned.
+            let e = unsafe { std::ptr::read_unaligned(event) };
+            (e.events, e.u64)
+        };
+        st.note_pre_epoll(op, epfd, events, data);
+    }
+    sys::set_errno(saved);
 }
 
 /// `fd`, a new epoll instance, as `lifecycle::on_new_epoll` tracks it.
@@ -169,14 +175,7 @@ hooks! {
         }
         let r = next();
         if r == 0 && fdtable::is_tracked(fd) {
-            let saved = sys::errno();
-            if op == libc::EPOLL_CTL_ADD {
-                watched(fd);
-            }
-            if crate::attached::attacher().is_some() {
-                note_pre_connect(epfd, op, fd, event);
-            }
-            sys::set_errno(saved);
+            after_ctl(epfd, op, fd, event);
         }
         r
     }

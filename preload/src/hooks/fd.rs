@@ -236,9 +236,7 @@ caller_hooks! {
             // SAFETY: FIONBIO's argument is a const int*; the kernel just
             // read it successfully.
             let on = unsafe { std::ptr::read_unaligned(arg as *const c_int) } != 0;
-            if let Some(st) = fdtable::get(fd) {
-                st.set_nonblocking(on);
-            }
+            mirror_nonblocking(fd, on);
         }
         r
     }
@@ -252,16 +250,25 @@ fn after_fcntl(fd: c_int, cmd: c_int, arg: usize, r: c_int) {
     if r < 0 || !fdtable::is_tracked(fd) {
         return;
     }
-    let saved = sys::errno();
     match cmd {
-        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => mirror_dup(fd, r),
-        libc::F_SETFL => {
-            if let Some(st) = fdtable::get(fd) {
-                // The int argument arrives in the low 32 bits.
-                st.set_nonblocking(arg as c_int & libc::O_NONBLOCK != 0);
-            }
+        libc::F_DUPFD | libc::F_DUPFD_CLOEXEC => {
+            let saved = sys::errno();
+            mirror_dup(fd, r);
+            sys::set_errno(saved);
         }
+        // The int argument arrives in the low 32 bits.
+        libc::F_SETFL => mirror_nonblocking(fd, arg as c_int & libc::O_NONBLOCK != 0),
         _ => {}
     }
-    sys::set_errno(saved);
+}
+
+/// Mirrors O_NONBLOCK into the state of `fd`, where it is ever read: a
+/// socket before its connect decision (the ring layer's connect) and a
+/// ring's (its blocking calls, `dispatch::io`). A connection decided plain
+/// TCP never gets a ring (one is attached only at connect or accept), so
+/// its flag is never read and its fcntl takes no reference.
+fn mirror_nonblocking(fd: c_int, on: bool) {
+    if let Some(st) = fdtable::get_if(fd, |s| s.is_preconnect() || s.conn_attached()) {
+        st.set_nonblocking(on);
+    }
 }

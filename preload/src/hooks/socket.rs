@@ -88,12 +88,14 @@ hooks! {
     /// The point where a ring may be attached to an outgoing connection.
     fn connect(fd: c_int, addr: *const sockaddr, len: socklen_t) -> c_int;
     |next| {
-        if !fdtable::is_tracked(fd) || guard::active() {
-            return next();
-        }
-        let Some(st) = fdtable::get(fd).filter(|s| s.kind() == Some(Kind::Tcp) && s.is_preconnect()) else {
+        // A socket decided already (a second connect on a non-blocking
+        // one, which asks how the first went) takes no reference.
+        let Some(st) = fdtable::get_if(fd, |s| s.kind() == Some(Kind::Tcp) && s.is_preconnect()) else {
             return next();
         };
+        if guard::active() {
+            return next();
+        }
         // SAFETY: addr/len come from the caller with connect's contract.
         let dest = unsafe { addr::to_std(addr, len) };
         let mut real = || {

@@ -20,6 +20,7 @@
 //! static TLS of the preloaded library, safe to touch in a handler.
 
 use std::cell::{Cell, UnsafeCell};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use libc::{c_int, c_void, siginfo_t};
 
@@ -37,6 +38,15 @@ thread_local! {
     /// The siginfo each pending signal arrived with.
     static SAVED: UnsafeCell<[Info; 64]> = const { UnsafeCell::new([[0; 16]; 64]) };
 }
+
+/// Threads whose PENDING is not empty: while none is, `flush` needs no
+/// thread-local look-up (a hook's epilogue is one relaxed load). A thread
+/// counts itself in (`defer`, in a handler that interrupted it) before
+/// its own `flush` can look, since a signal is deferred only inside a
+/// scope, which ends before the flush; it counts itself out when it
+/// empties its PENDING (`redeliver`). A count too high (a forked child's
+/// copy counts threads it does not have) only costs that look-up.
+static DEFERRING: AtomicU32 = AtomicU32::new(0);
 
 /// The kernel action's handler for every deferrable caught signal.
 ///
@@ -67,7 +77,12 @@ unsafe fn defer(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
         // only after the copy): `info` is the kernel's 128-byte siginfo.
         unsafe { std::ptr::copy_nonoverlapping(info.cast::<Info>(), &mut (*s.get())[i], 1) };
     });
-    PENDING.with(|p| p.set(p.get() | mask::bit(sig)));
+    PENDING.with(|p| {
+        if p.get() == 0 {
+            DEFERRING.fetch_add(1, Ordering::Relaxed);
+        }
+        p.set(p.get() | mask::bit(sig))
+    });
     // SAFETY: `uctx` is the frame's ucontext_t; the kernel reads the first
     // 64 bits of uc_sigmask back on return.
     unsafe {
@@ -125,10 +140,13 @@ fn reset_to_default(sig: c_int, h: Option<table::Handler>) {
 
 /// An exported entry point of the shim ends (hooks!, caller_hooks!,
 /// syscall, the atexit handler): the signals deferred in its scopes run
-/// now, once nothing of the call is left to drop. One thread-local read
-/// when there are none.
+/// now, once nothing of the call is left to drop. One relaxed load while
+/// no thread has any (`DEFERRING`).
 #[inline]
 pub fn flush() {
+    if DEFERRING.load(Ordering::Relaxed) == 0 {
+        return;
+    }
     let bits = PENDING.with(Cell::get);
     if bits != 0 {
         redeliver(bits, true);
@@ -150,6 +168,7 @@ pub fn requeue_for_sleep() -> u64 {
 #[cold]
 fn redeliver(bits: u64, unblock: bool) {
     PENDING.with(|p| p.set(0));
+    DEFERRING.fetch_sub(1, Ordering::Relaxed);
     for sig in 1..=64 {
         if bits & mask::bit(sig) != 0 {
             let info = SAVED.with(|s| {

@@ -45,7 +45,8 @@ mod watch;
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
-use crate::attached::{Attacher, Decision, Errno, TcpReason};
+use crate::attached::{Attacher, Decision, Errno, TcpMemo, TcpReason};
+use crate::sys;
 
 pub use setup::ring_config;
 pub use shm::handshake::PAYLOAD;
@@ -83,12 +84,19 @@ impl Attacher for ShmAttacher {
         dest: SocketAddr,
         _nonblocking: bool,
         connect: &mut dyn FnMut() -> Result<(), Errno>,
+        memo: &mut TcpMemo,
     ) -> (Result<(), Errno>, Decision) {
         if let Some(why) = policy::skip_reason(dest) {
             let res = connect();
             if matches!(res, Ok(()) | Err(Errno(libc::EINPROGRESS))) {
-                policy::skipped(fd, dest);
-                background::note_tcp(fd, None, Some(dest), why);
+                // Its lifetime counts from its report's time (one clock
+                // read for both).
+                let (ticket, at) = background::note_tcp(fd, None, Some(dest), why)
+                    .unwrap_or_else(|| (0, sys::monotonic_ns()));
+                *memo = TcpMemo {
+                    skipped: Some((dest, at)),
+                    report: ticket,
+                };
             }
             return (res, Decision::Tcp(why));
         }
@@ -102,13 +110,20 @@ impl Attacher for ShmAttacher {
                 if *r == TcpReason::Declined {
                     policy::turned_down(dest);
                 }
-                background::note_tcp(fd, None, Some(dest), *r);
+                memo.report = background::note_tcp(fd, None, Some(dest), *r).map_or(0, |n| n.0);
             }
         }
         (res, d)
     }
 
-    fn accept(&self, _listener: RawFd, fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
+    fn accept(
+        &self,
+        _listener: RawFd,
+        fd: RawFd,
+        local: SocketAddr,
+        peer: SocketAddr,
+        memo: &mut TcpMemo,
+    ) -> Decision {
         let d = if local::is_local(peer.ip()) {
             shm::handshake::accept(fd, local, peer)
         } else {
@@ -119,7 +134,7 @@ impl Attacher for ShmAttacher {
             d
         };
         if let Decision::Tcp(r) = &d {
-            background::note_tcp(fd, Some(local), Some(peer), *r);
+            memo.report = background::note_tcp(fd, Some(local), Some(peer), *r).map_or(0, |n| n.0);
         }
         d
     }
@@ -137,13 +152,18 @@ impl Attacher for ShmAttacher {
         ctl::forget_listener(addr);
     }
 
-    fn tcp_decided(&self, fd: RawFd, peer: Option<SocketAddr>, reason: TcpReason) {
-        background::note_tcp(fd, None, peer, reason);
+    fn tcp_decided(&self, fd: RawFd, peer: Option<SocketAddr>, reason: TcpReason) -> TcpMemo {
+        TcpMemo {
+            skipped: None,
+            report: background::note_tcp(fd, None, peer, reason).map_or(0, |n| n.0),
+        }
     }
 
-    fn tcp_closed(&self, fd: RawFd) {
-        policy::skipped_closed(fd);
-        background::note_tcp_closed(fd);
+    fn tcp_closed(&self, fd: RawFd, memo: TcpMemo) {
+        if let Some((dest, since)) = memo.skipped {
+            policy::skipped_closed(fd, dest, since);
+        }
+        background::note_tcp_closed(fd, memo.report);
     }
 
     fn sandboxed(&self) {

@@ -65,16 +65,16 @@ struct Dest {
     probe_ns: u64,
 }
 
+/// The connections that skipped the ring are not kept here: each keeps
+/// its destination and start with its socket (`TcpMemo::skipped`), so
+/// its connect and close cost no look-up here.
 struct Record {
     dests: KeyMap<SocketAddr, Dest>,
-    /// Connections that skipped the ring, by fd: where to and since when.
-    skipped: KeyMap<RawFd, (SocketAddr, u64)>,
 }
 
 fn fresh() -> Record {
     Record {
         dests: KeyMap::default(),
-        skipped: KeyMap::default(),
     }
 }
 
@@ -129,27 +129,20 @@ fn ring_worth_trying(dest: SocketAddr) -> bool {
     skip_reason(dest).is_none()
 }
 
-/// A connection to `dest` skipped the ring: remember it (its lifetime
-/// counts when it closes).
-pub fn skipped(fd: RawFd, dest: SocketAddr) {
-    let dest = canonical(dest);
-    let mut g = RECORD.lock();
-    let r = g.get_or_insert_with(fresh);
-    r.skipped.insert(fd, (dest, sys::monotonic_ns()));
-}
-
-/// A skipped connection's descriptor closed.
-pub fn skipped_closed(fd: RawFd) {
-    let Some((dest, born)) = RECORD.lock().as_mut().and_then(|r| r.skipped.remove(&fd)) else {
-        return;
-    };
+/// The last descriptor, `fd`, of a connection to `dest` that skipped the
+/// ring, connected at `born` (monotonic ns), is being closed.
+pub fn skipped_closed(fd: RawFd, dest: SocketAddr, born: u64) {
     let lifetime = sys::monotonic_ns().saturating_sub(born);
     // A short one only confirms the skip under way.
     if lifetime < short_ns() || super::sockio::data_segments(fd).is_some_and(|n| n <= FEW_SEGMENTS)
     {
         return;
     }
-    note(RECORD.lock().get_or_insert_with(fresh), dest, lifetime);
+    note(
+        RECORD.lock().get_or_insert_with(fresh),
+        canonical(dest),
+        lifetime,
+    );
 }
 
 /// A connection to `dest` that had a ring closed after `lifetime_ns`.
@@ -213,8 +206,7 @@ mod tests {
         turned_down(d);
         for _ in 0..FIRST_SKIP {
             assert!(!ring_worth_trying(d), "two refusals start a skip");
-            skipped(80, d);
-            skipped_closed(80);
+            skipped_closed(80, d, sys::monotonic_ns());
         }
         assert!(ring_worth_trying(d), "then one tries again");
         turned_down(d);
@@ -241,22 +233,14 @@ mod tests {
         // the skip.
         for _ in 0..FIRST_SKIP {
             assert!(!ring_worth_trying(d), "the first skip");
-            skipped(78, d);
-            skipped_closed(78);
+            skipped_closed(78, d, sys::monotonic_ns());
         }
         assert!(ring_worth_trying(d), "a ring is tried after the skip");
         ring_closed(d, 1_000);
         let n = (0..1000).take_while(|_| !ring_worth_trying(d)).count();
         assert_eq!(n, (FIRST_SKIP * GROWTH) as usize, "grown");
         // A skipped connection that lives long brings the ring back.
-        skipped(77, d);
-        {
-            let mut g = RECORD.lock();
-            let r = g.as_mut().unwrap();
-            r.skipped
-                .insert(77, (d, sys::monotonic_ns() - short_ns() - 1));
-        }
-        skipped_closed(77);
+        skipped_closed(77, d, sys::monotonic_ns() - short_ns() - 1);
         assert!(ring_worth_trying(d));
         assert!(ring_worth_trying(d));
     }
@@ -281,12 +265,7 @@ mod tests {
     /// Marks `fd` as a skipped connection to `d` born long enough ago to
     /// be long by its lifetime, then closes it.
     fn old_skipped_closes(fd: RawFd, d: SocketAddr) {
-        skipped(fd, d);
-        if let Some(r) = RECORD.lock().as_mut() {
-            r.skipped
-                .insert(fd, (d, sys::monotonic_ns() - short_ns() - 1));
-        }
-        skipped_closed(fd);
+        skipped_closed(fd, d, sys::monotonic_ns() - short_ns() - 1);
     }
 
     #[test]
@@ -353,8 +332,7 @@ mod tests {
                 tries.push(i);
                 ring_closed(d, 1);
             } else {
-                skipped(90, d);
-                skipped_closed(90);
+                skipped_closed(90, d, sys::monotonic_ns());
             }
         }
         let early = tries.iter().filter(|&&i| i < 3_000).count();

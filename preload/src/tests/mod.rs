@@ -14,7 +14,7 @@ mod sandbox;
 
 use mock::{pair, pair_with_sockets, MockConn};
 
-use crate::attached::{self, AttachedConn, Attacher, Decision, Errno, TcpReason};
+use crate::attached::{self, AttachedConn, Attacher, Decision, Errno, TcpMemo, TcpReason};
 use crate::fdtable::{self, Kind};
 use crate::hooks::{epoll as ep, fd as fdh, io, poll as ph, socket as sock};
 
@@ -309,6 +309,7 @@ impl Attacher for MockAttacher {
         dest: std::net::SocketAddr,
         _nonblocking: bool,
         connect: &mut dyn FnMut() -> Result<(), Errno>,
+        _memo: &mut TcpMemo,
     ) -> (Result<(), Errno>, Decision) {
         let res = connect();
         let mut peers = PEERS.lock().unwrap();
@@ -328,6 +329,7 @@ impl Attacher for MockAttacher {
         _fd: i32,
         local: std::net::SocketAddr,
         _peer: std::net::SocketAddr,
+        _memo: &mut TcpMemo,
     ) -> Decision {
         let peers = PEERS.lock().unwrap();
         if peers.iter().any(|(p, _)| *p == local.port()) {

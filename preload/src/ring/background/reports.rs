@@ -50,9 +50,16 @@ enum Report {
         local: Option<SocketAddr>,
         peer: SocketAddr,
         reason: TcpReason,
+        /// Its place in TCP_OPENS (`TCP_TICKETS`).
+        ticket: u64,
     },
     /// Without a local address the daemon never heard of the connection.
     Closed(RawFd, Option<SocketAddr>, SocketAddr),
+    /// A plain-TCP open whose connection closed while it was queued: it
+    /// keeps its ticket's place, so that the tickets of TCP_OPENS stay
+    /// consecutive, and is never sent. Never at the front of the queue
+    /// (`drop_cancelled`).
+    Cancelled(u64),
 }
 
 /// The addresses of each plain-TCP socket whose open report was taken to
@@ -103,6 +110,10 @@ static REPORTS: Queue = Queue::new(REPORT_DELAY_NS);
 /// REPORTS) only once its open was taken from here to be sent, so the
 /// daemon hears the two in order.
 static TCP_OPENS: Queue = Queue::new(TCP_REPORT_DELAY_NS);
+/// The next plain-TCP open's ticket, taken under TCP_OPENS' lock: the
+/// tickets in that queue are consecutive from its front's, so a close
+/// finds its connection's open by subtraction (`tcp_queued_at`).
+static TCP_TICKETS: AtomicU64 = AtomicU64::new(1);
 /// Held from taking a report off a queue until it is sent, by the thread
 /// or by the program (`send_overdue`): reports reach the daemon in the
 /// order they were queued (an open before its close).
@@ -115,15 +126,11 @@ impl Report {
     }
 }
 
+/// Queues `r` in REPORTS (plain-TCP opens go to TCP_OPENS, `note_tcp`).
 fn report(r: Report) {
-    let queue = if matches!(r, Report::Tcp { .. }) {
-        &TCP_OPENS
-    } else {
-        &REPORTS
-    };
-    queue_in(queue, |q, _, now| {
+    queue_with(|q, _, now| {
         q.push_back((now, r));
-        queue.set_oldest(q);
+        set_oldest(q);
         true
     });
 }
@@ -184,6 +191,7 @@ fn take_due(queue: &Queue, q: &mut VecDeque<(u64, Report)>, now: u64, delay: u64
             let Some((_, r)) = q.pop_front() else {
                 return Next::Empty;
             };
+            drop_cancelled(q);
             mark_taken(&r);
             queue.set_oldest(q);
             Next::Send(r)
@@ -319,30 +327,87 @@ fn closed_in(q: &mut VecDeque<(u64, Report)>, conn: Arc<dyn Tracked>, me: i32, n
 
 /// A tracked socket stays plain TCP; a peer the caller does not give is
 /// asked of the socket, its local address only if the report is sent.
-pub fn note_tcp(fd: RawFd, local: Option<SocketAddr>, peer: Option<SocketAddr>, reason: TcpReason) {
-    let Some(peer) = peer.or_else(|| sockaddr::query(fd, true)) else {
-        return;
-    };
-    report(Report::Tcp {
-        fd,
-        local,
-        peer,
-        reason,
+/// Returns the report's ticket, for its close (`note_tcp_closed`), and
+/// when it was queued; None when no report was queued (no peer).
+pub fn note_tcp(
+    fd: RawFd,
+    local: Option<SocketAddr>,
+    peer: Option<SocketAddr>,
+    reason: TcpReason,
+) -> Option<(u64, u64)> {
+    let peer = peer.or_else(|| sockaddr::query(fd, true))?;
+    let mut noted = (0, 0);
+    queue_in(&TCP_OPENS, |q, _, now| {
+        let ticket = TCP_TICKETS.fetch_add(1, Ordering::Relaxed);
+        q.push_back((
+            now,
+            Report::Tcp {
+                fd,
+                local,
+                peer,
+                reason,
+                ticket,
+            },
+        ));
+        TCP_OPENS.set_oldest(q);
+        noted = (ticket, now);
+        true
     });
+    Some(noted)
+}
+
+/// The ticket of a plain-TCP open or of its cancelled place.
+fn tcp_ticket(r: &Report) -> Option<u64> {
+    match r {
+        Report::Tcp { ticket, .. } | Report::Cancelled(ticket) => Some(*ticket),
+        _ => None,
+    }
+}
+
+/// Where in TCP_OPENS (`q`, held) the open with `ticket` waits, if it
+/// does: tickets there are consecutive from the front's.
+fn tcp_queued_at(q: &VecDeque<(u64, Report)>, ticket: u64) -> Option<usize> {
+    let first = tcp_ticket(&q.front()?.1)?;
+    let i = usize::try_from(ticket.checked_sub(first)?).ok()?;
+    matches!(q.get(i), Some((_, Report::Tcp { ticket: t, .. })) if *t == ticket).then_some(i)
+}
+
+/// Drops the cancelled opens at the front of TCP_OPENS (`q`, held): its
+/// front is then a report to send, whose time `oldest` tells.
+fn drop_cancelled(q: &mut VecDeque<(u64, Report)>) {
+    while matches!(q.front(), Some((_, Report::Cancelled(_)))) {
+        q.pop_front();
+    }
+}
+
+/// Cancels the open of plain-TCP socket `fd` (`ticket`, 0 for none) in
+/// TCP_OPENS' items `q` (held) if it is still queued; returns whether it
+/// was.
+fn cancel_open(q: &mut VecDeque<(u64, Report)>, fd: RawFd, ticket: u64) -> bool {
+    let queued = if ticket != 0 {
+        tcp_queued_at(q, ticket)
+    } else {
+        // No ticket: its open is the last queued report for `fd` if any;
+        // search from the back, where a short connection's is.
+        q.iter()
+            .rposition(|(_, r)| matches!(r, Report::Tcp { fd: f, .. } if *f == fd))
+    };
+    let Some(i) = queued else {
+        return false;
+    };
+    if let Some(t) = tcp_ticket(&q[i].1) {
+        q[i].1 = Report::Cancelled(t);
+    }
+    drop_cancelled(q);
+    true
 }
 
 /// A tracked plain-TCP socket's last fd is being closed: its open report
-/// is cancelled if still queued (most short connections), or its close
-/// is queued after it.
-pub fn note_tcp_closed(fd: RawFd) {
+/// (`ticket`, from `note_tcp`; 0 for none) is cancelled if still queued
+/// (most short connections), or its close is queued after it.
+pub fn note_tcp_closed(fd: RawFd, ticket: u64) {
     let mut q = TCP_OPENS.items.lock();
-    // Its open is the last queued report for `fd` if any: search from the
-    // back, where a short connection's is.
-    let queued = q
-        .iter()
-        .rposition(|(_, r)| matches!(r, Report::Tcp { fd: f, .. } if *f == fd));
-    if let Some(i) = queued {
-        q.remove(i);
+    if cancel_open(&mut q, fd, ticket) {
         TCP_OPENS.set_oldest(&q);
         return;
     }
@@ -470,6 +535,7 @@ fn prepare(r: Report) -> Option<(Msg, Option<OwnedFd>)> {
             local,
             peer,
             reason,
+            ..
         } => {
             let local = local.or_else(|| tcp_local(fd, peer))?;
             (
@@ -484,7 +550,7 @@ fn prepare(r: Report) -> Option<(Msg, Option<OwnedFd>)> {
                 None,
             )
         }
-        Report::Closed(_, None, _) => return None,
+        Report::Closed(_, None, _) | Report::Cancelled(_) => return None,
         Report::Closed(fd, Some(local), peer) => (Msg::ConnClosed { fd, local, peer }, None),
     })
 }

@@ -9,7 +9,10 @@ use std::sync::Arc;
 
 use ringsock_proto::Transport;
 
-use super::{closed_in, take_due, taken_over_in, Next, Report, REPORTS, REPORT_DELAY_NS};
+use super::{
+    cancel_open, closed_in, take_due, taken_over_in, Next, Report, REPORTS, REPORT_DELAY_NS,
+    TCP_OPENS, TCP_REPORT_DELAY_NS,
+};
 use crate::process;
 use crate::ring::tracked::{ReportState, Tracked};
 
@@ -71,6 +74,7 @@ fn kinds(q: &VecDeque<(u64, Report)>, c: &Arc<dyn Tracked>) -> Vec<(&'static str
             Report::RingClosed(o) => ("close", Arc::ptr_eq(o, c)),
             Report::Tcp { .. } => ("tcp", false),
             Report::Closed(..) => ("tcp close", false),
+            Report::Cancelled(_) => ("cancelled", false),
         })
         .collect()
 }
@@ -148,4 +152,50 @@ fn a_child_takes_over_with_its_copy_of_the_parents_queue() {
     let mut q = VecDeque::new();
     assert!(!closed_in(&mut q, e.clone(), me, 1));
     assert!(q.is_empty());
+}
+
+/// A plain-TCP open with `ticket`, for fd `fd`.
+fn tcp_open(fd: RawFd, ticket: u64) -> (u64, Report) {
+    let peer: SocketAddr = "127.0.0.1:80".parse().unwrap();
+    let r = Report::Tcp {
+        fd,
+        local: None,
+        peer,
+        reason: crate::attached::TcpReason::ExcludedPort,
+        ticket,
+    };
+    (ticket, r)
+}
+
+#[test]
+fn a_plain_close_cancels_its_open_by_ticket_and_the_front_is_never_cancelled() {
+    let c = conn();
+    let mut q: VecDeque<(u64, Report)> = (5..9).map(|t| tcp_open(t as RawFd, t)).collect();
+    // The middle one: its place stays, cancelled.
+    assert!(cancel_open(&mut q, 6, 6));
+    assert_eq!(
+        kinds(&q, &c),
+        [
+            ("tcp", false),
+            ("cancelled", false),
+            ("tcp", false),
+            ("tcp", false)
+        ]
+    );
+    assert!(!cancel_open(&mut q, 6, 6), "cancelled once");
+    // The front: it and the cancelled place behind it go.
+    assert!(cancel_open(&mut q, 5, 5));
+    assert_eq!(kinds(&q, &c), [("tcp", false), ("tcp", false)]);
+    // Without a ticket, found by its fd from the back.
+    assert!(cancel_open(&mut q, 8, 0));
+    assert_eq!(kinds(&q, &c), [("tcp", false), ("cancelled", false)]);
+    // Sent: no longer queued, and what stays behind it is not sent.
+    let mut sent = Vec::new();
+    while let Next::Send(r) = take_due(&TCP_OPENS, &mut q, u64::MAX / 2, TCP_REPORT_DELAY_NS) {
+        sent.push(r);
+    }
+    assert!(matches!(sent[..], [Report::Tcp { ticket: 7, .. }]));
+    assert!(q.is_empty());
+    assert!(!cancel_open(&mut q, 7, 7));
+    super::TCP_ADDRS.lock().remove(&7);
 }
