@@ -58,7 +58,7 @@ enum Report {
     /// A plain-TCP open whose connection closed while it was queued: it
     /// keeps its ticket's place, so that the tickets of TCP_OPENS stay
     /// consecutive, and is never sent. Never at the front of the queue
-    /// (`drop_cancelled`).
+    /// (`drop_closed`).
     Cancelled(u64),
 }
 
@@ -114,6 +114,67 @@ static TCP_OPENS: Queue = Queue::new(TCP_REPORT_DELAY_NS);
 /// tickets in that queue are consecutive from its front's, so a close
 /// finds its connection's open by subtraction (`tcp_queued_at`).
 static TCP_TICKETS: AtomicU64 = AtomicU64::new(1);
+/// What became of the queued plain-TCP opens, without a lock: cell
+/// `ticket % OPEN_CELLS` holds `ticket << 2 | state` (`OPEN_QUEUED`,
+/// `OPEN_CLOSED`, `OPEN_TAKEN`) for the open that claimed it (`note_tcp`).
+/// A close turns its open's QUEUED into CLOSED with one compare-exchange
+/// (`note_tcp_closed`), and whoever takes the open off the queue turns it
+/// into TAKEN or, finding CLOSED, drops it unsent (`mark_taken`): one of
+/// the two wins. The next open queued drops the closed ones at the front
+/// (`drop_closed`), under the lock it holds anyway. An open claims its
+/// cell only once the open that held it has left the queue; one that
+/// finds it held (more than `OPEN_CELLS` opens queued) goes without, and
+/// its close looks in the queue under the lock instead.
+const OPEN_CELLS: usize = 4096;
+static OPEN_STATE: [AtomicU64; OPEN_CELLS] = [const { AtomicU64::new(0) }; OPEN_CELLS];
+const OPEN_QUEUED: u64 = 0;
+const OPEN_CLOSED: u64 = 1;
+const OPEN_TAKEN: u64 = 2;
+
+fn open_cell(ticket: u64) -> &'static AtomicU64 {
+    &OPEN_STATE[(ticket % OPEN_CELLS as u64) as usize]
+}
+
+/// The open with `ticket` is queued behind the open with ticket `front`
+/// (None: the queue was empty), TCP_OPENS held: it claims its cell if the
+/// open that held it has left the queue.
+fn claim_open_cell(ticket: u64, front: Option<u64>) {
+    let cell = open_cell(ticket);
+    let held = cell.load(Ordering::Acquire);
+    let gone = held == 0 || held & 3 == OPEN_TAKEN || front.is_none_or(|f| held >> 2 < f);
+    if gone {
+        cell.store(ticket << 2 | OPEN_QUEUED, Ordering::Release);
+    }
+}
+
+/// The connection of the queued open with `ticket` closed: true if its
+/// cell now says so (the open is then never sent), false if the open was
+/// taken to be sent or has no cell.
+fn close_queued_open(ticket: u64) -> bool {
+    open_cell(ticket)
+        .compare_exchange(
+            ticket << 2 | OPEN_QUEUED,
+            ticket << 2 | OPEN_CLOSED,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+}
+
+/// The queued open with `ticket` is taken to be sent: false if its
+/// connection closed meanwhile (`close_queued_open`). An open without a
+/// cell of its own is sent (its close, if any, cancelled it in the queue).
+fn take_queued_open(ticket: u64) -> bool {
+    match open_cell(ticket).compare_exchange(
+        ticket << 2 | OPEN_QUEUED,
+        ticket << 2 | OPEN_TAKEN,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        Ok(_) => true,
+        Err(held) => held != ticket << 2 | OPEN_CLOSED,
+    }
+}
 /// Held from taking a report off a queue until it is sent, by the thread
 /// or by the program (`send_overdue`): reports reach the daemon in the
 /// order they were queued (an open before its close).
@@ -157,8 +218,9 @@ fn set_oldest(q: &VecDeque<(u64, Report)>) {
 /// A report taken off its queue to be sent: an open one counts as this
 /// process's from now on (with its queue held, so `note_closed` and
 /// `note_tcp_closed`, which look under that lock, either still find it
-/// queued or send the close after it).
-fn mark_taken(r: &Report) {
+/// queued or send the close after it). False for a plain-TCP open whose
+/// connection closed while it was queued: it is dropped unsent.
+fn mark_taken(r: &Report) -> bool {
     match r {
         Report::Ring(conn, _, _) if !conn.is_released() => {
             let st = conn.report_state();
@@ -166,12 +228,20 @@ fn mark_taken(r: &Report) {
             st.reporter_pid.store(process::pid(), Ordering::Release);
         }
         Report::Tcp {
-            fd, local, peer, ..
+            fd,
+            local,
+            peer,
+            ticket,
+            ..
         } => {
+            if !take_queued_open(*ticket) {
+                return false;
+            }
             TCP_ADDRS.lock().insert(*fd, (*local, *peer));
         }
         _ => {}
     }
+    true
 }
 
 /// What the front of the queue asks for, reports queued at least `delay`
@@ -184,20 +254,27 @@ enum Next {
 }
 
 /// Takes the front report off `q` (`queue`'s items, held) if it is due
-/// (see `Next`).
+/// (see `Next`); plain-TCP opens whose connections closed meanwhile are
+/// dropped on the way.
 fn take_due(queue: &Queue, q: &mut VecDeque<(u64, Report)>, now: u64, delay: u64) -> Next {
-    match q.front() {
-        Some((t, _)) if now.saturating_sub(*t) >= delay => {
-            let Some((_, r)) = q.pop_front() else {
-                return Next::Empty;
-            };
-            drop_cancelled(q);
-            mark_taken(&r);
-            queue.set_oldest(q);
-            Next::Send(r)
+    loop {
+        let Some((t, _)) = q.front() else {
+            return Next::Empty;
+        };
+        let waited = now.saturating_sub(*t);
+        if waited < delay {
+            return Next::Wait(delay - waited);
         }
-        Some((t, _)) => Next::Wait(delay - now.saturating_sub(*t)),
-        None => Next::Empty,
+        let Some((_, r)) = q.pop_front() else {
+            return Next::Empty;
+        };
+        drop_closed(q);
+        let send = mark_taken(&r);
+        queue.set_oldest(q);
+        // Otherwise an open whose connection closed meanwhile: the next.
+        if send {
+            return Next::Send(r);
+        }
     }
 }
 
@@ -338,7 +415,9 @@ pub fn note_tcp(
     let peer = peer.or_else(|| sockaddr::query(fd, true))?;
     let mut noted = (0, 0);
     queue_in(&TCP_OPENS, |q, _, now| {
+        drop_closed(q);
         let ticket = TCP_TICKETS.fetch_add(1, Ordering::Relaxed);
+        claim_open_cell(ticket, q.front().and_then(|(_, r)| tcp_ticket(r)));
         q.push_back((
             now,
             Report::Tcp {
@@ -372,10 +451,21 @@ fn tcp_queued_at(q: &VecDeque<(u64, Report)>, ticket: u64) -> Option<usize> {
     matches!(q.get(i), Some((_, Report::Tcp { ticket: t, .. })) if *t == ticket).then_some(i)
 }
 
-/// Drops the cancelled opens at the front of TCP_OPENS (`q`, held): its
-/// front is then a report to send, whose time `oldest` tells.
-fn drop_cancelled(q: &mut VecDeque<(u64, Report)>) {
-    while matches!(q.front(), Some((_, Report::Cancelled(_)))) {
+/// Drops the opens at the front of TCP_OPENS (`q`, held) whose
+/// connections closed (cancelled in the queue, or through their cells):
+/// its front is then a report to send, whose time `oldest` tells.
+fn drop_closed(q: &mut VecDeque<(u64, Report)>) {
+    while let Some((_, r)) = q.front() {
+        let closed = match r {
+            Report::Cancelled(_) => true,
+            Report::Tcp { ticket, .. } => {
+                open_cell(*ticket).load(Ordering::Acquire) == ticket << 2 | OPEN_CLOSED
+            }
+            _ => false,
+        };
+        if !closed {
+            return;
+        }
         q.pop_front();
     }
 }
@@ -398,7 +488,7 @@ fn cancel_open(q: &mut VecDeque<(u64, Report)>, fd: RawFd, ticket: u64) -> bool 
     if let Some(t) = tcp_ticket(&q[i].1) {
         q[i].1 = Report::Cancelled(t);
     }
-    drop_cancelled(q);
+    drop_closed(q);
     true
 }
 
@@ -406,6 +496,11 @@ fn cancel_open(q: &mut VecDeque<(u64, Report)>, fd: RawFd, ticket: u64) -> bool 
 /// (`ticket`, from `note_tcp`; 0 for none) is cancelled if still queued
 /// (most short connections), or its close is queued after it.
 pub fn note_tcp_closed(fd: RawFd, ticket: u64) {
+    if ticket != 0 && close_queued_open(ticket) {
+        // Still queued: whoever takes it drops it unsent, and the daemon
+        // never hears of the connection.
+        return;
+    }
     let mut q = TCP_OPENS.items.lock();
     if cancel_open(&mut q, fd, ticket) {
         TCP_OPENS.set_oldest(&q);
@@ -641,8 +736,8 @@ pub(super) fn send_queued() {
     for queue in [&REPORTS, &TCP_OPENS] {
         let queued = {
             let mut q = queue.items.lock();
-            let all = std::mem::take(&mut *q);
-            all.iter().for_each(|(_, r)| mark_taken(r));
+            let mut all = std::mem::take(&mut *q);
+            all.retain(|(_, r)| mark_taken(r));
             queue.set_oldest(&q);
             all
         };

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use ringsock_proto::Transport;
 
 use super::{
-    cancel_open, closed_in, take_due, taken_over_in, Next, Report, REPORTS, REPORT_DELAY_NS,
-    TCP_OPENS, TCP_REPORT_DELAY_NS,
+    cancel_open, claim_open_cell, close_queued_open, closed_in, take_due, taken_over_in,
+    tcp_ticket, Next, Report, OPEN_CELLS, REPORTS, REPORT_DELAY_NS, TCP_OPENS, TCP_REPORT_DELAY_NS,
 };
 use crate::process;
 use crate::ring::tracked::{ReportState, Tracked};
@@ -198,4 +198,36 @@ fn a_plain_close_cancels_its_open_by_ticket_and_the_front_is_never_cancelled() {
     assert!(q.is_empty());
     assert!(!cancel_open(&mut q, 7, 7));
     super::TCP_ADDRS.lock().remove(&7);
+}
+
+#[test]
+fn a_plain_close_drops_its_queued_open_through_its_cell() {
+    let c = conn();
+    let base = 10_000u64;
+    let mut q = VecDeque::new();
+    for t in base..base + 3 {
+        claim_open_cell(t, q.front().and_then(|(_, r)| tcp_ticket(r)));
+        q.push_back(tcp_open(t as RawFd, t));
+    }
+    assert!(close_queued_open(base + 1));
+    assert!(!close_queued_open(base + 1), "closed once");
+    assert_eq!(kinds(&q, &c).len(), 3, "no lock taken, nothing moved");
+    let due = |q: &mut VecDeque<(u64, Report)>| {
+        take_due(&TCP_OPENS, q, u64::MAX / 2, TCP_REPORT_DELAY_NS)
+    };
+    assert!(matches!(due(&mut q), Next::Send(Report::Tcp { ticket, .. }) if ticket == base));
+    assert!(!close_queued_open(base), "taken: its close goes after it");
+    assert!(close_queued_open(base + 2));
+    assert!(
+        matches!(due(&mut q), Next::Empty),
+        "the closed ones are dropped"
+    );
+    // A cell whose open is still queued is not taken over.
+    let later = base + 1 + OPEN_CELLS as u64;
+    claim_open_cell(later, Some(base + 1));
+    assert!(!close_queued_open(later), "no cell of its own");
+    // Once that open left the queue, it is.
+    claim_open_cell(later, None);
+    assert!(close_queued_open(later));
+    super::TCP_ADDRS.lock().remove(&(base as RawFd));
 }
