@@ -23,7 +23,7 @@
 //! client address and port and the server address and port; an entry whose
 //! `seq` is even and nonzero holds one, zero or even-with-zero-key is free.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
 #[cfg(loom)]
 use loom::sync::atomic::{fence, AtomicU64, Ordering};
@@ -67,6 +67,20 @@ pub fn key(client: &SocketAddr, server: &SocketAddr) -> Key {
     let (s0, s1) = addr_words(server);
     let ports = u64::from(client.port()) << 16 | u64::from(server.port()) | 1 << 32;
     [c0, c1, s0, s1, ports]
+}
+
+/// The keys an offer from `client` to `server` may be stored under: the
+/// client's own address, then the wildcard addresses (0.0.0.0, ::) on its
+/// port, which a client that bound one offered from. Built from one key:
+/// they differ only in the client address, so they share one window
+/// (`Table::may_have_any`).
+pub fn client_keys(client: &SocketAddr, server: &SocketAddr) -> [Key; 3] {
+    let own = key(client, server);
+    let mut v4 = own;
+    (v4[0], v4[1]) = addr_words(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)));
+    let mut v6 = own;
+    (v6[0], v6[1]) = addr_words(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)));
+    [own, v4, v6]
 }
 
 /// The index of a key (`% slots`): of the server address and both ports,
@@ -145,10 +159,17 @@ impl<'a> Table<'a> {
         if !self.valid() || self.words[W_OVERFLOW].load(Ordering::Acquire) != 0 {
             return true;
         }
-        for e in self.window(first) {
-            if e[5].load(Ordering::Relaxed) != first[4] {
+        // The window (`window`) by index: most entries are passed over on
+        // their ports word alone, and an accept asks on every connection.
+        let entries = &self.words[HEADER_WORDS..HEADER_WORDS + self.slots * ENTRY_WORDS];
+        let mut slot = spread(first) % self.slots;
+        for _ in 0..WINDOW.min(self.slots) {
+            let at = slot * ENTRY_WORDS;
+            slot = if slot + 1 == self.slots { 0 } else { slot + 1 };
+            if entries[at + 5].load(Ordering::Relaxed) != first[4] {
                 continue;
             }
+            let e = &entries[at..at + ENTRY_WORDS];
             let s1 = e[0].load(Ordering::Acquire);
             if s1 & 1 == 1 {
                 return true;
@@ -249,11 +270,13 @@ mod tests {
         assert!(t.insert(&offered));
         let variants = |client: &str| {
             let port = addr(client).port();
-            [
+            let keys = [
                 key(&addr(client), &server),
                 key(&SocketAddr::new("0.0.0.0".parse().unwrap(), port), &server),
                 key(&SocketAddr::new("::".parse().unwrap(), port), &server),
-            ]
+            ];
+            assert_eq!(client_keys(&addr(client), &server), keys);
+            keys
         };
         assert!(t.may_have_any(&variants("10.0.0.1:40000")));
         assert!(!t.may_have(&variants("10.0.0.1:40000")[0]));

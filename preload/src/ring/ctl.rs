@@ -13,7 +13,7 @@
 //! would go to whichever process reads first): the session is keyed by pid
 //! and a child opens its own, registering the listeners it inherited.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
@@ -268,14 +268,7 @@ pub fn offer_may_exist(client: SocketAddr, server: SocketAddr) -> bool {
         return true;
     };
     // A client that bound the wildcard address offered from it.
-    let port = client.port();
-    let keys = [
-        client,
-        SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port),
-        SocketAddr::new(IpAddr::V6(Ipv6Addr::UNSPECIFIED), port),
-    ]
-    .map(|c| offers::key(&c, &server));
-    t.may_have_any(&keys)
+    t.may_have_any(&offers::client_keys(&client, &server))
 }
 
 /// Sends a request whose reply (`Ok`, or an error that is only logged) is
