@@ -14,7 +14,8 @@
 //! offer rings before the record knows whether it was short.
 //!
 //! Short: closed within RINGSOCK_SHORT_MS of the connect (0 turns the
-//! record off: every connection is offered a ring), or, for one that
+//! record off: every connection is offered a ring), unless it had a ring
+//! that carried more than `MANY_RECORDS` records, or, for one that
 //! skipped the ring, closed later having carried at most `FEW_SEGMENTS`
 //! data segments: a request or two that waited on a slow server or a
 //! busy CPU, which a ring would not have sped up. Lifetime alone would
@@ -49,6 +50,10 @@ const MAX_DESTS: usize = 1024;
 /// Data segments (both ways) a connection carries at most and still
 /// counts as short whatever its lifetime.
 const FEW_SEGMENTS: u64 = 16;
+/// Records (writes, both ways) past which a ring connection counts as
+/// long whatever its lifetime: a few dozen round trips repay a ring's
+/// set-up many times over.
+const MANY_RECORDS: u64 = 64;
 
 #[derive(Default)]
 struct Dest {
@@ -145,9 +150,17 @@ pub fn skipped_closed(fd: RawFd, dest: SocketAddr, born: u64) {
     );
 }
 
-/// A connection to `dest` that had a ring closed after `lifetime_ns`.
-pub fn ring_closed(dest: SocketAddr, lifetime_ns: u64) {
+/// A connection to `dest` that had a ring closed after `lifetime_ns`,
+/// having carried `records` records both ways. One that carried more than
+/// `MANY_RECORDS` was worth its ring however soon it closed (a keep-alive
+/// pool that a short benchmark ends): it counts as long.
+pub fn ring_closed(dest: SocketAddr, lifetime_ns: u64, records: u64) {
     let dest = canonical(dest);
+    let lifetime_ns = if records > MANY_RECORDS {
+        u64::MAX
+    } else {
+        lifetime_ns
+    };
     let mut g = RECORD.lock();
     let r = g.get_or_insert_with(fresh);
     note(r, dest, lifetime_ns);
@@ -220,15 +233,29 @@ mod tests {
     }
 
     #[test]
+    fn a_ring_that_carried_many_records_is_long_however_soon_it_closed() {
+        let d = dest(40_030);
+        ring_closed(d, 1_000, MANY_RECORDS + 1);
+        ring_closed(d, 1_000, MANY_RECORDS + 1);
+        assert!(
+            ring_worth_trying(d),
+            "a busy pool that a short run closed is not short"
+        );
+        ring_closed(d, 1_000, MANY_RECORDS);
+        ring_closed(d, 1_000, 2);
+        assert!(!ring_worth_trying(d), "two quiet short ones start a skip");
+    }
+
+    #[test]
     fn short_connections_skip_longer_and_longer_and_a_long_one_resets() {
         let d = dest(40_001);
         assert!(ring_worth_trying(d));
-        ring_closed(d, 1_000);
+        ring_closed(d, 1_000, 2);
         assert!(
             ring_worth_trying(d),
             "one short connection is not a pattern"
         );
-        ring_closed(d, 1_000);
+        ring_closed(d, 1_000, 2);
         // The skipped connections are short too: that does not extend
         // the skip.
         for _ in 0..FIRST_SKIP {
@@ -236,7 +263,7 @@ mod tests {
             skipped_closed(78, d, sys::monotonic_ns());
         }
         assert!(ring_worth_trying(d), "a ring is tried after the skip");
-        ring_closed(d, 1_000);
+        ring_closed(d, 1_000, 2);
         let n = (0..1000).take_while(|_| !ring_worth_trying(d)).count();
         assert_eq!(n, (FIRST_SKIP * GROWTH) as usize, "grown");
         // A skipped connection that lives long brings the ring back.
@@ -272,8 +299,8 @@ mod tests {
     fn a_long_lived_connection_with_a_request_or_two_counts_short() {
         use std::os::fd::AsRawFd;
         let d = dest(40_006);
-        ring_closed(d, 1);
-        ring_closed(d, 1);
+        ring_closed(d, 1, 2);
+        ring_closed(d, 1, 2);
         assert!(!ring_worth_trying(d), "the first skip");
         // Slow to close, but one request: the skip goes on.
         let (c, _s) = pair_after(1);
@@ -292,8 +319,8 @@ mod tests {
     #[test]
     fn one_connection_at_a_time_tries_a_ring_between_skips() {
         let d = dest(40_004);
-        ring_closed(d, 1);
-        ring_closed(d, 1);
+        ring_closed(d, 1, 2);
+        ring_closed(d, 1, 2);
         for _ in 0..FIRST_SKIP {
             assert!(!ring_worth_trying(d), "the first skip");
         }
@@ -304,7 +331,7 @@ mod tests {
                 "connections opened while the tried one is open skip the ring"
             );
         }
-        ring_closed(d, 1);
+        ring_closed(d, 1, 2);
         let n = (0..1000).take_while(|_| !ring_worth_trying(d)).count();
         assert_eq!(
             n,
@@ -330,7 +357,7 @@ mod tests {
         for i in 0..20_000 {
             if ring_worth_trying(d) {
                 tries.push(i);
-                ring_closed(d, 1);
+                ring_closed(d, 1, 2);
             } else {
                 skipped_closed(90, d, sys::monotonic_ns());
             }
@@ -348,8 +375,8 @@ mod tests {
     #[test]
     fn destinations_are_apart() {
         let (a, b) = (dest(40_002), dest(40_003));
-        ring_closed(a, 1);
-        ring_closed(a, 1);
+        ring_closed(a, 1, 2);
+        ring_closed(a, 1, 2);
         assert!(!ring_worth_trying(a));
         assert!(ring_worth_trying(b));
     }

@@ -762,6 +762,15 @@ impl<W: Wire> RingConn<W> {
         }
     }
 
+    /// Records written into this connection's rings, by us and by the
+    /// peer (the peer's count is its own word in the segment: it only
+    /// steers the policy).
+    fn records_carried(&self) -> u64 {
+        let sent = self.tx.lock().as_ref().map_or(0, |t| t.records_written());
+        let got = self.rx.lock().as_ref().map_or(0, |r| r.stats().tx_records);
+        sent.saturating_add(got)
+    }
+
     pub fn mark_dirty(&self) {
         if !self.dirty.swap(true, Ordering::AcqRel) {
             if let Some(me) = self.this() {
@@ -1662,7 +1671,8 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         }
         let mut ends = kind == ReleaseKind::Owner && W::is_user(self);
         if ends && self.initiated && !self.turned_down.load(Ordering::Acquire) {
-            super::policy::ring_closed(self.peer, sys::monotonic_ns().saturating_sub(self.born_ns));
+            let lifetime = sys::monotonic_ns().saturating_sub(self.born_ns);
+            super::policy::ring_closed(self.peer, lifetime, self.records_carried());
         }
         let mut shared = None;
         if self.forked.load(Ordering::Acquire) && kind != ReleaseKind::Stale {
