@@ -385,15 +385,14 @@ impl<T: Transport> Receiver<T> {
     }
 
     /// Lazy push: hand space back every gamma slots, or at once when the
-    /// sender announced it waits for space.
+    /// head reaches the one a waiting sender announced (`Sender::prepare_wait`).
     fn maybe_push(&mut self) -> Result<(), RingError> {
         let pending = self.head - self.synced_head;
         if pending == 0 {
             return Ok(());
         }
-        if pending >= self.cfg.gamma as u64
-            || self.ctrl().tx_waiting.value.load(Ordering::Relaxed) != 0
-        {
+        let waiting = self.ctrl().tx_waiting.value.load(Ordering::Relaxed);
+        if pending >= self.cfg.gamma as u64 || (waiting != 0 && waiting <= self.head) {
             self.push_head()?;
         }
         Ok(())
@@ -482,9 +481,10 @@ impl<T: Transport> Receiver<T> {
         // The lazy rule, not a push of every consumed slot: on verbs a
         // push is a WRITE whose completion the process waits for before
         // it sleeps, once per message in a ping-pong. Less than gamma
-        // (at most half the ring) unpushed leaves the sender room, so it
-        // cannot be blocked on space before it publishes a tail we have
-        // not seen, and that tail wakes us (its ring, or our flag's
+        // (at most half the ring) unpushed leaves the sender room (it
+        // waits only for a third of the ring free, `Sender::write_space`),
+        // so it cannot be blocked on space before it publishes a tail we
+        // have not seen, and that tail wakes us (its ring, or our flag's
         // check) to push by this rule again.
         self.maybe_push()?;
         if let Some(epoch) = self.standing {

@@ -648,6 +648,37 @@ impl<T: Transport> Sender<T> {
         Ok(self.has_room())
     }
 
+    /// Whether a writer waiting for space may be woken: the peer closed
+    /// (the write fails), or a third of the ring is free. A third is TCP's
+    /// rule (`sk_stream_is_writeable`: free space at least half of what is
+    /// queued): a writer woken for every record the reader frees would
+    /// write a record's worth per wakeup while a slow reader drains.
+    pub fn write_space(&mut self) -> Result<bool, RingError> {
+        self.check()?;
+        if self.check_peer()? || self.has_write_space() {
+            return Ok(true);
+        }
+        self.refresh_head()?;
+        Ok(self.has_write_space())
+    }
+
+    /// Slots that `write_space` wants free.
+    fn write_space_slots(&self) -> u64 {
+        self.slots.div_ceil(3)
+    }
+
+    /// Slots taken by committed records and the open one, by our cached head.
+    fn used_slots(&self) -> u64 {
+        let open = self
+            .open
+            .map_or(0, |len| record::slots_for(len, self.slot_size) as u64);
+        (self.tail - self.local_head + open).min(self.slots)
+    }
+
+    fn has_write_space(&self) -> bool {
+        self.slots - self.used_slots() >= self.write_space_slots()
+    }
+
     /// Room for one more byte: in the open record, or for a new record.
     fn has_room(&self) -> bool {
         match self.open {
@@ -671,26 +702,31 @@ impl<T: Transport> Sender<T> {
         self.tail - self.local_head
     }
 
-    /// Before sleeping on a full ring: publish everything, announce that we
-    /// wait (`tx_waiting`), then look at the head once more. Returns true
-    /// when it is safe to block on our doorbell (the receiver will ring it
-    /// after its next head push); false when space appeared meanwhile;
-    /// `Err(WouldBlock)` as `Receiver::prepare_wait`.
+    /// Before sleeping on a ring without `write_space`: publish everything,
+    /// announce that we wait (`tx_waiting`) for the head that gives that
+    /// space, then look at the head once more. Returns true when it is
+    /// safe to block on our doorbell (the receiver rings it once its
+    /// pushed head reaches the announced one); false when the space
+    /// appeared meanwhile; `Err(WouldBlock)` as `Receiver::prepare_wait`.
     pub fn prepare_wait(&mut self) -> Result<bool, RingError> {
         self.flush()?;
-        if self.writable()? {
+        if self.write_space()? {
             return Ok(false);
         }
+        // Short of the space by `missing` slots: the head must move that far
+        // (`flags::announce` of the position before it).
+        let missing = self.write_space_slots() - (self.slots - self.used_slots());
+        let want = self.local_head + missing;
         let vis = self
             .transport
-            .write_word(PeerWord::TxWaiting, flags::announce(self.local_head), true)
+            .write_word(PeerWord::TxWaiting, flags::announce(want - 1), true)
             .map_err(|e| self.fail(e))?;
         if vis == Visibility::AtCompletion {
             self.await_completion()?;
         }
         fence(Ordering::SeqCst);
         self.refresh_head()?;
-        if self.record_cap() > 0 {
+        if self.has_write_space() {
             self.transport
                 .write_word(PeerWord::TxWaiting, 0, false)
                 .map_err(|e| self.fail(e))?;

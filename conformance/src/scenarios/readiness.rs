@@ -28,6 +28,7 @@ pub fn list() -> Vec<Scenario> {
         sc("select_blocks_until_data", "select on the read set blocks until the peer sends", select_blocks),
         sc("poll_blocks_until_data", "poll(POLLIN, -1) blocks until the peer sends", poll_blocks),
         sc("poll_pollout_after_full", "a full connection is not POLLOUT; poll(POLLOUT) blocks until the peer reads", pollout_after_full),
+        sc("poll_pollout_needs_room", "a full connection stays not POLLOUT while the peer reads 64 KiB, and is POLLOUT once it drains", pollout_needs_room),
         sc("poll_two_fds_one_ready", "poll on the connection and a pipe: only the ready one reports", poll_two_fds),
     ]
 }
@@ -277,6 +278,30 @@ fn pollout_after_full(r: &mut Role) {
         fill(r, fd);
         poll1(r, fd, libc::POLLOUT | libc::POLLWRNORM);
         r.barrier("full");
+        r.blocking_until("drain", move || ops::poll(&[(fd, libc::POLLOUT)], -1).0);
+        r.call(ops::shutdown(fd, libc::SHUT_WR));
+    }
+}
+
+/// TCP reports room only once a third of the send buffer is free, so a
+/// poller of a full connection sleeps through the peer's small reads.
+fn pollout_needs_room(r: &mut Role) {
+    let fd = r.open();
+    if r.is_server() {
+        r.barrier("full");
+        r.barrier("small");
+        r.call(ops::recv(fd, 65536, libc::MSG_WAITALL));
+        r.barrier("drain");
+        r.call(ops::drain(fd));
+    } else {
+        fill(r, fd);
+        r.barrier("full");
+        // Longer than the grace before "small", so the read comes while
+        // the poll waits.
+        r.blocking(
+            move || ops::poll(&[(fd, libc::POLLOUT)], 4000).0,
+            |r| r.barrier("small"),
+        );
         r.blocking_until("drain", move || ops::poll(&[(fd, libc::POLLOUT)], -1).0);
         r.call(ops::shutdown(fd, libc::SHUT_WR));
     }

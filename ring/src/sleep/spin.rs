@@ -166,7 +166,7 @@ pub fn send_all_blocking<T: Transport>(
         match tx.write(buf) {
             Ok(n) => buf = &buf[n..],
             Err(RingError::WouldBlock) => {
-                let (ready, iters) = spin.spin(|| tx.writable())?;
+                let (ready, iters) = spin.spin(|| tx.write_space())?;
                 tx.note_spins(iters);
                 if !ready {
                     match tx.prepare_wait() {

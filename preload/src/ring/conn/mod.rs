@@ -1036,7 +1036,7 @@ impl<W: Wire> RingConn<W> {
                             self.note_wire_failure(&e);
                         }
                     }
-                    !matches!(tx.writable(), Ok(false))
+                    !matches!(tx.write_space(), Ok(false))
                 }
                 None => true,
             }
