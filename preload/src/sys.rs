@@ -223,6 +223,15 @@ pub fn cpus_allowed() -> u32 {
 
 /// The inode number of an open descriptor (fstat(2)).
 pub fn inode_of(fd: c_int) -> Option<u64> {
+    stat_of(fd).map(|st| st.st_ino)
+}
+
+/// The inode number and size of an open descriptor (fstat(2)).
+pub fn inode_and_size(fd: c_int) -> Option<(u64, u64)> {
+    stat_of(fd).map(|st| (st.st_ino, u64::try_from(st.st_size).unwrap_or(0)))
+}
+
+fn stat_of(fd: c_int) -> Option<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: `st` is a writable stat buffer; fstat fills it on success,
     // which is checked before it is read.
@@ -231,7 +240,7 @@ pub fn inode_of(fd: c_int) -> Option<u64> {
         return None;
     }
     // SAFETY: fstat succeeded, so it initialised `st`.
-    Some(unsafe { st.assume_init() }.st_ino)
+    Some(unsafe { st.assume_init() })
 }
 
 /// A raw system call with up to six arguments: the result, or -1 with

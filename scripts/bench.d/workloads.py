@@ -620,9 +620,10 @@ def proc_holdings(pid):
 
 
 # ringsock_proto::offers: 8 header words ([magic, slots, overflow, ..]),
-# then entries of 8 words ([seq, key0..key4, ..]); key4 (ports and a set
-# bit) is zero in a free entry.
-OFFERS_MAGIC = int.from_bytes(b"RSOFFER2", "little")
+# the occupancy bitmap (slots / 64 words, rounded up), then entries of 8
+# words ([seq, key0..key4, ..]); key4 (ports and a set bit) is zero in a
+# free entry.
+OFFERS_MAGIC = int.from_bytes(b"RSOFFER3", "little")
 
 
 def offer_table(pid):
@@ -641,8 +642,9 @@ def offer_table(pid):
             words = struct.unpack(f"<{len(data) // 8}Q", data[:len(data) // 8 * 8])
             if len(words) < 8 or words[0] != OFFERS_MAGIC:
                 return None
-            slots = min(words[1], (len(words) - 8) // 8)
-            live = sum(1 for i in range(slots) if words[8 + 8 * i + 5] != 0)
+            base = 8 + (words[1] + 63) // 64
+            slots = min(words[1], (len(words) - base) // 8)
+            live = sum(1 for i in range(slots) if words[base + 8 * i + 5] != 0)
             return live, words[2]
     except OSError:
         pass

@@ -11,17 +11,22 @@
 //! an entry change under it, or the overflow count above zero (an offer the
 //! table had no room for), answers "maybe", and the server asks the daemon.
 //!
-//! A reader compares only an entry's ports word until it matches: the
-//! entry of an offer for its own connection was written before that
-//! connection existed (the daemon's answer, the client's connect and the
-//! server's accept order it), so a torn read can only be of another
-//! offer's entry, or of its own being removed, where any answer is right.
-//! The model is in tests/loom_offers.rs.
+//! A reader looks only at the entries of its window that the occupancy
+//! bitmap marks, and compares only an entry's ports word until it
+//! matches: the entry of an offer for its own connection, and its bit,
+//! were written before that connection existed (the daemon's answer, the
+//! client's connect and the server's accept order them), so a torn read
+//! can only be of another offer's entry, or of its own being removed,
+//! where any answer is right. An accept from a client that offered
+//! nothing, in a table of few offers, reads one bitmap word instead of a
+//! window of entries. The model is in tests/loom_offers.rs.
 //!
 //! Layout, in 8-byte words: `[magic, slots, overflow, 5 reserved]`, then
-//! `slots` entries of 8 words: `[seq, key0..key4, 2 reserved]`. A key is the
-//! client address and port and the server address and port; an entry whose
-//! `seq` is even and nonzero holds one, zero or even-with-zero-key is free.
+//! the bitmap (one bit per entry, set while the entry holds a key, in
+//! `slots / 64` words rounded up), then `slots` entries of 8 words:
+//! `[seq, key0..key4, 2 reserved]`. A key is the client address and port
+//! and the server address and port; an entry whose `seq` is even and
+//! nonzero holds one, zero or even-with-zero-key is free.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -30,9 +35,9 @@ use loom::sync::atomic::{fence, AtomicU64, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
-/// `magic`: "RSOFFER2" as little-endian bytes (2: a key's home slot
-/// leaves its client address out).
-pub const MAGIC: u64 = u64::from_le_bytes(*b"RSOFFER2");
+/// `magic`: "RSOFFER3" as little-endian bytes (2: a key's home slot
+/// leaves its client address out; 3: the occupancy bitmap).
+pub const MAGIC: u64 = u64::from_le_bytes(*b"RSOFFER3");
 /// Entries in a table.
 pub const SLOTS: usize = 4096;
 /// Entries probed from a key's home slot.
@@ -40,12 +45,21 @@ pub const WINDOW: usize = 16;
 const HEADER_WORDS: usize = 8;
 const ENTRY_WORDS: usize = 8;
 /// Words, and bytes, of a whole table.
-pub const WORDS: usize = HEADER_WORDS + SLOTS * ENTRY_WORDS;
+pub const WORDS: usize = words_for(SLOTS);
 pub const BYTES: usize = WORDS * 8;
 
 const W_MAGIC: usize = 0;
 const W_SLOTS: usize = 1;
 const W_OVERFLOW: usize = 2;
+
+/// Words of a table of `slots` entries.
+pub const fn words_for(slots: usize) -> usize {
+    HEADER_WORDS + bitmap_words(slots) + slots * ENTRY_WORDS
+}
+
+const fn bitmap_words(slots: usize) -> usize {
+    slots.div_ceil(64)
+}
 
 /// An offer's key: where it comes from and where it goes.
 pub type Key = [u64; 5];
@@ -114,8 +128,34 @@ impl<'a> Table<'a> {
     /// A table of `slots` entries (the shared one has `SLOTS`; models use
     /// a few) over `words`, if they hold that many.
     pub fn with_slots(words: &'a [AtomicU64], slots: usize) -> Option<Table<'a>> {
-        (slots > 0 && words.len() >= HEADER_WORDS + slots * ENTRY_WORDS)
-            .then_some(Table { words, slots })
+        (slots > 0 && words.len() >= words_for(slots)).then_some(Table { words, slots })
+    }
+
+    /// The entries, after the header and the bitmap.
+    fn entries(&self) -> &'a [AtomicU64] {
+        let from = HEADER_WORDS + bitmap_words(self.slots);
+        &self.words[from..from + self.slots * ENTRY_WORDS]
+    }
+
+    /// The bits of the window from `start`: bit i for slot `start + i`.
+    fn window_bits(&self, start: usize) -> u64 {
+        let n = WINDOW.min(self.slots);
+        let (mut bits, mut i) = (0u64, 0);
+        while i < n {
+            let slot = (start + i) % self.slots;
+            let off = slot % 64;
+            // To the end of this bitmap word, of the window, of the table.
+            let take = (64 - off).min(n - i).min(self.slots - slot);
+            let word = self.words[HEADER_WORDS + slot / 64].load(Ordering::Acquire) >> off;
+            bits |= (word & (u64::MAX >> (64 - take))) << i;
+            i += take;
+        }
+        bits
+    }
+
+    /// The bitmap word holding `slot`'s bit, and the bit.
+    fn occupancy(&self, slot: usize) -> (&'a AtomicU64, u64) {
+        (&self.words[HEADER_WORDS + slot / 64], 1 << (slot % 64))
     }
 
     /// Writes the header of a fresh (zeroed) table.
@@ -132,20 +172,33 @@ impl<'a> Table<'a> {
 
     /// The entries a key may be in: from its home slot on, `WINDOW` at
     /// most, wrapping at the end of the table.
-    fn window(&self, k: &Key) -> impl Iterator<Item = &'a [AtomicU64]> + use<'a> {
-        let entries = &self.words[HEADER_WORDS..HEADER_WORDS + self.slots * ENTRY_WORDS];
-        let start = spread(k) % self.slots;
-        let end = start + WINDOW.min(self.slots);
-        let (head, wrapped) = (end.min(self.slots), end.saturating_sub(self.slots));
-        entries[start * ENTRY_WORDS..head * ENTRY_WORDS]
-            .chunks_exact(ENTRY_WORDS)
-            .chain(entries[..wrapped * ENTRY_WORDS].chunks_exact(ENTRY_WORDS))
+    fn window(&self, k: &Key) -> impl Iterator<Item = (usize, &'a [AtomicU64])> + use<'a> {
+        let (entries, slots) = (self.entries(), self.slots);
+        let start = spread(k) % slots;
+        (0..WINDOW.min(slots)).map(move |i| {
+            let slot = (start + i) % slots;
+            (slot, &entries[slot * ENTRY_WORDS..(slot + 1) * ENTRY_WORDS])
+        })
     }
 
     /// Reader: false only when no offer for `k` is live (the server need
     /// not ask the daemon); true when one is, or may be.
     pub fn may_have(&self, k: &Key) -> bool {
         self.may_have_any(std::slice::from_ref(k))
+    }
+
+    /// `may_have_any` of an offer from `client` to `server` under any of
+    /// its keys (`client_keys`), which are built only when their window
+    /// holds a key at all.
+    pub fn may_have_offer(&self, client: &SocketAddr, server: &SocketAddr) -> bool {
+        let own = key(client, server);
+        if self.valid()
+            && self.words[W_OVERFLOW].load(Ordering::Acquire) == 0
+            && self.window_bits(spread(&own) % self.slots) == 0
+        {
+            return false;
+        }
+        self.may_have_any(&client_keys(client, server))
     }
 
     /// `may_have` for any of `keys`, which differ only in their client
@@ -159,13 +212,16 @@ impl<'a> Table<'a> {
         if !self.valid() || self.words[W_OVERFLOW].load(Ordering::Acquire) != 0 {
             return true;
         }
-        // The window (`window`) by index: most entries are passed over on
-        // their ports word alone, and an accept asks on every connection.
-        let entries = &self.words[HEADER_WORDS..HEADER_WORDS + self.slots * ENTRY_WORDS];
-        let mut slot = spread(first) % self.slots;
-        for _ in 0..WINDOW.min(self.slots) {
+        // The window's entries that hold a key, from the bitmap: others are
+        // not read at all, most of these are passed over on their ports
+        // word alone, and an accept asks on every connection.
+        let entries = self.entries();
+        let start = spread(first) % self.slots;
+        let mut marked = self.window_bits(start);
+        while marked != 0 {
+            let slot = (start + marked.trailing_zeros() as usize) % self.slots;
+            marked &= marked - 1;
             let at = slot * ENTRY_WORDS;
-            slot = if slot + 1 == self.slots { 0 } else { slot + 1 };
             if entries[at + 5].load(Ordering::Relaxed) != first[4] {
                 continue;
             }
@@ -204,9 +260,13 @@ impl<'a> Table<'a> {
     /// full; the overflow count then makes every reader ask the daemon
     /// until the matching `remove`.
     pub fn insert(&self, k: &Key) -> bool {
-        for e in self.window(k) {
+        for (slot, e) in self.window(k) {
             if Self::is_free(e) {
                 self.write(e, k);
+                // After the entry: a reader that sees the bit finds the
+                // key or a write in progress (which says "maybe").
+                let (word, bit) = self.occupancy(slot);
+                word.fetch_or(bit, Ordering::Release);
                 return true;
             }
         }
@@ -221,9 +281,11 @@ impl<'a> Table<'a> {
             self.words[W_OVERFLOW].fetch_sub(1, Ordering::AcqRel);
             return;
         }
-        for e in self.window(k) {
+        for (slot, e) in self.window(k) {
             if (0..5).all(|j| e[1 + j].load(Ordering::Relaxed) == k[j]) {
                 self.write(e, &[0; 5]);
+                let (word, bit) = self.occupancy(slot);
+                word.fetch_and(!bit, Ordering::Release);
                 return;
             }
         }
@@ -281,6 +343,8 @@ mod tests {
         assert!(t.may_have_any(&variants("10.0.0.1:40000")));
         assert!(!t.may_have(&variants("10.0.0.1:40000")[0]));
         assert!(!t.may_have_any(&variants("10.0.0.1:40001")));
+        assert!(t.may_have_offer(&addr("10.0.0.1:40000"), &server));
+        assert!(!t.may_have_offer(&addr("10.0.0.1:40001"), &server));
         assert!(!t.may_have_any(&[]));
     }
 
@@ -311,6 +375,41 @@ mod tests {
         for k in &keys {
             assert!(!t.may_have(k));
         }
+    }
+
+    #[test]
+    fn the_bitmap_marks_exactly_the_entries_in_use() {
+        let w = table();
+        let t = Table::new(&w).unwrap();
+        t.init();
+        let bits = |w: &[AtomicU64]| -> u32 {
+            w[HEADER_WORDS..HEADER_WORDS + bitmap_words(SLOTS)]
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed).count_ones())
+                .sum()
+        };
+        let keys: Vec<Key> = (0..300u16)
+            .map(|p| {
+                key(
+                    &addr("10.0.0.1:1"),
+                    &SocketAddr::new("10.0.0.2".parse().unwrap(), p),
+                )
+            })
+            .collect();
+        for k in &keys {
+            assert!(t.insert(k));
+        }
+        assert_eq!(bits(&w), 300);
+        for k in &keys[..100] {
+            t.remove(k, true);
+        }
+        assert_eq!(bits(&w), 200);
+        for k in &keys[100..] {
+            assert!(t.may_have(k));
+            t.remove(k, true);
+        }
+        assert_eq!(bits(&w), 0);
+        assert!(!t.may_have(&keys[0]));
     }
 
     #[test]

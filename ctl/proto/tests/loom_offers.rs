@@ -13,14 +13,14 @@ use std::net::SocketAddr;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
-use ringsock_proto::offers::{key, Key, Table};
+use ringsock_proto::offers::{key, words_for, Key, Table};
 
 /// Two entries: every key's window is the whole table, so the daemon's
 /// other writes land in the reader's window.
 const SLOTS: usize = 2;
 
 fn words() -> Arc<Vec<AtomicU64>> {
-    Arc::new((0..8 + SLOTS * 8).map(|_| AtomicU64::new(0)).collect())
+    Arc::new((0..words_for(SLOTS)).map(|_| AtomicU64::new(0)).collect())
 }
 
 fn k(client_port: u16) -> Key {

@@ -226,15 +226,25 @@ static OFFER_TABLE: AtomicPtr<AtomicU64> = AtomicPtr::new(std::ptr::null_mut());
 static OFFER_TABLE_INODE: AtomicU64 = AtomicU64::new(0);
 
 fn map_offer_table(fd: OwnedFd) {
-    let inode = crate::sys::inode_of(fd.as_raw_fd()).unwrap_or(0);
+    let (inode, size) = crate::sys::inode_and_size(fd.as_raw_fd()).unwrap_or((0, 0));
+    if size < offers::BYTES as u64 {
+        // Another version's table, or not one at all: reading past its end
+        // would raise SIGBUS.
+        log::debug!(
+            "the daemon's offer table is {size} bytes, not {}: every accept asks the daemon",
+            offers::BYTES
+        );
+        return;
+    }
     if inode != 0
         && inode == OFFER_TABLE_INODE.load(Ordering::Relaxed)
         && !OFFER_TABLE.load(Ordering::Acquire).is_null()
     {
         return;
     }
-    // SAFETY: a shared read-only mapping of the daemon's sealed memfd (its
-    // size cannot shrink under us: F_SEAL_SHRINK); the result is checked.
+    // SAFETY: a shared read-only mapping of the daemon's sealed memfd, at
+    // least BYTES long (its size cannot shrink under us: F_SEAL_SHRINK);
+    // the result is checked.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -268,7 +278,7 @@ pub fn offer_may_exist(client: SocketAddr, server: SocketAddr) -> bool {
         return true;
     };
     // A client that bound the wildcard address offered from it.
-    t.may_have_any(&offers::client_keys(&client, &server))
+    t.may_have_offer(&client, &server)
 }
 
 /// Sends a request whose reply (`Ok`, or an error that is only logged) is
