@@ -18,6 +18,7 @@ pub mod handler;
 pub mod hostid;
 pub mod logger;
 pub mod metrics;
+pub mod netns;
 pub mod offer_table;
 pub mod peer;
 pub mod proof;

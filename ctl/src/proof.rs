@@ -9,6 +9,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use ringsock_proto::{io as pio, RingStat};
 
 use crate::handler::{ClientProof, Env, ListenerProof};
+use crate::netns::NetNs;
 use crate::ring::{RingMap, RingStats};
 
 /// The production environment: proofs through system calls, rings mapped
@@ -102,6 +103,14 @@ impl Env for SysEnv {
         let local = pio::local_addr(raw).map_err(|e| why("getsockname", e))?;
         let peer = pio::peer_addr(raw).map_err(|e| why("getpeername", e))?;
         Ok((local, peer))
+    }
+
+    fn netns(&mut self, fd: &OwnedFd) -> Option<NetNs> {
+        crate::netns::of_socket(fd.as_raw_fd()).ok()
+    }
+
+    fn own_netns(&mut self) -> Option<NetNs> {
+        crate::netns::own().ok()
     }
 
     fn offer_table(&mut self) -> Option<OwnedFd> {

@@ -10,6 +10,7 @@ use std::rc::Rc;
 use ringsock_proto::{RingStat, MAX_STAT_NAME};
 
 use crate::handler::{ClientProof, Env, ListenerProof};
+use crate::netns::NetNs;
 
 /// What a fake descriptor pretends to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,8 @@ pub enum FakeSock {
 #[derive(Debug)]
 pub struct FakeFd {
     pub sock: FakeSock,
+    /// The namespace it says it belongs to.
+    pub netns: NetNs,
     live: Rc<Cell<usize>>,
 }
 
@@ -55,10 +58,17 @@ pub struct FakeEnv {
 }
 
 impl FakeEnv {
+    /// A descriptor of `NetNs::FAKE`, the daemon's own namespace here.
     pub fn fd(&self, sock: FakeSock) -> FakeFd {
+        self.fd_in(NetNs::FAKE, sock)
+    }
+
+    /// A descriptor of namespace `netns`.
+    pub fn fd_in(&self, netns: NetNs, sock: FakeSock) -> FakeFd {
         self.live.set(self.live.get() + 1);
         FakeFd {
             sock,
+            netns,
             live: self.live.clone(),
         }
     }
@@ -100,6 +110,18 @@ impl Env for FakeEnv {
             } => Ok((local, peer)),
             _ => Err("not a connected TCP socket".into()),
         }
+    }
+
+    /// Sockets say their namespace; anything else is in none.
+    fn netns(&mut self, fd: &FakeFd) -> Option<NetNs> {
+        match fd.sock {
+            FakeSock::Memfd { .. } | FakeSock::Other => None,
+            _ => Some(fd.netns),
+        }
+    }
+
+    fn own_netns(&mut self) -> Option<NetNs> {
+        Some(NetNs::FAKE)
     }
 
     fn open_ring(&mut self, fd: FakeFd) -> FakeFd {

@@ -18,9 +18,10 @@ use ringsock_proto::{
 };
 
 use crate::metrics::{self, ring_index, Snapshot};
+use crate::netns::NetNs;
 use crate::registry::{
     offer_key, Cred, Limits, ListenerKey, NewOffer, OfferId, Outcome, PeerEvent, RegError,
-    Registry, Report, SessionId,
+    Registry, Report, Scope, SessionId,
 };
 
 #[cfg(test)]
@@ -53,6 +54,12 @@ pub trait Env {
     fn client(&mut self, fd: &Self::Fd) -> Result<ClientProof, String>;
     /// A connected TCP socket: (local, peer).
     fn accepted(&mut self, fd: &Self::Fd) -> Result<(SocketAddr, SocketAddr), String>;
+    /// The network namespace socket `fd` belongs to, when the kernel says
+    /// (it may not tell an unprivileged daemon).
+    fn netns(&mut self, fd: &Self::Fd) -> Option<NetNs>;
+    /// The daemon's own network namespace: where its `is_local_ip` looks,
+    /// and where offers from other hosts arrive.
+    fn own_netns(&mut self) -> Option<NetNs>;
     /// Takes a ring memfd for status reporting.
     fn open_ring(&mut self, fd: Self::Fd) -> Self::Ring;
     /// Counters of a ring for status.
@@ -84,6 +91,14 @@ pub struct Forward {
     pub client: SocketAddr,
     pub server: SocketAddr,
     pub payload: Vec<u8>,
+}
+
+/// An offer as a process sent it, before the daemon knows its namespace.
+struct Offered<F> {
+    client: SocketAddr,
+    server: SocketAddr,
+    payload: Vec<u8>,
+    fds: Vec<F>,
 }
 
 /// A reply and the descriptors that travel with it.
@@ -141,6 +156,8 @@ impl fmt::Display for Fault {
 
 pub struct Handler<E: Env> {
     env: E,
+    /// `Env::own_netns`, read once.
+    own_netns: Option<NetNs>,
     reg: Registry<E::Fd, E::Ring>,
     daemon_version: String,
     host_id: u64,
@@ -175,8 +192,9 @@ fn ok_or<F>(r: Result<(), RegError>, what: fmt::Arguments<'_>) -> Reply<F> {
 }
 
 impl<E: Env> Handler<E> {
-    pub fn new(env: E, limits: Limits, host_id: u64) -> Self {
+    pub fn new(mut env: E, limits: Limits, host_id: u64) -> Self {
         Handler {
+            own_netns: env.own_netns(),
             env,
             reg: Registry::new(limits),
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -292,7 +310,7 @@ impl<E: Env> Handler<E> {
                 payload,
             } => {
                 let proof = fds.next();
-                let new = NewOffer {
+                let new = Offered {
                     client,
                     server,
                     payload,
@@ -369,9 +387,9 @@ impl<E: Env> Handler<E> {
                 self.reg.report_closed(id, fd, local, peer),
                 format_args!("report of fd {fd}"),
             ),
-            Msg::Status { after } => Reply::plain(self.status(after, Listing::V1)),
-            Msg::StatusAll { after } => Reply::plain(self.status(after, Listing::All)),
-            Msg::StatusNamed { after } => Reply::plain(self.status(after, Listing::Named)),
+            Msg::Status { after } => Reply::plain(self.status(id, after, Listing::V1)),
+            Msg::StatusAll { after } => Reply::plain(self.status(id, after, Listing::All)),
+            Msg::StatusNamed { after } => Reply::plain(self.status(id, after, Listing::Named)),
             Msg::Metrics => {
                 let text = metrics::render(&self.snapshot(id));
                 if text.len() > MAX_METRICS_TEXT {
@@ -387,11 +405,25 @@ impl<E: Env> Handler<E> {
         })
     }
 
+    /// The namespace of socket `fd` held by session `id`: the kernel's
+    /// word on the socket, else the namespace the session's process was in
+    /// when it connected (a process cannot make sockets of a namespace it
+    /// could not enter).
+    fn socket_netns(&mut self, id: SessionId, fd: &E::Fd) -> Option<NetNs> {
+        self.env
+            .netns(fd)
+            .or_else(|| self.reg.cred_of(id).and_then(|c| c.netns))
+    }
+
     fn listener_add(&mut self, id: SessionId, addr: SocketAddr, proof: E::Fd) -> Reply<E::Fd> {
         let checked = self.env.listener(&proof);
+        let netns = self.socket_netns(id, &proof);
         // Holding the listener would keep the socket alive after its owner
         // closed it: the proof is released before anything else happens.
         drop(proof);
+        let Some(netns) = netns else {
+            return error(ErrorCode::BadProof, NO_NETNS);
+        };
         match checked {
             Ok(p) if canonical(p.addr) == canonical(addr) => ok_or(
                 self.reg.add_listener(
@@ -399,6 +431,7 @@ impl<E: Env> Handler<E> {
                     ListenerKey {
                         addr: p.addr,
                         dual_stack: p.dual_stack,
+                        netns,
                     },
                 ),
                 format_args!("listener {addr}"),
@@ -417,22 +450,34 @@ impl<E: Env> Handler<E> {
     fn offer(
         &mut self,
         id: SessionId,
-        new: NewOffer<E::Fd>,
+        new: Offered<E::Fd>,
         proof: E::Fd,
         now: Instant,
     ) -> Reply<E::Fd> {
         let refused = |reason| Reply::plain(Msg::OfferRefused { reason });
         let (client, server) = (new.client, new.server);
         let checked = self.env.client(&proof);
+        let netns = self.socket_netns(id, &proof);
         // The daemon must not keep the client's socket alive.
         drop(proof);
-        if let Err(why) = check_offer(client, server, checked) {
-            debug!("session {id}: offer {client} -> {server} refused: {why}");
-            self.reg.count_refused(RefuseReason::Invalid);
-            return refused(RefuseReason::Invalid);
-        }
-        let server_ip = canonical(server).ip();
-        if server_ip.is_loopback() || self.env.is_local_ip(server_ip) {
+        let checked = checked.and_then(|c| netns.map(|ns| (c, ns)).ok_or_else(|| NO_NETNS.into()));
+        let netns = match check_offer(client, server, checked.map(|(c, _)| c)) {
+            Ok(()) => netns.expect("checked above"),
+            Err(why) => {
+                debug!("session {id}: offer {client} -> {server} refused: {why}");
+                self.reg.count_refused(RefuseReason::Invalid);
+                return refused(RefuseReason::Invalid);
+            }
+        };
+        let Offered { payload, fds, .. } = new;
+        let new = NewOffer {
+            client,
+            server,
+            netns,
+            payload,
+            fds,
+        };
+        if self.is_local_server(netns, server) {
             return match self.reg.offer(id, new, now) {
                 Ok(offer_id) => Reply::plain(Msg::OfferOk { offer_id }),
                 Err(reason) => refused(reason),
@@ -451,6 +496,7 @@ impl<E: Env> Handler<E> {
         let registered = NewOffer {
             client,
             server,
+            netns,
             payload: Vec::new(),
             fds: Vec::new(),
         };
@@ -469,6 +515,17 @@ impl<E: Env> Handler<E> {
             },
             Err(reason) => refused(reason),
         }
+    }
+
+    /// Whether a client socket of namespace `netns` connecting to `server`
+    /// reaches a server of that same namespace: loopback, an address a
+    /// listener there is bound to, or, in the daemon's own namespace, any
+    /// address of this host.
+    fn is_local_server(&mut self, netns: NetNs, server: SocketAddr) -> bool {
+        let ip = canonical(server).ip();
+        ip.is_loopback()
+            || self.reg.has_exact_listener(netns, server)
+            || (Some(netns) == self.own_netns && self.env.is_local_ip(ip))
     }
 
     /// A request from the ctl of another host on a connection it opened to
@@ -500,13 +557,18 @@ impl<E: Env> Handler<E> {
                 if c.port() == 0 || s.port() == 0 || c.is_ipv4() != s.is_ipv4() {
                     return refused(RefuseReason::Invalid);
                 }
-                // Our loopback cannot be reached from another host.
+                // Our loopback cannot be reached from another host; its
+                // connections arrive in the daemon's own namespace.
+                let Some(netns) = self.own_netns else {
+                    return refused(RefuseReason::NoListener);
+                };
                 if s.ip().is_loopback() || !self.env.is_local_ip(s.ip()) {
                     return refused(RefuseReason::NoListener);
                 }
                 let new = NewOffer {
                     client: c,
                     server: s,
+                    netns,
                     payload,
                     fds: Vec::new(),
                 };
@@ -530,12 +592,16 @@ impl<E: Env> Handler<E> {
 
     fn claim(&mut self, id: SessionId, proof: E::Fd, now: Instant) -> Reply<E::Fd> {
         let checked = self.env.accepted(&proof);
+        let netns = self.socket_netns(id, &proof);
         drop(proof);
         let (local, peer) = match checked {
             Ok(t) => t,
             Err(why) => return error(ErrorCode::BadProof, why),
         };
-        match self.reg.claim(id, local, peer, now) {
+        let Some(netns) = netns else {
+            return error(ErrorCode::BadProof, NO_NETNS);
+        };
+        match self.reg.claim(id, netns, local, peer, now) {
             Some(c) => Reply::with_fds(
                 Msg::ClaimOk {
                     offer_id: c.offer_id,
@@ -603,12 +669,14 @@ impl<E: Env> Handler<E> {
     /// first ones: providers list the counters older CLIs knew first); only
     /// `StatusNamed` gets process names, read now: a process renames itself
     /// (prctl, exec) while its session lives.
-    fn status(&self, after: Option<StatusCursor>, listing: Listing) -> Msg {
+    fn status(&self, id: SessionId, after: Option<StatusCursor>, listing: Listing) -> Msg {
         let max_stats = match listing {
             Listing::V1 => MAX_RING_STATS_V1,
             Listing::All | Listing::Named => MAX_RING_STATS,
         };
-        let (rows, next) = self.reg.status_page(after, MAX_STATUS_PAGE);
+        let (rows, next) = self
+            .reg
+            .status_page(after, MAX_STATUS_PAGE, self.scope_of(id));
         let entries = rows
             .into_iter()
             .map(|r| StatusEntry {
@@ -643,6 +711,29 @@ impl<E: Env> Handler<E> {
         match listing {
             Listing::Named => Msg::StatusNamedReply { entries, next },
             Listing::V1 | Listing::All => Msg::StatusReply { entries, next },
+        }
+    }
+}
+
+/// What the handler says when the kernel names no namespace for a socket.
+const NO_NETNS: &str = "cannot learn the socket's network namespace";
+
+impl<E: Env> Handler<E> {
+    /// Whose connections session `id` may list: root with CAP_SYS_ADMIN
+    /// (who could enter every namespace anyway) sees every namespace's,
+    /// anyone else (root of a container too) only those of the namespace
+    /// it is in, and nothing when that is unknown.
+    fn scope_of(&self, id: SessionId) -> Scope {
+        match self.reg.cred_of(id) {
+            Some(Cred {
+                uid: 0,
+                admin: true,
+                ..
+            }) => Scope::Host,
+            Some(Cred {
+                netns: Some(ns), ..
+            }) => Scope::Netns(ns),
+            _ => Scope::Nowhere,
         }
     }
 }

@@ -33,6 +33,8 @@ impl T {
                     pid,
                     uid: 0,
                     gid: 0,
+                    netns: Some(crate::netns::NetNs::FAKE),
+                    admin: true,
                 },
             );
         }
@@ -106,6 +108,8 @@ fn hello_comes_first() {
             pid: 1,
             uid: 0,
             gid: 0,
+            netns: Some(crate::netns::NetNs::FAKE),
+            admin: false,
         },
     );
     let e = h
@@ -383,6 +387,8 @@ fn only_status_named_names_processes_and_only_those_the_kernel_named() {
             pid: 0,
             uid: 0,
             gid: 0,
+            netns: Some(crate::netns::NetNs::FAKE),
+            admin: false,
         },
     );
     let hello = Msg::Hello {
@@ -446,6 +452,8 @@ fn scripts_reach_deep_states() {
             pid: 1,
             uid: 0,
             gid: 0,
+            netns: Some(crate::netns::NetNs::FAKE),
+            admin: false,
         },
     );
     let now = Instant::now();
@@ -654,4 +662,245 @@ fn remote_offers_are_checked_against_the_connection_source() {
     // And ctl-to-ctl kinds are faults on the local socket.
     let bytes = frame::encode(&Msg::RemoteCancel { offer_ref: 1 }).unwrap();
     assert!(t.h.handle_frame(C, &bytes, vec![], t.now).is_err());
+}
+
+// ---- network namespaces ----
+
+const NS_X: NetNs = NetNs { dev: 4, ino: 100 };
+const NS_Y: NetNs = NetNs { dev: 4, ino: 200 };
+
+impl T {
+    /// Opens session `id` (pid `pid`, `uid`) of a process in `netns`.
+    fn session_in(&mut self, id: SessionId, pid: u32, uid: u32, netns: NetNs) {
+        self.h.open_session(
+            id,
+            Cred {
+                pid,
+                uid,
+                gid: uid,
+                netns: Some(netns),
+                admin: false,
+            },
+        );
+        let hello = Msg::Hello {
+            pid,
+            exe: "x".into(),
+        };
+        assert!(matches!(
+            self.req(id, hello, vec![]).msg,
+            Msg::HelloOk { .. }
+        ));
+    }
+
+    /// A request whose descriptors belong to namespace `netns`.
+    fn req_in(&mut self, id: SessionId, netns: NetNs, m: Msg, fds: Vec<FakeSock>) -> Msg {
+        let fds = fds.into_iter().map(|s| self.env.fd_in(netns, s)).collect();
+        let bytes = frame::encode(&m).unwrap();
+        let r = self.h.handle_frame(id, &bytes, fds, self.now).unwrap();
+        self.h.registry().check_invariants();
+        r.msg
+    }
+}
+
+/// Two namespaces, each with a client (`cx`, `cy`) and a server (`sx`,
+/// `sy`) on the same addresses and ports: every offer pairs within its
+/// namespace, whatever the order of claims.
+#[test]
+fn same_tuples_in_two_namespaces_pair_within_each() {
+    let mut t = T::new();
+    let (cx, sx, cy, sy) = (11, 12, 21, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sx, 120, 1000, NS_X);
+    t.session_in(cy, 210, 1000, NS_Y);
+    t.session_in(sy, 220, 1000, NS_Y);
+    let listener = FakeSock::Listener {
+        addr: a("127.0.0.1:80"),
+        dual_stack: false,
+    };
+    let add = Msg::ListenerAdd {
+        addr: a("127.0.0.1:80"),
+    };
+    assert_eq!(t.req_in(sx, NS_X, add.clone(), vec![listener]), Msg::Ok);
+    let offer = Msg::Offer {
+        client: a("127.0.0.1:5000"),
+        server: a("127.0.0.1:80"),
+        payload: b"p".to_vec(),
+    };
+    let csock = client_sock("127.0.0.1:5000");
+    // No listener in Y yet: Y's offer is refused although X has one.
+    assert_eq!(
+        t.req_in(cy, NS_Y, offer.clone(), vec![csock]),
+        Msg::OfferRefused {
+            reason: RefuseReason::NoListener
+        }
+    );
+    assert_eq!(t.req_in(sy, NS_Y, add, vec![listener]), Msg::Ok);
+    let Msg::OfferOk { offer_id: ox } = t.req_in(cx, NS_X, offer.clone(), vec![csock]) else {
+        panic!("offer in X refused")
+    };
+    // The same 4-tuple in Y is no duplicate of X's.
+    let Msg::OfferOk { offer_id: oy } = t.req_in(cy, NS_Y, offer.clone(), vec![csock]) else {
+        panic!("offer in Y refused")
+    };
+    assert_ne!(ox, oy);
+    let accepted = FakeSock::Accepted {
+        local: a("127.0.0.1:80"),
+        peer: a("127.0.0.1:5000"),
+    };
+    // Y's server claims first and gets Y's client, then X's gets X's.
+    let Msg::ClaimOk {
+        offer_id,
+        client_pid,
+        ..
+    } = t.req_in(sy, NS_Y, Msg::Claim, vec![accepted])
+    else {
+        panic!("claim in Y failed")
+    };
+    assert_eq!((offer_id, client_pid), (oy, 210));
+    let Msg::ClaimOk {
+        offer_id,
+        client_pid,
+        ..
+    } = t.req_in(sx, NS_X, Msg::Claim, vec![accepted])
+    else {
+        panic!("claim in X failed")
+    };
+    assert_eq!((offer_id, client_pid), (ox, 110));
+    assert_eq!(t.env.live(), 0);
+}
+
+/// A process in another namespace cannot claim an offer, even with an
+/// accepted socket of the very same addresses, and a session's own
+/// namespace does not stand in for its socket's.
+#[test]
+fn a_claim_from_another_namespace_finds_nothing() {
+    let mut t = T::new();
+    let (cx, sx, intruder) = (11, 12, 31);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sx, 120, 1000, NS_X);
+    // Same uid, even root: the namespace decides.
+    t.session_in(intruder, 310, 0, NS_Y);
+    let listener = FakeSock::Listener {
+        addr: a("127.0.0.1:80"),
+        dual_stack: false,
+    };
+    let add = Msg::ListenerAdd {
+        addr: a("127.0.0.1:80"),
+    };
+    assert_eq!(t.req_in(sx, NS_X, add, vec![listener]), Msg::Ok);
+    let offer = Msg::Offer {
+        client: a("127.0.0.1:5000"),
+        server: a("127.0.0.1:80"),
+        payload: b"p".to_vec(),
+    };
+    let Msg::OfferOk { offer_id } = t.req_in(cx, NS_X, offer, vec![client_sock("127.0.0.1:5000")])
+    else {
+        panic!("offer refused")
+    };
+    let accepted = FakeSock::Accepted {
+        local: a("127.0.0.1:80"),
+        peer: a("127.0.0.1:5000"),
+    };
+    assert_eq!(
+        t.req_in(intruder, NS_Y, Msg::Claim, vec![accepted]),
+        Msg::NoOffer
+    );
+    // A socket of X held by the session in X: its own.
+    assert!(matches!(
+        t.req_in(sx, NS_X, Msg::Claim, vec![accepted]),
+        Msg::ClaimOk { offer_id: o, .. } if o == offer_id
+    ));
+}
+
+/// A socket the kernel names no namespace for is no proof at all when the
+/// session's namespace is unknown too.
+#[test]
+fn no_namespace_no_proof() {
+    let mut t = T::new();
+    t.h.open_session(
+        40,
+        Cred {
+            pid: 400,
+            uid: 1000,
+            gid: 1000,
+            netns: None,
+            admin: false,
+        },
+    );
+    let hello = Msg::Hello {
+        pid: 400,
+        exe: "x".into(),
+    };
+    t.req(40, hello, vec![]);
+    // A memfd is no socket: its namespace is unknown to the fake.
+    let r = t.req(
+        40,
+        Msg::ListenerAdd {
+            addr: a("127.0.0.1:80"),
+        },
+        vec![FakeSock::Memfd { size: 1 }],
+    );
+    assert!(matches!(
+        r.msg,
+        Msg::Error {
+            code: ErrorCode::BadProof,
+            ..
+        }
+    ));
+}
+
+/// Status: root in the daemon's namespace sees every namespace's
+/// connections; anyone else (root of a container too) only those of its
+/// own namespace; a caller whose namespace is unknown sees none.
+#[test]
+fn status_shows_the_callers_namespace_unless_privileged() {
+    let mut t = T::new();
+    t.session_in(11, 110, 1000, NS_X);
+    t.session_in(21, 210, 1000, NS_Y);
+    t.session_in(31, 310, 0, NS_Y);
+    t.session_in(41, 410, 1000, NetNs::FAKE);
+    t.h.open_session(
+        51,
+        Cred {
+            pid: 510,
+            uid: 0,
+            gid: 0,
+            netns: None,
+            admin: false,
+        },
+    );
+    t.req(
+        51,
+        Msg::Hello {
+            pid: 510,
+            exe: "x".into(),
+        },
+        vec![],
+    );
+    for (id, port) in [(11, 1), (21, 2)] {
+        let report = Msg::ConnReport {
+            fd: 9,
+            local: SocketAddr::from(([127, 0, 0, 1], port)),
+            peer: a("127.0.0.1:80"),
+            transport: Transport::Tcp,
+            reason: "no listener".into(),
+            ring: None,
+        };
+        assert_eq!(t.req(id, report, vec![]).msg, Msg::Ok);
+    }
+    let pids = |t: &mut T, id| {
+        let Msg::StatusReply { entries, .. } =
+            t.req(id, Msg::StatusAll { after: None }, vec![]).msg
+        else {
+            panic!()
+        };
+        entries.iter().map(|e| e.pid).collect::<Vec<_>>()
+    };
+    // T::new's sessions are root in the daemon's namespace.
+    assert_eq!(pids(&mut t, S), vec![110, 210]);
+    assert_eq!(pids(&mut t, 11), vec![110]);
+    assert_eq!(pids(&mut t, 21), vec![210]);
+    assert_eq!(pids(&mut t, 31), vec![210]);
+    assert_eq!(pids(&mut t, 41), Vec::<u32>::new());
+    assert_eq!(pids(&mut t, 51), Vec::<u32>::new());
 }
