@@ -6,6 +6,7 @@
 //! matched only within one namespace (DESIGN "Namespaces").
 
 use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 
@@ -58,6 +59,45 @@ pub fn of_pid(pid: u32) -> io::Result<NetNs> {
     ))?))
 }
 
+/// The addresses of the namespace process `pid` is in (its
+/// /proc/PID/net: the LOCAL host routes of fib_trie, and if_inet6), read
+/// without entering it. Loopback included.
+pub fn addrs_of_pid(pid: u32) -> io::Result<Vec<IpAddr>> {
+    let v4 = std::fs::read_to_string(format!("/proc/{pid}/net/fib_trie"))?;
+    let mut out = local_v4(&v4);
+    // No IPv6 in the namespace (or the kernel): no file.
+    if let Ok(v6) = std::fs::read_to_string(format!("/proc/{pid}/net/if_inet6")) {
+        out.extend(v6.lines().filter_map(inet6_line).map(IpAddr::V6));
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The addresses fib_trie lists as `/32 host LOCAL`: each follows the
+/// `|-- ADDRESS` line it belongs to.
+fn local_v4(fib_trie: &str) -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let mut current = None;
+    for line in fib_trie.lines().map(str::trim) {
+        if let Some(a) = line.strip_prefix("|-- ") {
+            current = a.parse::<Ipv4Addr>().ok();
+        } else if line.starts_with("/32 host LOCAL") {
+            out.extend(current.map(IpAddr::V4));
+        }
+    }
+    out
+}
+
+/// The address of one if_inet6 line (32 hex digits first).
+fn inet6_line(line: &str) -> Option<Ipv6Addr> {
+    let hex = line.split_whitespace().next()?;
+    u128::from_str_radix(hex, 16)
+        .ok()
+        .filter(|_| hex.len() == 32)
+        .map(Ipv6Addr::from)
+}
+
 /// Whether process `pid` has CAP_SYS_ADMIN in its effective set (it may
 /// enter any namespace of its user namespace). False when unknown.
 pub fn is_admin(pid: u32) -> bool {
@@ -97,6 +137,25 @@ mod tests {
         }
         let f = std::fs::File::open("/dev/null").unwrap();
         assert!(of_socket(f.as_raw_fd()).is_err());
+    }
+
+    #[test]
+    fn local_addresses_from_proc() {
+        let trie = "Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 0.0.0.0\n        /0 universe UNICAST\n\
+            \x20          |-- 127.0.0.1\n              /32 host LOCAL\n\
+            \x20       |-- 10.1.2.3\n           /24 link UNICAST\n           /32 host LOCAL\n\
+            \x20       |-- 10.1.2.255\n           /32 link BROADCAST\n";
+        assert_eq!(
+            local_v4(trie),
+            vec![IpAddr::from([127, 0, 0, 1]), IpAddr::from([10, 1, 2, 3])]
+        );
+        assert_eq!(
+            inet6_line("fd000000000000000000000000000002 04 40 00 82     eth0"),
+            Some("fd00::2".parse().unwrap())
+        );
+        assert_eq!(inet6_line("zz 04"), None);
+        let own = addrs_of_pid(std::process::id()).unwrap();
+        assert!(own.contains(&IpAddr::from([127, 0, 0, 1])), "{own:?}");
     }
 
     #[test]

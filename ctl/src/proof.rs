@@ -113,6 +113,16 @@ impl Env for SysEnv {
         crate::netns::own().ok()
     }
 
+    fn netns_addrs(&mut self, pid: u32, netns: NetNs) -> Option<Vec<std::net::IpAddr>> {
+        // The process must still be in the namespace it is read for.
+        if crate::netns::of_pid(pid).ok()? != netns {
+            return None;
+        }
+        let addrs = crate::netns::addrs_of_pid(pid).ok()?;
+        // It could have moved (setns) between the two reads.
+        (crate::netns::of_pid(pid).ok()? == netns).then_some(addrs)
+    }
+
     fn offer_table(&mut self) -> Option<OwnedFd> {
         self.offers.as_ref().and_then(|t| t.share())
     }

@@ -29,14 +29,14 @@ use ringsock_integration::{ctl_bin, payload, require, sha256, Conn, Ctl, Server,
 const INTRUDER: &str = env!("CARGO_BIN_EXE_intruder");
 const SIZE: usize = 4 << 20;
 
-/// Echo server: listens on 127.0.0.1:PORT, accepts one connection once
-/// the `go` file exists, echoes until EOF.
+/// Echo server: listens on ADDRESS:PORT, accepts one connection once the
+/// `go` file exists, echoes until EOF.
 const SERVER_PY: &str = r#"
 import os, socket, sys, time
-port, go = int(sys.argv[1]), sys.argv[2]
+port, go, host = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(("127.0.0.1", port))
+l.bind((host, port))
 l.listen(8)
 print("listening", flush=True)
 while not os.path.exists(go):
@@ -53,17 +53,18 @@ c.shutdown(socket.SHUT_WR)
 print("echoed", n, flush=True)
 "#;
 
-/// Echo client: binds 127.0.0.1:CPORT, connects to 127.0.0.1:PORT, says
-/// so, sends the payload file while reading the echo, prints its length
-/// and sha256, and closes once the `end` file exists.
+/// Echo client: binds 127.0.0.1:CPORT (CPORT 0: binds nothing), connects
+/// to DEST:PORT, says so, sends the payload file while reading the echo,
+/// prints its length and sha256, and closes once the `end` file exists.
 const CLIENT_PY: &str = r#"
 import hashlib, os, socket, sys, threading, time
-port, cport, path, end = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+port, cport, path, end, dest = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 data = open(path, "rb").read()
 s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", cport))
-s.connect(("127.0.0.1", port))
+if cport:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", cport))
+s.connect((dest, port))
 print("connected", flush=True)
 got = bytearray()
 def reader():
@@ -102,21 +103,39 @@ impl Pair {
     /// Starts the server, then the client, and waits until the client is
     /// connected (its offer registered: the server has not accepted yet).
     fn start(ns: &str, sock: &Path, dir: &TempDir, port: u16, cport: u16) -> Pair {
+        Pair::across(ns, ns, "127.0.0.1", sock, dir, port, cport)
+    }
+
+    /// `start`, with the server in `server_ns` listening on `dest`'s
+    /// wildcard (`dest` 127.0.0.1: on loopback), the client in `client_ns`
+    /// connecting to `dest`.
+    fn across(
+        client_ns: &str,
+        server_ns: &str,
+        dest: &str,
+        sock: &Path,
+        dir: &TempDir,
+        port: u16,
+        cport: u16,
+    ) -> Pair {
         let srv_py = dir.path().join("server.py");
         let cli_py = dir.path().join("client.py");
-        let mut srv = Hosts::shimmed_in(ns, sock, "python3")
+        let bind = if dest == "127.0.0.1" { dest } else { "0.0.0.0" };
+        let mut srv = Hosts::shimmed_in(server_ns, sock, "python3")
             .arg(&srv_py)
             .arg(port.to_string())
             .arg(dir.path().join("go"))
+            .arg(bind)
             .spawn();
         srv.wait_line("listening", Duration::from_secs(20));
-        let mut cli = Hosts::shimmed_in(ns, sock, "python3")
+        let mut cli = Hosts::shimmed_in(client_ns, sock, "python3")
             .env("RINGSOCK_CLAIM_WAIT_MS", "20000")
             .arg(&cli_py)
             .arg(port.to_string())
             .arg(cport.to_string())
             .arg(dir.path().join("payload"))
             .arg(dir.path().join("end"))
+            .arg(dest)
             .spawn();
         cli.wait_line("connected", Duration::from_secs(20));
         Pair { srv, cli }
@@ -295,4 +314,35 @@ fn a_claim_from_another_namespace_is_refused() {
     );
     dir.write("end", b"");
     p.finish("namespace A");
+}
+
+/// A client in A connecting to B's address, where B's server (under the
+/// same daemon) listens on the wildcard: a shared-memory ring between the
+/// two namespaces, every byte checked.
+#[test]
+fn a_client_in_one_namespace_gets_a_ring_to_a_server_in_another() {
+    require!("python3", "ip");
+    let Some(h) = Hosts::new() else {
+        return;
+    };
+    let ctl = Ctl::start();
+    let (port, _) = ports();
+    let (dir, data) = pair_dir("nsx", 4);
+    let dest = h.ip_b.to_string();
+    let mut p = Pair::across(&h.a, &h.b, &dest, ctl.sock(), &dir, port, 0);
+    dir.write("go", b"");
+    let r = p.received();
+    expect_recv("A to B", &r, &data);
+    let conns = ctl.status();
+    let all = ringsock_integration::show(&conns);
+    let c = end_of(&conns, p.cli.pid(), port, &all);
+    let s = end_of(&conns, p.srv.pid(), port, &all);
+    assert!(
+        c.is_shm() && s.is_shm() && c.ring.is_some() && c.ring == s.ring,
+        "A's client and B's server not on one shm ring:\n{all}"
+    );
+    assert_eq!(c.peer.ip(), h.ip_b, "{c}");
+    assert_eq!(s.peer.ip(), h.ip_a, "{s}");
+    dir.write("end", b"");
+    p.finish("A to B");
 }

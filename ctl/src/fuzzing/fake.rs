@@ -55,6 +55,8 @@ impl Drop for FakeFd {
 #[derive(Debug, Default, Clone)]
 pub struct FakeEnv {
     live: Rc<Cell<usize>>,
+    /// Namespaces' addresses (`set_addrs`); none known otherwise.
+    addrs: Rc<std::cell::RefCell<std::collections::HashMap<NetNs, Vec<std::net::IpAddr>>>>,
 }
 
 impl FakeEnv {
@@ -71,6 +73,12 @@ impl FakeEnv {
             netns,
             live: self.live.clone(),
         }
+    }
+
+    /// Makes `addrs` the addresses of namespace `netns`.
+    pub fn set_addrs(&self, netns: NetNs, addrs: &[&str]) {
+        let addrs = addrs.iter().map(|a| a.parse().expect("an IP")).collect();
+        self.addrs.borrow_mut().insert(netns, addrs);
     }
 
     /// Fake descriptors alive right now.
@@ -122,6 +130,10 @@ impl Env for FakeEnv {
 
     fn own_netns(&mut self) -> Option<NetNs> {
         Some(NetNs::FAKE)
+    }
+
+    fn netns_addrs(&mut self, _pid: u32, netns: NetNs) -> Option<Vec<std::net::IpAddr>> {
+        self.addrs.borrow().get(&netns).cloned()
     }
 
     fn open_ring(&mut self, fd: FakeFd) -> FakeFd {

@@ -60,6 +60,9 @@ pub trait Env {
     /// The daemon's own network namespace: where its `is_local_ip` looks,
     /// and where offers from other hosts arrive.
     fn own_netns(&mut self) -> Option<NetNs>;
+    /// The addresses of namespace `netns`, read through process `pid`,
+    /// which must be in it now; None when that cannot be told.
+    fn netns_addrs(&mut self, pid: u32, netns: NetNs) -> Option<Vec<IpAddr>>;
     /// Takes a ring memfd for status reporting.
     fn open_ring(&mut self, fd: Self::Fd) -> Self::Ring;
     /// Counters of a ring for status.
@@ -158,6 +161,13 @@ pub struct Handler<E: Env> {
     env: E,
     /// `Env::own_netns`, read once.
     own_netns: Option<NetNs>,
+    /// Namespaces' addresses as last read, and when.
+    ns_addrs: HashMap<NetNs, (Vec<IpAddr>, Instant)>,
+    /// The non-loopback addresses listeners take connections to, and
+    /// the namespaces of those listeners (DESIGN "Namespaces").
+    served: HashMap<SocketAddr, Vec<NetNs>>,
+    /// When `served` was last computed.
+    served_at: Option<Instant>,
     reg: Registry<E::Fd, E::Ring>,
     daemon_version: String,
     host_id: u64,
@@ -195,6 +205,9 @@ impl<E: Env> Handler<E> {
     pub fn new(mut env: E, limits: Limits, host_id: u64) -> Self {
         Handler {
             own_netns: env.own_netns(),
+            ns_addrs: HashMap::new(),
+            served: HashMap::new(),
+            served_at: None,
             env,
             reg: Registry::new(limits),
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -233,9 +246,11 @@ impl<E: Env> Handler<E> {
     pub fn close_session(&mut self, id: SessionId, now: Instant) {
         self.reg.close_session(id, now);
         self.retire_rings();
+        self.refresh_served(now, true);
     }
 
     pub fn tick(&mut self, now: Instant) -> usize {
+        self.refresh_served(now, false);
         self.reg.tick(now)
     }
 
@@ -297,13 +312,18 @@ impl<E: Env> Handler<E> {
                 )
             }
             Msg::ListenerAdd { addr } => match fds.next() {
-                Some(proof) => self.listener_add(id, addr, proof),
+                Some(proof) => {
+                    let r = self.listener_add(id, addr, proof);
+                    self.refresh_served(now, true);
+                    r
+                }
                 None => error(ErrorCode::BadProof, "no listening socket passed"),
             },
-            Msg::ListenerRemove { addr } => ok_or(
-                self.reg.remove_listener(id, addr),
-                format_args!("listener {addr}"),
-            ),
+            Msg::ListenerRemove { addr } => {
+                let r = self.reg.remove_listener(id, addr);
+                self.refresh_served(now, true);
+                ok_or(r, format_args!("listener {addr}"))
+            }
             Msg::Offer {
                 client,
                 server,
@@ -470,14 +490,20 @@ impl<E: Env> Handler<E> {
             }
         };
         let Offered { payload, fds, .. } = new;
+        let here = if self.is_local_server(netns, server) {
+            Some(netns)
+        } else {
+            self.other_netns_server(id, netns, client, server, now)
+        };
         let new = NewOffer {
             client,
             server,
-            netns,
+            netns: here.unwrap_or(netns),
+            client_netns: netns,
             payload,
             fds,
         };
-        if self.is_local_server(netns, server) {
+        if here.is_some() {
             return match self.reg.offer(id, new, now) {
                 Ok(offer_id) => Reply::plain(Msg::OfferOk { offer_id }),
                 Err(reason) => refused(reason),
@@ -497,6 +523,7 @@ impl<E: Env> Handler<E> {
             client,
             server,
             netns,
+            client_netns: netns,
             payload: Vec::new(),
             fds: Vec::new(),
         };
@@ -569,6 +596,7 @@ impl<E: Env> Handler<E> {
                     client: c,
                     server: s,
                     netns,
+                    client_netns: netns,
                     payload,
                     fds: Vec::new(),
                 };
@@ -601,7 +629,13 @@ impl<E: Env> Handler<E> {
         let Some(netns) = netns else {
             return error(ErrorCode::BadProof, NO_NETNS);
         };
-        match self.reg.claim(id, netns, local, peer, now) {
+        let (addrs, from) = (&self.ns_addrs, canonical(peer).ip());
+        let claimed = self
+            .reg
+            .claim_checked(id, netns, local, peer, now, |client_ns| {
+                client_ns == netns || only_in(addrs, from, client_ns, netns)
+            });
+        match claimed {
             Some(c) => Reply::with_fds(
                 Msg::ClaimOk {
                     offer_id: c.offer_id,
@@ -712,6 +746,137 @@ impl<E: Env> Handler<E> {
             Listing::Named => Msg::StatusNamedReply { entries, next },
             Listing::V1 | Listing::All => Msg::StatusReply { entries, next },
         }
+    }
+}
+
+/// Whether `ip`, the address a connection in namespace `server_ns` came
+/// from, is an address of `client_ns` and of no other namespace read
+/// (`server_ns` included): then the connection is the offering client's,
+/// across the two namespaces. An address two namespaces have, or one
+/// whose namespaces are unknown, pairs nothing.
+fn only_in(
+    addrs: &HashMap<NetNs, (Vec<IpAddr>, Instant)>,
+    ip: IpAddr,
+    client_ns: NetNs,
+    server_ns: NetNs,
+) -> bool {
+    let has = |ns: &NetNs| addrs.get(ns).is_some_and(|(a, _)| a.contains(&ip));
+    !ip.is_loopback()
+        && !ip.is_unspecified()
+        && has(&client_ns)
+        && !has(&server_ns)
+        && addrs.keys().filter(|ns| has(ns)).count() == 1
+}
+
+/// How long a namespace's addresses, and the served set built from them,
+/// are taken as they were read.
+const ADDRS_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl<E: Env> Handler<E> {
+    /// The addresses of namespace `netns` (read through `pid`, a process
+    /// in it, when those known are older than `ADDRS_FRESH`).
+    fn addrs_of(&mut self, netns: NetNs, pid: u32, now: Instant) -> Option<&Vec<IpAddr>> {
+        let fresh = self
+            .ns_addrs
+            .get(&netns)
+            .is_some_and(|(_, at)| now.saturating_duration_since(*at) < ADDRS_FRESH);
+        if !fresh && pid != 0 {
+            if let Some(mut a) = self.env.netns_addrs(pid, netns) {
+                for ip in &mut a {
+                    *ip = canonical(SocketAddr::new(*ip, 0)).ip();
+                }
+                self.ns_addrs.insert(netns, (a, now));
+            }
+        }
+        self.ns_addrs.get(&netns).map(|(a, _)| a)
+    }
+
+    /// Recomputes the served addresses (`force`, or when older than
+    /// `ADDRS_FRESH`) and shares them: every listener's own address, and
+    /// for a wildcard listener each address of its namespace of its
+    /// family, but loopback, which no other namespace reaches.
+    fn refresh_served(&mut self, now: Instant, force: bool) {
+        if !force
+            && self
+                .served_at
+                .is_some_and(|t| now.saturating_duration_since(t) < ADDRS_FRESH)
+        {
+            return;
+        }
+        let mut served: HashMap<SocketAddr, Vec<NetNs>> = HashMap::new();
+        for (key, pid) in self.reg.listeners_with_pid() {
+            let (ip, port) = (key.addr.ip(), key.addr.port());
+            // Read for every listener's namespace: `only_in` looks at all.
+            let addrs = self.addrs_of(key.netns, pid, now);
+            let ips: Vec<IpAddr> = if ip.is_unspecified() {
+                let Some(addrs) = addrs else {
+                    continue;
+                };
+                addrs
+                    .iter()
+                    .filter(|a| a.is_ipv4() == ip.is_ipv4() || (a.is_ipv4() && key.dual_stack))
+                    .copied()
+                    .collect()
+            } else {
+                vec![ip]
+            };
+            for ip in ips.into_iter().filter(|ip| !ip.is_loopback()) {
+                let v = served.entry(SocketAddr::new(ip, port)).or_default();
+                if !v.contains(&key.netns) {
+                    v.push(key.netns);
+                }
+            }
+        }
+        self.reg.set_served(&served.keys().copied().collect());
+        self.served = served;
+        self.served_at = Some(now);
+        // Namespaces nobody asked about for a while are forgotten.
+        let served = &self.served;
+        self.ns_addrs.retain(|ns, (_, at)| {
+            now.saturating_duration_since(*at) < 60 * ADDRS_FRESH
+                || served.values().any(|v| v.contains(ns))
+        });
+    }
+
+    /// For a client socket of namespace `client_ns` connecting to `server`,
+    /// an address its namespace does not have: the one other namespace
+    /// whose listener takes connections to it, when the client's address
+    /// (if it is bound to one) is `client_ns`'s alone. None when no
+    /// namespace or several do, or anything is unknown: then the offer
+    /// goes the other-host way.
+    fn other_netns_server(
+        &mut self,
+        id: SessionId,
+        client_ns: NetNs,
+        client: SocketAddr,
+        server: SocketAddr,
+        now: Instant,
+    ) -> Option<NetNs> {
+        self.refresh_served(now, false);
+        let s = canonical(server);
+        let candidates: Vec<NetNs> = self
+            .served
+            .get(&s)?
+            .iter()
+            .filter(|ns| **ns != client_ns)
+            .copied()
+            .collect();
+        let [server_ns] = candidates[..] else {
+            return None;
+        };
+        let pid = self
+            .reg
+            .cred_of(id)
+            .filter(|c| c.netns == Some(client_ns))
+            .map_or(0, |c| c.pid);
+        if self.addrs_of(client_ns, pid, now)?.contains(&s.ip()) {
+            return None;
+        }
+        let c = canonical(client).ip();
+        if !c.is_unspecified() && !only_in(&self.ns_addrs, c, client_ns, server_ns) {
+            return None;
+        }
+        Some(server_ns)
     }
 }
 

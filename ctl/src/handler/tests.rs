@@ -904,3 +904,122 @@ fn status_shows_the_callers_namespace_unless_privileged() {
     assert_eq!(pids(&mut t, 41), Vec::<u32>::new());
     assert_eq!(pids(&mut t, 51), Vec::<u32>::new());
 }
+
+// ---- rings between namespaces ----
+
+const NS_Z: NetNs = NetNs { dev: 4, ino: 300 };
+
+impl T {
+    /// Server session `id` in `netns` listening on `addr`.
+    fn listen_in(&mut self, id: SessionId, netns: NetNs, addr: &str) {
+        let l = FakeSock::Listener {
+            addr: a(addr),
+            dual_stack: false,
+        };
+        let m = Msg::ListenerAdd { addr: a(addr) };
+        assert_eq!(self.req_in(id, netns, m, vec![l]), Msg::Ok);
+    }
+
+    /// An offer from client session `id` in `netns`, bound to `client`.
+    fn offer_in(&mut self, id: SessionId, netns: NetNs, client: &str, server: &str) -> Msg {
+        let m = Msg::Offer {
+            client: a(client),
+            server: a(server),
+            payload: b"p".to_vec(),
+        };
+        let fds = vec![client_sock(client), FakeSock::Memfd { size: 4096 }];
+        self.req_in(id, netns, m, fds)
+    }
+
+    fn claim_in(&mut self, id: SessionId, netns: NetNs, local: &str, peer: &str) -> Msg {
+        let acc = FakeSock::Accepted {
+            local: a(local),
+            peer: a(peer),
+        };
+        self.req_in(id, netns, Msg::Claim, vec![acc])
+    }
+}
+
+/// X (10.0.0.1) connects to Y's address (10.0.0.2), where Y's server
+/// listens on the wildcard: the offer is for Y, and Y's accepted socket
+/// claims it only for a peer address that is X's alone.
+#[test]
+fn a_ring_between_two_namespaces_needs_addresses_of_one_each() {
+    let mut t = T::new();
+    t.env.set_addrs(NS_X, &["127.0.0.1", "10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["127.0.0.1", "10.0.0.2"]);
+    let (cx, sy) = (11, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, "0.0.0.0:5000", "10.0.0.2:80") else {
+        panic!("offer across namespaces refused")
+    };
+    // Another client address, or the right one in the client's namespace:
+    // nothing.
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.9:5000"),
+        Msg::NoOffer
+    );
+    assert_eq!(
+        t.claim_in(cx, NS_X, "10.0.0.2:80", "10.0.0.1:5000"),
+        Msg::NoOffer
+    );
+    assert!(matches!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.1:5000"),
+        Msg::ClaimOk { offer_id: o, client_pid: 110, .. } if o == offer_id
+    ));
+}
+
+/// Anything that could make two namespaces the candidates refuses the
+/// ring: the server's address in two namespaces with listeners, or the
+/// client's address in two namespaces.
+#[test]
+fn an_address_two_namespaces_have_pairs_nothing() {
+    let mut t = T::new();
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    t.env.set_addrs(NS_Z, &["10.0.0.2", "10.0.0.1"]);
+    let (cx, sy, sz) = (11, 22, 33);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.session_in(sz, 330, 1000, NS_Z);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    t.listen_in(sz, NS_Z, "10.0.0.2:80");
+    // Two namespaces take 10.0.0.2:80: no ring (the other-host way, where
+    // a ring's descriptors cannot go).
+    assert_eq!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5000", "10.0.0.2:80"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+    // One takes 10.0.0.2:81, but the client's 10.0.0.1 is Z's too.
+    t.listen_in(sy, NS_Y, "0.0.0.0:81");
+    assert_eq!(
+        t.offer_in(cx, NS_X, "10.0.0.1:5001", "10.0.0.2:81"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+    // Bound to the wildcard the offer is taken, and the claim sees the
+    // address two namespaces have.
+    assert!(matches!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5002", "10.0.0.2:81"),
+        Msg::OfferOk { .. }
+    ));
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:81", "10.0.0.1:5002"),
+        Msg::NoOffer
+    );
+    // An address the client's namespace has itself is never another's.
+    t.env.set_addrs(NS_X, &["10.0.0.1", "10.0.0.3"]);
+    t.listen_in(sy, NS_Y, "10.0.0.3:82");
+    t.now += std::time::Duration::from_secs(2);
+    assert_eq!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5003", "10.0.0.3:82"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+}

@@ -381,6 +381,32 @@ impl<F, R> Registry<F, R> {
         self.listeners.matches_exact(netns, canonical(server))
     }
 
+    /// Every registered listener once, with the pid of a session holding
+    /// it whose process is in the listener's namespace (0 when none is).
+    pub fn listeners_with_pid(&self) -> Vec<(ListenerKey, u32)> {
+        let mut out: BTreeMap<ListenerKey, u32> = BTreeMap::new();
+        for s in self.sessions.values() {
+            for key in s.listeners.keys() {
+                let pid = if s.cred.netns == Some(key.netns) {
+                    s.cred.pid
+                } else {
+                    0
+                };
+                let e = out.entry(*key).or_insert(0);
+                if *e == 0 {
+                    *e = pid;
+                }
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// Makes `addrs` what the shared table says other namespaces' clients
+    /// may offer rings for.
+    pub fn set_served(&mut self, addrs: &std::collections::HashSet<SocketAddr>) {
+        self.offers.set_served(addrs);
+    }
+
     pub fn listener_count(&self) -> usize {
         self.listeners.len()
     }
@@ -595,12 +621,28 @@ impl<F, R> Registry<F, R> {
         peer: SocketAddr,
         now: Instant,
     ) -> Option<Claimed<F>> {
+        self.claim_checked(id, netns, local, peer, now, |_| true)
+    }
+
+    /// `claim`, of an offer whose client namespace `check` accepts.
+    pub fn claim_checked(
+        &mut self,
+        id: SessionId,
+        netns: NetNs,
+        local: SocketAddr,
+        peer: SocketAddr,
+        now: Instant,
+        check: impl FnOnce(NetNs) -> bool,
+    ) -> Option<Claimed<F>> {
         if !self.sessions.contains_key(&id) {
             return None;
         }
         let offer = self
             .offers
             .find_open(netns, canonical(peer), canonical(local))?;
+        if !check(self.offers.get(offer)?.client_netns) {
+            return None;
+        }
         let claimed = self.offers.claim(offer, id, now)?;
         self.counters.offers_claimed += 1;
         Some(claimed)

@@ -112,6 +112,9 @@ pub struct Offer<F> {
     pub server: SocketAddr,
     /// The namespace of the server the offer is for.
     pub netns: NetNs,
+    /// The namespace of the offering client's socket (another than
+    /// `netns` for a ring between two namespaces).
+    pub client_netns: NetNs,
     pub state: OfferState<F>,
     pub link: Link,
     /// When it was registered (the start of its setup latency).
@@ -126,6 +129,8 @@ pub struct NewOffer<F> {
     pub server: SocketAddr,
     /// The namespace of the server it is for (the caller's finding).
     pub netns: NetNs,
+    /// The namespace of the client's socket.
+    pub client_netns: NetNs,
     pub payload: Vec<u8>,
     pub fds: Vec<F>,
 }
@@ -168,6 +173,10 @@ pub struct OfferTable<F> {
     /// The live offers' 4-tuples, mirrored for the local processes
     /// (`ringsock_proto::offers`), with whether each found room there.
     shared: Option<Shared>,
+    /// Addresses listeners of this host take connections to from other
+    /// namespaces (`offers::served_key`), with whether each is in the
+    /// shared table (false until it is shared, or without room).
+    served: HashMap<SocketAddr, bool>,
 }
 
 /// The offer table the daemon shares with its processes.
@@ -214,6 +223,7 @@ impl<F> OfferTable<F> {
             next_id: 1,
             timeout,
             shared: None,
+            served: HashMap::new(),
         }
     }
 
@@ -227,7 +237,27 @@ impl<F> OfferTable<F> {
                 table.insert(&offers::key(&client, &server)),
             );
         }
+        for (addr, stored) in &mut self.served {
+            *stored = table.insert(&offers::served_key(addr));
+        }
         self.shared = Some(Shared { table, stored });
+    }
+
+    /// Makes `addrs` the served addresses the shared table lists.
+    pub fn set_served(&mut self, addrs: &HashSet<SocketAddr>) {
+        let table = self.shared.as_ref().map(|sh| sh.table);
+        self.served.retain(|addr, stored| {
+            let keep = addrs.contains(addr);
+            if let (false, Some(t)) = (keep, table) {
+                t.remove(&offers::served_key(addr), *stored);
+            }
+            keep
+        });
+        for addr in addrs {
+            self.served
+                .entry(*addr)
+                .or_insert_with(|| table.is_some_and(|t| t.insert(&offers::served_key(addr))));
+        }
     }
 
     fn tuple_live(&mut self, t: Tuple) {
@@ -314,6 +344,7 @@ impl<F> OfferTable<F> {
             client,
             server,
             netns,
+            client_netns,
             payload,
             fds,
         } = new;
@@ -336,6 +367,7 @@ impl<F> OfferTable<F> {
                 client,
                 server,
                 netns,
+                client_netns,
                 state: OfferState::Open { payload, fds },
                 link,
                 created: now,

@@ -90,6 +90,7 @@ impl World {
             client: a(client),
             server: a(server),
             netns: NS,
+            client_netns: NS,
             payload: b"ring".to_vec(),
             fds,
         };
@@ -613,6 +614,7 @@ fn remote(client: &str, server: &str) -> NewOffer<TFd> {
         client: a(client),
         server: a(server),
         netns: NS,
+        client_netns: NS,
         payload: b"qp".to_vec(),
         fds: Vec::new(),
     }
