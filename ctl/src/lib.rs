@@ -10,6 +10,7 @@
 //! - [`cli`], [`status`], [`run`]: the commands.
 
 pub mod cli;
+pub mod conntrack;
 pub mod daemon;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]

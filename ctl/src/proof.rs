@@ -123,6 +123,22 @@ impl Env for SysEnv {
         (crate::netns::of_pid(pid).ok()? == netns).then_some(addrs)
     }
 
+    fn conntrack_by_reply(
+        &mut self,
+        reply: &crate::conntrack::Tuple,
+    ) -> Option<crate::conntrack::Entry> {
+        crate::conntrack::by_reply(reply)
+            .map_err(|e| log::debug!("conntrack look-up of {reply:?}: {e}"))
+            .ok()
+            .flatten()
+    }
+
+    fn conntrack_translated(&mut self) -> Vec<crate::conntrack::Entry> {
+        crate::conntrack::translated()
+            .map_err(|e| log::debug!("conntrack dump: {e}"))
+            .unwrap_or_default()
+    }
+
     fn offer_table(&mut self) -> Option<OwnedFd> {
         self.offers.as_ref().and_then(|t| t.share())
     }

@@ -78,6 +78,15 @@ pub fn served_key(server: &SocketAddr) -> Key {
     key(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)), server)
 }
 
+/// The key that says connections to `local`, a listener's address, may
+/// have been translated (DNAT) from an address a client of another
+/// namespace offered a ring for: a server whose peer is not local asks
+/// the daemon when its accepted socket's address has this key. Its client
+/// part is `[::]:1`.
+pub fn target_key(local: &SocketAddr) -> Key {
+    key(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, 1)), local)
+}
+
 /// The keys an offer from `client` to `server` may be stored under: the
 /// client's own address, then the wildcard addresses (0.0.0.0, ::) on its
 /// port, which a client that bound one offered from. Built from one key:

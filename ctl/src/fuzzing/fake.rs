@@ -57,6 +57,8 @@ pub struct FakeEnv {
     live: Rc<Cell<usize>>,
     /// Namespaces' addresses (`set_addrs`); none known otherwise.
     addrs: Rc<std::cell::RefCell<std::collections::HashMap<NetNs, Vec<std::net::IpAddr>>>>,
+    /// The daemon namespace's tracked connections (`track`).
+    tracked: Rc<std::cell::RefCell<Vec<crate::conntrack::Entry>>>,
 }
 
 impl FakeEnv {
@@ -79,6 +81,23 @@ impl FakeEnv {
     pub fn set_addrs(&self, netns: NetNs, addrs: &[&str]) {
         let addrs = addrs.iter().map(|a| a.parse().expect("an IP")).collect();
         self.addrs.borrow_mut().insert(netns, addrs);
+    }
+
+    /// Tracks a connection sent from `src` to `dst` and answered from
+    /// `reply_src` to `reply_dst` (translated when they differ).
+    pub fn track(&self, src: &str, dst: &str, reply_src: &str, reply_dst: &str) {
+        use crate::conntrack::{Entry, Tuple};
+        let a = |s: &str| s.parse().expect("an address");
+        self.tracked.borrow_mut().push(Entry {
+            orig: Tuple {
+                src: a(src),
+                dst: a(dst),
+            },
+            reply: Tuple {
+                src: a(reply_src),
+                dst: a(reply_dst),
+            },
+        });
     }
 
     /// Fake descriptors alive right now.
@@ -134,6 +153,22 @@ impl Env for FakeEnv {
 
     fn netns_addrs(&mut self, _pid: u32, netns: NetNs) -> Option<Vec<std::net::IpAddr>> {
         self.addrs.borrow().get(&netns).cloned()
+    }
+
+    fn conntrack_by_reply(
+        &mut self,
+        reply: &crate::conntrack::Tuple,
+    ) -> Option<crate::conntrack::Entry> {
+        self.tracked
+            .borrow()
+            .iter()
+            .find(|e| e.reply == *reply)
+            .copied()
+    }
+
+    fn conntrack_translated(&mut self) -> Vec<crate::conntrack::Entry> {
+        let t = self.tracked.borrow();
+        t.iter().filter(|e| e.translated()).copied().collect()
     }
 
     fn open_ring(&mut self, fd: FakeFd) -> FakeFd {

@@ -17,6 +17,7 @@ use ringsock_proto::{
     MAX_STATUS_PAGE, MAX_STAT_NAME,
 };
 
+use crate::conntrack;
 use crate::metrics::{self, ring_index, Snapshot};
 use crate::netns::NetNs;
 use crate::registry::{
@@ -63,6 +64,16 @@ pub trait Env {
     /// The addresses of namespace `netns`, read through process `pid`,
     /// which must be in it now; None when that cannot be told.
     fn netns_addrs(&mut self, pid: u32, netns: NetNs) -> Option<Vec<IpAddr>>;
+    /// The connection-tracking entry of the daemon's namespace whose reply
+    /// tuple is `reply`, if any. Fakes track nothing.
+    fn conntrack_by_reply(&mut self, _reply: &conntrack::Tuple) -> Option<conntrack::Entry> {
+        None
+    }
+    /// The tracked connections of the daemon's namespace whose destination
+    /// was translated. Fakes track nothing.
+    fn conntrack_translated(&mut self) -> Vec<conntrack::Entry> {
+        Vec::new()
+    }
     /// Takes a ring memfd for status reporting.
     fn open_ring(&mut self, fd: Self::Fd) -> Self::Ring;
     /// Counters of a ring for status.
@@ -168,6 +179,10 @@ pub struct Handler<E: Env> {
     served: HashMap<SocketAddr, Vec<NetNs>>,
     /// When `served` was last computed.
     served_at: Option<Instant>,
+    /// Addresses of the daemon's namespace that its connection tracking
+    /// showed translated (DNAT) to a listener of another namespace: the
+    /// listener's address and namespace.
+    translated: HashMap<SocketAddr, (SocketAddr, NetNs)>,
     reg: Registry<E::Fd, E::Ring>,
     daemon_version: String,
     host_id: u64,
@@ -208,6 +223,7 @@ impl<E: Env> Handler<E> {
             ns_addrs: HashMap::new(),
             served: HashMap::new(),
             served_at: None,
+            translated: HashMap::new(),
             env,
             reg: Registry::new(limits),
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -255,7 +271,16 @@ impl<E: Env> Handler<E> {
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.reg.next_deadline()
+        // While listeners of other namespaces may be translation targets,
+        // the translations are looked for every `ADDRS_FRESH`.
+        let learn = self
+            .served_at
+            .filter(|_| self.learns_translations())
+            .map(|t| t + ADDRS_FRESH);
+        match (self.reg.next_deadline(), learn) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Decodes one received frame (with the descriptors that came with it)
@@ -495,6 +520,11 @@ impl<E: Env> Handler<E> {
         } else {
             self.other_netns_server(id, netns, client, server, now)
         };
+        let translated = here.is_some_and(|ns| {
+            self.translated
+                .get(&canonical(server))
+                .is_some_and(|&(_, t)| t == ns)
+        });
         let new = NewOffer {
             client,
             server,
@@ -504,7 +534,12 @@ impl<E: Env> Handler<E> {
             fds,
         };
         if here.is_some() {
-            return match self.reg.offer(id, new, now) {
+            let r = if translated {
+                self.reg.offer_translated(id, new, now)
+            } else {
+                self.reg.offer(id, new, now)
+            };
+            return match r {
                 Ok(offer_id) => Reply::plain(Msg::OfferOk { offer_id }),
                 Err(reason) => refused(reason),
             };
@@ -630,11 +665,14 @@ impl<E: Env> Handler<E> {
             return error(ErrorCode::BadProof, NO_NETNS);
         };
         let (addrs, from) = (&self.ns_addrs, canonical(peer).ip());
-        let claimed = self
+        let mut claimed = self
             .reg
             .claim_checked(id, netns, local, peer, now, |client_ns| {
                 client_ns == netns || only_in(addrs, from, client_ns, netns)
             });
+        if claimed.is_none() {
+            claimed = self.claim_translated(id, netns, local, peer, now);
+        }
         match claimed {
             Some(c) => Reply::with_fds(
                 Msg::ClaimOk {
@@ -827,7 +865,30 @@ impl<E: Env> Handler<E> {
                 }
             }
         }
-        self.reg.set_served(&served.keys().copied().collect());
+        if self.own_netns.is_some()
+            && served
+                .values()
+                .flatten()
+                .any(|ns| Some(*ns) != self.own_netns)
+        {
+            self.learn_translations(&served);
+        } else {
+            self.translated.clear();
+        }
+        // A translated address is served by its target's namespace.
+        for (from, (_, ns)) in &self.translated {
+            served.entry(*from).or_insert_with(|| vec![*ns]);
+        }
+        let keys = served
+            .keys()
+            .map(ringsock_proto::offers::served_key)
+            .chain(
+                self.translated
+                    .values()
+                    .map(|(to, _)| ringsock_proto::offers::target_key(to)),
+            )
+            .collect();
+        self.reg.set_served(&keys);
         self.served = served;
         self.served_at = Some(now);
         // Namespaces nobody asked about for a while are forgotten.
@@ -836,6 +897,76 @@ impl<E: Env> Handler<E> {
             now.saturating_duration_since(*at) < 60 * ADDRS_FRESH
                 || served.values().any(|v| v.contains(ns))
         });
+    }
+
+    /// Whether listeners of namespaces other than the daemon's own exist,
+    /// whose addresses translations (DNAT in the daemon's namespace) may
+    /// lead to.
+    fn learns_translations(&self) -> bool {
+        self.served
+            .values()
+            .flatten()
+            .any(|ns| Some(*ns) != self.own_netns)
+    }
+
+    /// Learns from the daemon's connection tracking which of its addresses
+    /// are translated to which listener of another namespace: a tracked
+    /// connection whose reply comes from a served address of exactly one
+    /// namespace. An address translated to two places is left out.
+    fn learn_translations(&mut self, served: &HashMap<SocketAddr, Vec<NetNs>>) {
+        let mut found: HashMap<SocketAddr, Option<(SocketAddr, NetNs)>> = HashMap::new();
+        for e in self.env.conntrack_translated() {
+            let (from, to) = (canonical(e.orig.dst), canonical(e.reply.src));
+            let Some([ns]) = served.get(&to).map(Vec::as_slice) else {
+                continue;
+            };
+            if Some(*ns) == self.own_netns {
+                continue;
+            }
+            let entry = found.entry(from).or_insert(Some((to, *ns)));
+            if *entry != Some((to, *ns)) {
+                *entry = None;
+            }
+        }
+        self.translated = found
+            .into_iter()
+            .filter_map(|(from, to)| Some((from, to?)))
+            .collect();
+    }
+
+    /// A claim for an accepted socket (`local`, `peer`) of namespace
+    /// `netns` that no offer names: if the daemon's connection tracking
+    /// has it as the reply of a translated connection, the offer for the
+    /// original tuple, when that went to this very listener and its
+    /// client's address is the offering namespace's alone.
+    fn claim_translated(
+        &mut self,
+        id: SessionId,
+        netns: NetNs,
+        local: SocketAddr,
+        peer: SocketAddr,
+        now: Instant,
+    ) -> Option<crate::registry::Claimed<E::Fd>> {
+        let (local, peer) = (canonical(local), canonical(peer));
+        if !self
+            .translated
+            .values()
+            .any(|&(to, ns)| to == local && ns == netns)
+        {
+            return None;
+        }
+        let e = self.env.conntrack_by_reply(&conntrack::Tuple {
+            src: local,
+            dst: peer,
+        })?;
+        let (c0, d0) = (canonical(e.orig.src), canonical(e.orig.dst));
+        if self.translated.get(&d0) != Some(&(local, netns)) {
+            return None;
+        }
+        let addrs = &self.ns_addrs;
+        self.reg.claim_checked(id, netns, d0, c0, now, |client_ns| {
+            client_ns != netns && only_in(addrs, c0.ip(), client_ns, netns)
+        })
     }
 
     /// For a client socket of namespace `client_ns` connecting to `server`,

@@ -1023,3 +1023,129 @@ fn an_address_two_namespaces_have_pairs_nothing() {
         }
     );
 }
+
+// ---- through address translation ----
+
+/// The daemon's namespace (FAKE, 10.0.0.254) translates its port 8080 to
+/// Y's 10.0.0.2:80. Once its tracking shows that, X's offer for
+/// 10.0.0.254:8080 is for Y, and Y's accepted socket claims it through
+/// the tracking entry whose reply is that socket; an accepted socket the
+/// tracking does not name, or names for another offer, claims nothing.
+#[test]
+fn a_translated_connection_pairs_through_its_tracking_entry() {
+    let mut t = T::new();
+    t.env.set_addrs(NetNs::FAKE, &["10.0.0.254"]);
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    let (cx, sy) = (11, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    // Not yet known as translated: the other-host way.
+    assert_eq!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5000", "10.0.0.254:8080"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+    // An earlier connection, masqueraded: the daemon learns it.
+    t.env.track(
+        "10.0.0.1:4999",
+        "10.0.0.254:8080",
+        "10.0.0.2:80",
+        "10.0.0.254:4999",
+    );
+    t.now += std::time::Duration::from_secs(2);
+    t.h.tick(t.now);
+    let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, "0.0.0.0:5001", "10.0.0.254:8080") else {
+        panic!("offer through the translation refused")
+    };
+    // Y accepts a connection the tracking does not know: nothing.
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.254:6000"),
+        Msg::NoOffer
+    );
+    // The tracked one, whose original tuple is another client port's.
+    t.env.track(
+        "10.0.0.1:5002",
+        "10.0.0.254:8080",
+        "10.0.0.2:80",
+        "10.0.0.254:6001",
+    );
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.254:6001"),
+        Msg::NoOffer
+    );
+    // The offer's own connection.
+    t.env.track(
+        "10.0.0.1:5001",
+        "10.0.0.254:8080",
+        "10.0.0.2:80",
+        "10.0.0.254:6002",
+    );
+    assert!(matches!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.254:6002"),
+        Msg::ClaimOk { offer_id: o, client_pid: 110, .. } if o == offer_id
+    ));
+}
+
+/// The same tracking entry presented by a process of another namespace
+/// (even with a socket of the listener's addresses) claims nothing, and
+/// an address translated to two listeners is never learned.
+#[test]
+fn translations_pair_only_with_their_target() {
+    let mut t = T::new();
+    t.env.set_addrs(NetNs::FAKE, &["10.0.0.254"]);
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    t.env.set_addrs(NS_Z, &["10.0.0.3"]);
+    let (cx, sy, sz) = (11, 22, 33);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.session_in(sz, 330, 1000, NS_Z);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    t.listen_in(sz, NS_Z, "0.0.0.0:80");
+    t.env.track(
+        "10.0.0.1:4999",
+        "10.0.0.254:8080",
+        "10.0.0.2:80",
+        "10.0.0.1:4999",
+    );
+    t.now += std::time::Duration::from_secs(2);
+    t.h.tick(t.now);
+    let Msg::OfferOk { .. } = t.offer_in(cx, NS_X, "0.0.0.0:5001", "10.0.0.254:8080") else {
+        panic!("offer through the translation refused")
+    };
+    t.env.track(
+        "10.0.0.1:5001",
+        "10.0.0.254:8080",
+        "10.0.0.2:80",
+        "10.0.0.1:5001",
+    );
+    // Z, not the translation's target, with Y's very addresses.
+    assert_eq!(
+        t.claim_in(sz, NS_Z, "10.0.0.2:80", "10.0.0.1:5001"),
+        Msg::NoOffer
+    );
+    // Port 9090 is translated to Y's and to Z's listener: not learned.
+    t.env.track(
+        "10.0.0.1:4000",
+        "10.0.0.254:9090",
+        "10.0.0.2:80",
+        "10.0.0.1:4000",
+    );
+    t.env.track(
+        "10.0.0.1:4001",
+        "10.0.0.254:9090",
+        "10.0.0.3:80",
+        "10.0.0.1:4001",
+    );
+    t.now += std::time::Duration::from_secs(2);
+    t.h.tick(t.now);
+    assert_eq!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5003", "10.0.0.254:9090"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+}

@@ -401,10 +401,10 @@ impl<F, R> Registry<F, R> {
         out.into_iter().collect()
     }
 
-    /// Makes `addrs` what the shared table says other namespaces' clients
-    /// may offer rings for.
-    pub fn set_served(&mut self, addrs: &std::collections::HashSet<SocketAddr>) {
-        self.offers.set_served(addrs);
+    /// Makes `keys` (`offers::served_key`, `offers::target_key`) what the
+    /// shared table says other namespaces' connections may get rings for.
+    pub fn set_served(&mut self, keys: &std::collections::HashSet<ringsock_proto::offers::Key>) {
+        self.offers.set_served(keys);
     }
 
     pub fn listener_count(&self) -> usize {
@@ -424,6 +424,21 @@ impl<F, R> Registry<F, R> {
     ) -> Result<OfferId, RefuseReason> {
         match self.sessions.get(&id) {
             Some(s) if !s.peer => self.register(id, new, Link::Local, now),
+            _ => self.refuse(RefuseReason::Invalid),
+        }
+    }
+
+    /// An offer for an address that is translated (DNAT) to a listener's:
+    /// the caller found the translation; no listener has the address
+    /// itself, so that check is left out.
+    pub fn offer_translated(
+        &mut self,
+        id: SessionId,
+        new: NewOffer<F>,
+        now: Instant,
+    ) -> Result<OfferId, RefuseReason> {
+        match self.sessions.get(&id) {
+            Some(s) if !s.peer => self.register(id, new, Link::Translated, now),
             _ => self.refuse(RefuseReason::Invalid),
         }
     }
@@ -471,7 +486,9 @@ impl<F, R> Registry<F, R> {
         now: Instant,
     ) -> Result<OfferId, RefuseReason> {
         let (client, server) = offer_key(new.client, new.server);
-        if link != Link::Forwarded && !self.listeners.matches(new.netns, server) {
+        let listened = matches!(link, Link::Forwarded | Link::Translated)
+            || self.listeners.matches(new.netns, server);
+        if !listened {
             return self.refuse(RefuseReason::NoListener);
         }
         if self.offers.has_live_tuple(new.netns, client, server) {

@@ -84,6 +84,9 @@ impl<F> OfferState<F> {
 pub enum Link {
     /// Offer and claim on this host.
     Local,
+    /// Offer and claim on this host, for an address translated (DNAT) to
+    /// the claimer's.
+    Translated,
     /// Made here, registered at the server's host; not claimable here.
     Forwarded,
     /// Made on another host; `offer_ref` is its id there.
@@ -173,10 +176,10 @@ pub struct OfferTable<F> {
     /// The live offers' 4-tuples, mirrored for the local processes
     /// (`ringsock_proto::offers`), with whether each found room there.
     shared: Option<Shared>,
-    /// Addresses listeners of this host take connections to from other
-    /// namespaces (`offers::served_key`), with whether each is in the
-    /// shared table (false until it is shared, or without room).
-    served: HashMap<SocketAddr, bool>,
+    /// Keys of what listeners of this host take from other namespaces
+    /// (`offers::served_key`, `offers::target_key`), with whether each is
+    /// in the shared table (false until it is shared, or without room).
+    served: HashMap<offers::Key, bool>,
 }
 
 /// The offer table the daemon shares with its processes.
@@ -237,26 +240,26 @@ impl<F> OfferTable<F> {
                 table.insert(&offers::key(&client, &server)),
             );
         }
-        for (addr, stored) in &mut self.served {
-            *stored = table.insert(&offers::served_key(addr));
+        for (k, stored) in &mut self.served {
+            *stored = table.insert(k);
         }
         self.shared = Some(Shared { table, stored });
     }
 
-    /// Makes `addrs` the served addresses the shared table lists.
-    pub fn set_served(&mut self, addrs: &HashSet<SocketAddr>) {
+    /// Makes `keys` the served keys the shared table lists.
+    pub fn set_served(&mut self, keys: &HashSet<offers::Key>) {
         let table = self.shared.as_ref().map(|sh| sh.table);
-        self.served.retain(|addr, stored| {
-            let keep = addrs.contains(addr);
+        self.served.retain(|k, stored| {
+            let keep = keys.contains(k);
             if let (false, Some(t)) = (keep, table) {
-                t.remove(&offers::served_key(addr), *stored);
+                t.remove(k, *stored);
             }
             keep
         });
-        for addr in addrs {
+        for k in keys {
             self.served
-                .entry(*addr)
-                .or_insert_with(|| table.is_some_and(|t| t.insert(&offers::served_key(addr))));
+                .entry(*k)
+                .or_insert_with(|| table.is_some_and(|t| t.insert(k)));
         }
     }
 
@@ -506,7 +509,7 @@ impl<F> OfferTable<F> {
                 match o.link {
                     Link::FromPeer { .. } => self.events.push(TableEvent::Settled(id)),
                     Link::Forwarded => self.events.push(TableEvent::Withdrawn(id)),
-                    Link::Local => {}
+                    Link::Local | Link::Translated => {}
                 }
                 self.transition(id, OfferState::Expired);
                 self.set_deadline(id, now + self.timeout);
