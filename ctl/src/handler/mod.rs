@@ -180,9 +180,8 @@ pub struct Handler<E: Env> {
     /// When `served` was last computed.
     served_at: Option<Instant>,
     /// Addresses of the daemon's namespace that its connection tracking
-    /// showed translated (DNAT) to a listener of another namespace: the
-    /// listener's address and namespace.
-    translated: HashMap<SocketAddr, (SocketAddr, NetNs)>,
+    /// showed translated (DNAT) to a listener of another namespace.
+    translated: HashMap<SocketAddr, Translation>,
     reg: Registry<E::Fd, E::Ring>,
     daemon_version: String,
     host_id: u64,
@@ -523,7 +522,7 @@ impl<E: Env> Handler<E> {
         let translated = here.is_some_and(|ns| {
             self.translated
                 .get(&canonical(server))
-                .is_some_and(|&(_, t)| t == ns)
+                .is_some_and(|t| t.netns == ns)
         });
         let new = NewOffer {
             client,
@@ -806,6 +805,21 @@ fn only_in(
         && addrs.keys().filter(|ns| has(ns)).count() == 1
 }
 
+/// A translation the daemon's connection tracking showed: connections to
+/// the address it is keyed by went to listener address `to` of `netns`,
+/// last seen at `seen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Translation {
+    to: SocketAddr,
+    netns: NetNs,
+    seen: Instant,
+}
+
+/// How long a translation is kept after its last tracked connection is
+/// gone: connections to it still pair only through their own tracking
+/// entries, so a translation changed meanwhile costs at most a claim wait.
+const TRANSLATION_KEPT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// How long a namespace's addresses, and the served set built from them,
 /// are taken as they were read.
 const ADDRS_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
@@ -871,21 +885,27 @@ impl<E: Env> Handler<E> {
                 .flatten()
                 .any(|ns| Some(*ns) != self.own_netns)
         {
-            self.learn_translations(&served);
-        } else {
-            self.translated.clear();
+            self.learn_translations(&served, now);
         }
-        // A translated address is served by its target's namespace.
-        for (from, (_, ns)) in &self.translated {
-            served.entry(*from).or_insert_with(|| vec![*ns]);
+        self.translated
+            .retain(|_, t| now.saturating_duration_since(t.seen) < TRANSLATION_KEPT);
+        // A translated address is served by its target's namespace while
+        // the target is.
+        let live: Vec<(SocketAddr, Translation)> = self
+            .translated
+            .iter()
+            .filter(|(_, t)| served.get(&t.to).is_some_and(|v| v.contains(&t.netns)))
+            .map(|(from, t)| (*from, *t))
+            .collect();
+        for (from, t) in &live {
+            served.entry(*from).or_insert_with(|| vec![t.netns]);
         }
         let keys = served
             .keys()
             .map(ringsock_proto::offers::served_key)
             .chain(
-                self.translated
-                    .values()
-                    .map(|(to, _)| ringsock_proto::offers::target_key(to)),
+                live.iter()
+                    .map(|(_, t)| ringsock_proto::offers::target_key(&t.to)),
             )
             .collect();
         self.reg.set_served(&keys);
@@ -912,8 +932,8 @@ impl<E: Env> Handler<E> {
     /// Learns from the daemon's connection tracking which of its addresses
     /// are translated to which listener of another namespace: a tracked
     /// connection whose reply comes from a served address of exactly one
-    /// namespace. An address translated to two places is left out.
-    fn learn_translations(&mut self, served: &HashMap<SocketAddr, Vec<NetNs>>) {
+    /// namespace. An address seen translated to two places is forgotten.
+    fn learn_translations(&mut self, served: &HashMap<SocketAddr, Vec<NetNs>>, now: Instant) {
         let mut found: HashMap<SocketAddr, Option<(SocketAddr, NetNs)>> = HashMap::new();
         for e in self.env.conntrack_translated() {
             let (from, to) = (canonical(e.orig.dst), canonical(e.reply.src));
@@ -928,17 +948,31 @@ impl<E: Env> Handler<E> {
                 *entry = None;
             }
         }
-        self.translated = found
-            .into_iter()
-            .filter_map(|(from, to)| Some((from, to?)))
-            .collect();
+        for (from, to) in found {
+            match to {
+                Some((to, netns)) => {
+                    self.translated.insert(
+                        from,
+                        Translation {
+                            to,
+                            netns,
+                            seen: now,
+                        },
+                    );
+                }
+                None => {
+                    self.translated.remove(&from);
+                }
+            }
+        }
     }
 
     /// A claim for an accepted socket (`local`, `peer`) of namespace
-    /// `netns` that no offer names: if the daemon's connection tracking
-    /// has it as the reply of a translated connection, the offer for the
-    /// original tuple, when that went to this very listener and its
-    /// client's address is the offering namespace's alone.
+    /// `netns` that no offer names as it is: if the daemon's connection
+    /// tracking has it as the reply of a translated connection (its
+    /// destination translated to this very listener, its source
+    /// masqueraded, or both), the offer for the original tuple, when the
+    /// client's address there is the offering namespace's alone.
     fn claim_translated(
         &mut self,
         id: SessionId,
@@ -947,20 +981,19 @@ impl<E: Env> Handler<E> {
         peer: SocketAddr,
         now: Instant,
     ) -> Option<crate::registry::Claimed<E::Fd>> {
+        self.own_netns?;
         let (local, peer) = (canonical(local), canonical(peer));
-        if !self
-            .translated
-            .values()
-            .any(|&(to, ns)| to == local && ns == netns)
-        {
-            return None;
-        }
         let e = self.env.conntrack_by_reply(&conntrack::Tuple {
             src: local,
             dst: peer,
         })?;
         let (c0, d0) = (canonical(e.orig.src), canonical(e.orig.dst));
-        if self.translated.get(&d0) != Some(&(local, netns)) {
+        if (c0, d0) == (peer, local) {
+            // Not translated: the offer, if any, was already asked for.
+            return None;
+        }
+        let to_here = |t: &Translation| t.to == local && t.netns == netns;
+        if d0 != local && !self.translated.get(&d0).is_some_and(to_here) {
             return None;
         }
         let addrs = &self.ns_addrs;

@@ -1149,3 +1149,37 @@ fn translations_pair_only_with_their_target() {
         }
     );
 }
+
+/// A connection between two namespaces whose source the daemon's
+/// namespace masquerades (no destination translation): Y's accepted
+/// socket shows the hub's address as its peer, which is not X's, so the
+/// offer is claimed only through the tracking entry.
+#[test]
+fn a_masqueraded_connection_pairs_through_its_tracking_entry() {
+    let mut t = T::new();
+    t.env.set_addrs(NetNs::FAKE, &["10.0.0.254"]);
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    let (cx, sy) = (11, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, "0.0.0.0:5001", "10.0.0.2:80") else {
+        panic!("offer refused")
+    };
+    // Not tracked: the hub's address is no proof of X.
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.254:5001"),
+        Msg::NoOffer
+    );
+    t.env.track(
+        "10.0.0.1:5001",
+        "10.0.0.2:80",
+        "10.0.0.2:80",
+        "10.0.0.254:5001",
+    );
+    assert!(matches!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.254:5001"),
+        Msg::ClaimOk { offer_id: o, .. } if o == offer_id
+    ));
+}
