@@ -10,6 +10,7 @@
 //! - [`cli`], [`status`], [`run`]: the commands.
 
 pub mod cli;
+pub mod conntrack;
 pub mod daemon;
 #[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
@@ -18,6 +19,7 @@ pub mod handler;
 pub mod hostid;
 pub mod logger;
 pub mod metrics;
+pub mod netns;
 pub mod offer_table;
 pub mod peer;
 pub mod proof;

@@ -9,6 +9,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use ringsock_proto::{io as pio, RingStat};
 
 use crate::handler::{ClientProof, Env, ListenerProof};
+use crate::netns::NetNs;
 use crate::ring::{RingMap, RingStats};
 
 /// The production environment: proofs through system calls, rings mapped
@@ -102,6 +103,40 @@ impl Env for SysEnv {
         let local = pio::local_addr(raw).map_err(|e| why("getsockname", e))?;
         let peer = pio::peer_addr(raw).map_err(|e| why("getpeername", e))?;
         Ok((local, peer))
+    }
+
+    fn netns(&mut self, fd: &OwnedFd) -> Option<NetNs> {
+        crate::netns::of_socket(fd.as_raw_fd()).ok()
+    }
+
+    fn own_netns(&mut self) -> Option<NetNs> {
+        crate::netns::own().ok()
+    }
+
+    fn netns_addrs(&mut self, pid: u32, netns: NetNs) -> Option<Vec<std::net::IpAddr>> {
+        // The process must still be in the namespace it is read for.
+        if crate::netns::of_pid(pid).ok()? != netns {
+            return None;
+        }
+        let addrs = crate::netns::addrs_of_pid(pid).ok()?;
+        // It could have moved (setns) between the two reads.
+        (crate::netns::of_pid(pid).ok()? == netns).then_some(addrs)
+    }
+
+    fn conntrack_by_reply(
+        &mut self,
+        reply: &crate::conntrack::Tuple,
+    ) -> Option<crate::conntrack::Entry> {
+        crate::conntrack::by_reply(reply)
+            .map_err(|e| log::debug!("conntrack look-up of {reply:?}: {e}"))
+            .ok()
+            .flatten()
+    }
+
+    fn conntrack_translated(&mut self) -> Vec<crate::conntrack::Entry> {
+        crate::conntrack::translated()
+            .map_err(|e| log::debug!("conntrack dump: {e}"))
+            .unwrap_or_default()
     }
 
     fn offer_table(&mut self) -> Option<OwnedFd> {

@@ -227,6 +227,10 @@ impl Server {
                 pid: c.pid,
                 uid: c.uid,
                 gid: c.gid,
+                // Only for status listings: the offers' namespaces come
+                // from the sockets themselves.
+                netns: crate::netns::of_pid(c.pid).ok(),
+                admin: crate::netns::is_admin(c.pid),
             },
             Err(e) => {
                 warn!("SO_PEERCRED failed ({e}), refusing the connection");

@@ -134,6 +134,116 @@ impl Drop for Hosts {
     }
 }
 
+/// Namespaces A and B on a bridge, as containers on one host: a third
+/// namespace, the hub (standing for the host), holds bridge `br` with
+/// address `ip_hub`, a veth pair joins each of A and B to it, and A and B
+/// route everything else through the hub, which forwards. Unique names
+/// and subnet per test process and per `Bridge`; all three namespaces are
+/// deleted on drop.
+pub struct Bridge {
+    pub hub: String,
+    pub a: String,
+    pub b: String,
+    pub ip_hub: Ipv4Addr,
+    pub ip_a: Ipv4Addr,
+    pub ip_b: Ipv4Addr,
+}
+
+impl Bridge {
+    /// Sets it up; prints `SKIPPED` with the reason and returns None when
+    /// network namespaces or bridges cannot be made here (as `Hosts`).
+    pub fn new() -> Option<Bridge> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let pid = std::process::id();
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        // 10.X.Y.0/24 with X in 28..128: apart from `Hosts`' subnets.
+        let (x, y) = (28 + (pid % 100) as u8, 1 + (n % 250) as u8);
+        let tag = format!("{pid}x{n}");
+        let br = Bridge {
+            hub: format!("rsbr-h{tag}"),
+            a: format!("rsbr-a{tag}"),
+            b: format!("rsbr-b{tag}"),
+            ip_hub: Ipv4Addr::new(10, x, y, 254),
+            ip_a: Ipv4Addr::new(10, x, y, 1),
+            ip_b: Ipv4Addr::new(10, x, y, 2),
+        };
+        // Interface names are at most 15 bytes.
+        let dev = format!("rbh{tag}");
+        let setup = || -> Result<(), String> {
+            for ns in [&br.hub, &br.a, &br.b] {
+                ip(&["netns", "add", ns])?;
+                ip(&["-n", ns, "link", "set", "lo", "up"])?;
+            }
+            let hub = br.hub.as_str();
+            ip(&["-n", hub, "link", "add", &dev, "type", "bridge"])?;
+            ip(&[
+                "-n",
+                hub,
+                "addr",
+                "add",
+                &format!("{}/24", br.ip_hub),
+                "dev",
+                &dev,
+            ])?;
+            ip(&["-n", hub, "link", "set", &dev, "up"])?;
+            let gw = br.ip_hub.to_string();
+            for (ns, side, addr) in [(&br.a, "a", br.ip_a), (&br.b, "b", br.ip_b)] {
+                let (inner, outer) = (format!("rb{side}{tag}"), format!("rB{side}{tag}"));
+                ip(&[
+                    "link", "add", &inner, "netns", ns, "type", "veth", "peer", "name", &outer,
+                    "netns", hub,
+                ])?;
+                ip(&["-n", hub, "link", "set", &outer, "master", &dev])?;
+                ip(&["-n", hub, "link", "set", &outer, "up"])?;
+                ip(&[
+                    "-n",
+                    ns,
+                    "addr",
+                    "add",
+                    &format!("{addr}/24"),
+                    "dev",
+                    &inner,
+                ])?;
+                ip(&["-n", ns, "link", "set", &inner, "up"])?;
+                ip(&["-n", ns, "route", "add", "default", "via", &gw])?;
+            }
+            sysctl(hub, "net.ipv4.ip_forward=1")
+        };
+        match setup() {
+            Ok(()) => Some(br),
+            Err(e) => {
+                println!("SKIPPED: network namespaces or bridges unavailable ({e})");
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Bridge {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.b, &self.hub] {
+            let _ = ip(&["netns", "del", ns]);
+        }
+    }
+}
+
+/// `sysctl -w SETTING` inside namespace `ns`.
+fn sysctl(ns: &str, setting: &str) -> Result<(), String> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "sysctl", "-qw", setting])
+        .env_remove("LD_PRELOAD")
+        .output()
+        .map_err(|e| format!("cannot run sysctl: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "sysctl {setting} in {ns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
 /// Runs `f` on a thread inside network namespace `ns` (what it creates,
 /// sockets included, belongs to that namespace).
 pub fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {

@@ -83,6 +83,24 @@ pub fn key(client: &SocketAddr, server: &SocketAddr) -> Key {
     [c0, c1, s0, s1, ports]
 }
 
+/// The key that says a listener on this host (in some network namespace)
+/// takes connections to `server`, an address that is not loopback: a
+/// client whose own namespace does not have that address offers a ring
+/// for it only when this key is in the table. Its client part, `[::]:0`,
+/// is no real offer's (a client port is never 0).
+pub fn served_key(server: &SocketAddr) -> Key {
+    key(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)), server)
+}
+
+/// The key that says connections to `local`, a listener's address, may
+/// have been translated (DNAT) from an address a client of another
+/// namespace offered a ring for: a server whose peer is not local asks
+/// the daemon when its accepted socket's address has this key. Its client
+/// part is `[::]:1`.
+pub fn target_key(local: &SocketAddr) -> Key {
+    key(&SocketAddr::from((Ipv6Addr::UNSPECIFIED, 1)), local)
+}
+
 /// The keys an offer from `client` to `server` may be stored under: the
 /// client's own address, then the wildcard addresses (0.0.0.0, ::) on its
 /// port, which a client that bound one offered from. Built from one key:
@@ -302,6 +320,16 @@ mod tests {
 
     fn addr(s: &str) -> SocketAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn served_keys_are_no_offers_key() {
+        let c = addr("10.0.0.1:40000");
+        let s = addr("10.0.0.2:6379");
+        let k = served_key(&s);
+        assert!(!client_keys(&c, &s).contains(&k));
+        assert_ne!(k, served_key(&addr("10.0.0.2:6380")));
+        assert_eq!(k, served_key(&addr("[::ffff:10.0.0.2]:6379")));
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::rc::Rc;
 use ringsock_proto::{RingStat, MAX_STAT_NAME};
 
 use crate::handler::{ClientProof, Env, ListenerProof};
+use crate::netns::NetNs;
 
 /// What a fake descriptor pretends to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,8 @@ pub enum FakeSock {
 #[derive(Debug)]
 pub struct FakeFd {
     pub sock: FakeSock,
+    /// The namespace it says it belongs to.
+    pub netns: NetNs,
     live: Rc<Cell<usize>>,
 }
 
@@ -52,15 +55,49 @@ impl Drop for FakeFd {
 #[derive(Debug, Default, Clone)]
 pub struct FakeEnv {
     live: Rc<Cell<usize>>,
+    /// Namespaces' addresses (`set_addrs`); none known otherwise.
+    addrs: Rc<std::cell::RefCell<std::collections::HashMap<NetNs, Vec<std::net::IpAddr>>>>,
+    /// The daemon namespace's tracked connections (`track`).
+    tracked: Rc<std::cell::RefCell<Vec<crate::conntrack::Entry>>>,
 }
 
 impl FakeEnv {
+    /// A descriptor of `NetNs::FAKE`, the daemon's own namespace here.
     pub fn fd(&self, sock: FakeSock) -> FakeFd {
+        self.fd_in(NetNs::FAKE, sock)
+    }
+
+    /// A descriptor of namespace `netns`.
+    pub fn fd_in(&self, netns: NetNs, sock: FakeSock) -> FakeFd {
         self.live.set(self.live.get() + 1);
         FakeFd {
             sock,
+            netns,
             live: self.live.clone(),
         }
+    }
+
+    /// Makes `addrs` the addresses of namespace `netns`.
+    pub fn set_addrs(&self, netns: NetNs, addrs: &[&str]) {
+        let addrs = addrs.iter().map(|a| a.parse().expect("an IP")).collect();
+        self.addrs.borrow_mut().insert(netns, addrs);
+    }
+
+    /// Tracks a connection sent from `src` to `dst` and answered from
+    /// `reply_src` to `reply_dst` (translated when they differ).
+    pub fn track(&self, src: &str, dst: &str, reply_src: &str, reply_dst: &str) {
+        use crate::conntrack::{Entry, Tuple};
+        let a = |s: &str| s.parse().expect("an address");
+        self.tracked.borrow_mut().push(Entry {
+            orig: Tuple {
+                src: a(src),
+                dst: a(dst),
+            },
+            reply: Tuple {
+                src: a(reply_src),
+                dst: a(reply_dst),
+            },
+        });
     }
 
     /// Fake descriptors alive right now.
@@ -100,6 +137,38 @@ impl Env for FakeEnv {
             } => Ok((local, peer)),
             _ => Err("not a connected TCP socket".into()),
         }
+    }
+
+    /// Sockets say their namespace; anything else is in none.
+    fn netns(&mut self, fd: &FakeFd) -> Option<NetNs> {
+        match fd.sock {
+            FakeSock::Memfd { .. } | FakeSock::Other => None,
+            _ => Some(fd.netns),
+        }
+    }
+
+    fn own_netns(&mut self) -> Option<NetNs> {
+        Some(NetNs::FAKE)
+    }
+
+    fn netns_addrs(&mut self, _pid: u32, netns: NetNs) -> Option<Vec<std::net::IpAddr>> {
+        self.addrs.borrow().get(&netns).cloned()
+    }
+
+    fn conntrack_by_reply(
+        &mut self,
+        reply: &crate::conntrack::Tuple,
+    ) -> Option<crate::conntrack::Entry> {
+        self.tracked
+            .borrow()
+            .iter()
+            .find(|e| e.reply == *reply)
+            .copied()
+    }
+
+    fn conntrack_translated(&mut self) -> Vec<crate::conntrack::Entry> {
+        let t = self.tracked.borrow();
+        t.iter().filter(|e| e.translated()).copied().collect()
     }
 
     fn open_ring(&mut self, fd: FakeFd) -> FakeFd {

@@ -72,6 +72,8 @@ pub fn run_script(data: &[u8]) -> ScriptStats {
                     pid: u32::from(pid),
                     uid: 0,
                     gid: 0,
+                    netns: Some(crate::netns::NetNs::FAKE),
+                    admin: false,
                 };
                 h.open_session(id, cred);
                 open[slot] = true;
@@ -110,6 +112,8 @@ pub fn run_script(data: &[u8]) -> ScriptStats {
                             pid: 9,
                             uid: 0,
                             gid: 0,
+                            netns: Some(crate::netns::NetNs::FAKE),
+                            admin: false,
                         },
                     );
                     let hello = Msg::Hello {

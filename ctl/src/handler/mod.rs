@@ -17,10 +17,12 @@ use ringsock_proto::{
     MAX_STATUS_PAGE, MAX_STAT_NAME,
 };
 
+use crate::conntrack;
 use crate::metrics::{self, ring_index, Snapshot};
+use crate::netns::NetNs;
 use crate::registry::{
     offer_key, Cred, Limits, ListenerKey, NewOffer, OfferId, Outcome, PeerEvent, RegError,
-    Registry, Report, SessionId,
+    Registry, Report, Scope, SessionId,
 };
 
 #[cfg(test)]
@@ -53,6 +55,25 @@ pub trait Env {
     fn client(&mut self, fd: &Self::Fd) -> Result<ClientProof, String>;
     /// A connected TCP socket: (local, peer).
     fn accepted(&mut self, fd: &Self::Fd) -> Result<(SocketAddr, SocketAddr), String>;
+    /// The network namespace socket `fd` belongs to, when the kernel says
+    /// (it may not tell an unprivileged daemon).
+    fn netns(&mut self, fd: &Self::Fd) -> Option<NetNs>;
+    /// The daemon's own network namespace: where its `is_local_ip` looks,
+    /// and where offers from other hosts arrive.
+    fn own_netns(&mut self) -> Option<NetNs>;
+    /// The addresses of namespace `netns`, read through process `pid`,
+    /// which must be in it now; None when that cannot be told.
+    fn netns_addrs(&mut self, pid: u32, netns: NetNs) -> Option<Vec<IpAddr>>;
+    /// The connection-tracking entry of the daemon's namespace whose reply
+    /// tuple is `reply`, if any. Fakes track nothing.
+    fn conntrack_by_reply(&mut self, _reply: &conntrack::Tuple) -> Option<conntrack::Entry> {
+        None
+    }
+    /// The tracked connections of the daemon's namespace whose destination
+    /// was translated. Fakes track nothing.
+    fn conntrack_translated(&mut self) -> Vec<conntrack::Entry> {
+        Vec::new()
+    }
     /// Takes a ring memfd for status reporting.
     fn open_ring(&mut self, fd: Self::Fd) -> Self::Ring;
     /// Counters of a ring for status.
@@ -84,6 +105,14 @@ pub struct Forward {
     pub client: SocketAddr,
     pub server: SocketAddr,
     pub payload: Vec<u8>,
+}
+
+/// An offer as a process sent it, before the daemon knows its namespace.
+struct Offered<F> {
+    client: SocketAddr,
+    server: SocketAddr,
+    payload: Vec<u8>,
+    fds: Vec<F>,
 }
 
 /// A reply and the descriptors that travel with it.
@@ -141,6 +170,18 @@ impl fmt::Display for Fault {
 
 pub struct Handler<E: Env> {
     env: E,
+    /// `Env::own_netns`, read once.
+    own_netns: Option<NetNs>,
+    /// Namespaces' addresses as last read, and when.
+    ns_addrs: HashMap<NetNs, (Vec<IpAddr>, Instant)>,
+    /// The non-loopback addresses listeners take connections to, and
+    /// the namespaces of those listeners (DESIGN "Namespaces").
+    served: HashMap<SocketAddr, Vec<NetNs>>,
+    /// When `served` was last computed.
+    served_at: Option<Instant>,
+    /// Addresses of the daemon's namespace that its connection tracking
+    /// showed translated (DNAT) to a listener of another namespace.
+    translated: HashMap<SocketAddr, Translation>,
     reg: Registry<E::Fd, E::Ring>,
     daemon_version: String,
     host_id: u64,
@@ -175,8 +216,13 @@ fn ok_or<F>(r: Result<(), RegError>, what: fmt::Arguments<'_>) -> Reply<F> {
 }
 
 impl<E: Env> Handler<E> {
-    pub fn new(env: E, limits: Limits, host_id: u64) -> Self {
+    pub fn new(mut env: E, limits: Limits, host_id: u64) -> Self {
         Handler {
+            own_netns: env.own_netns(),
+            ns_addrs: HashMap::new(),
+            served: HashMap::new(),
+            served_at: None,
+            translated: HashMap::new(),
             env,
             reg: Registry::new(limits),
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -215,14 +261,25 @@ impl<E: Env> Handler<E> {
     pub fn close_session(&mut self, id: SessionId, now: Instant) {
         self.reg.close_session(id, now);
         self.retire_rings();
+        self.refresh_served(now, true);
     }
 
     pub fn tick(&mut self, now: Instant) -> usize {
+        self.refresh_served(now, false);
         self.reg.tick(now)
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.reg.next_deadline()
+        // While listeners of other namespaces may be translation targets,
+        // the translations are looked for every `ADDRS_FRESH`.
+        let learn = self
+            .served_at
+            .filter(|_| self.learns_translations())
+            .map(|t| t + ADDRS_FRESH);
+        match (self.reg.next_deadline(), learn) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Decodes one received frame (with the descriptors that came with it)
@@ -279,20 +336,25 @@ impl<E: Env> Handler<E> {
                 )
             }
             Msg::ListenerAdd { addr } => match fds.next() {
-                Some(proof) => self.listener_add(id, addr, proof),
+                Some(proof) => {
+                    let r = self.listener_add(id, addr, proof);
+                    self.refresh_served(now, true);
+                    r
+                }
                 None => error(ErrorCode::BadProof, "no listening socket passed"),
             },
-            Msg::ListenerRemove { addr } => ok_or(
-                self.reg.remove_listener(id, addr),
-                format_args!("listener {addr}"),
-            ),
+            Msg::ListenerRemove { addr } => {
+                let r = self.reg.remove_listener(id, addr);
+                self.refresh_served(now, true);
+                ok_or(r, format_args!("listener {addr}"))
+            }
             Msg::Offer {
                 client,
                 server,
                 payload,
             } => {
                 let proof = fds.next();
-                let new = NewOffer {
+                let new = Offered {
                     client,
                     server,
                     payload,
@@ -369,9 +431,9 @@ impl<E: Env> Handler<E> {
                 self.reg.report_closed(id, fd, local, peer),
                 format_args!("report of fd {fd}"),
             ),
-            Msg::Status { after } => Reply::plain(self.status(after, Listing::V1)),
-            Msg::StatusAll { after } => Reply::plain(self.status(after, Listing::All)),
-            Msg::StatusNamed { after } => Reply::plain(self.status(after, Listing::Named)),
+            Msg::Status { after } => Reply::plain(self.status(id, after, Listing::V1)),
+            Msg::StatusAll { after } => Reply::plain(self.status(id, after, Listing::All)),
+            Msg::StatusNamed { after } => Reply::plain(self.status(id, after, Listing::Named)),
             Msg::Metrics => {
                 let text = metrics::render(&self.snapshot(id));
                 if text.len() > MAX_METRICS_TEXT {
@@ -387,11 +449,25 @@ impl<E: Env> Handler<E> {
         })
     }
 
+    /// The namespace of socket `fd` held by session `id`: the kernel's
+    /// word on the socket, else the namespace the session's process was in
+    /// when it connected (a process cannot make sockets of a namespace it
+    /// could not enter).
+    fn socket_netns(&mut self, id: SessionId, fd: &E::Fd) -> Option<NetNs> {
+        self.env
+            .netns(fd)
+            .or_else(|| self.reg.cred_of(id).and_then(|c| c.netns))
+    }
+
     fn listener_add(&mut self, id: SessionId, addr: SocketAddr, proof: E::Fd) -> Reply<E::Fd> {
         let checked = self.env.listener(&proof);
+        let netns = self.socket_netns(id, &proof);
         // Holding the listener would keep the socket alive after its owner
         // closed it: the proof is released before anything else happens.
         drop(proof);
+        let Some(netns) = netns else {
+            return error(ErrorCode::BadProof, NO_NETNS);
+        };
         match checked {
             Ok(p) if canonical(p.addr) == canonical(addr) => ok_or(
                 self.reg.add_listener(
@@ -399,6 +475,7 @@ impl<E: Env> Handler<E> {
                     ListenerKey {
                         addr: p.addr,
                         dual_stack: p.dual_stack,
+                        netns,
                     },
                 ),
                 format_args!("listener {addr}"),
@@ -417,23 +494,51 @@ impl<E: Env> Handler<E> {
     fn offer(
         &mut self,
         id: SessionId,
-        new: NewOffer<E::Fd>,
+        new: Offered<E::Fd>,
         proof: E::Fd,
         now: Instant,
     ) -> Reply<E::Fd> {
         let refused = |reason| Reply::plain(Msg::OfferRefused { reason });
         let (client, server) = (new.client, new.server);
         let checked = self.env.client(&proof);
+        let netns = self.socket_netns(id, &proof);
         // The daemon must not keep the client's socket alive.
         drop(proof);
-        if let Err(why) = check_offer(client, server, checked) {
-            debug!("session {id}: offer {client} -> {server} refused: {why}");
-            self.reg.count_refused(RefuseReason::Invalid);
-            return refused(RefuseReason::Invalid);
-        }
-        let server_ip = canonical(server).ip();
-        if server_ip.is_loopback() || self.env.is_local_ip(server_ip) {
-            return match self.reg.offer(id, new, now) {
+        let checked = checked.and_then(|c| netns.map(|ns| (c, ns)).ok_or_else(|| NO_NETNS.into()));
+        let netns = match check_offer(client, server, checked.map(|(c, _)| c)) {
+            Ok(()) => netns.expect("checked above"),
+            Err(why) => {
+                debug!("session {id}: offer {client} -> {server} refused: {why}");
+                self.reg.count_refused(RefuseReason::Invalid);
+                return refused(RefuseReason::Invalid);
+            }
+        };
+        let Offered { payload, fds, .. } = new;
+        let here = if self.is_local_server(netns, server) {
+            Some(netns)
+        } else {
+            self.other_netns_server(id, netns, client, server, now)
+        };
+        let translated = here.is_some_and(|ns| {
+            self.translated
+                .get(&canonical(server))
+                .is_some_and(|t| t.netns == ns)
+        });
+        let new = NewOffer {
+            client,
+            server,
+            netns: here.unwrap_or(netns),
+            client_netns: netns,
+            payload,
+            fds,
+        };
+        if here.is_some() {
+            let r = if translated {
+                self.reg.offer_translated(id, new, now)
+            } else {
+                self.reg.offer(id, new, now)
+            };
+            return match r {
                 Ok(offer_id) => Reply::plain(Msg::OfferOk { offer_id }),
                 Err(reason) => refused(reason),
             };
@@ -451,6 +556,8 @@ impl<E: Env> Handler<E> {
         let registered = NewOffer {
             client,
             server,
+            netns,
+            client_netns: netns,
             payload: Vec::new(),
             fds: Vec::new(),
         };
@@ -469,6 +576,17 @@ impl<E: Env> Handler<E> {
             },
             Err(reason) => refused(reason),
         }
+    }
+
+    /// Whether a client socket of namespace `netns` connecting to `server`
+    /// reaches a server of that same namespace: loopback, an address a
+    /// listener there is bound to, or, in the daemon's own namespace, any
+    /// address of this host.
+    fn is_local_server(&mut self, netns: NetNs, server: SocketAddr) -> bool {
+        let ip = canonical(server).ip();
+        ip.is_loopback()
+            || self.reg.has_exact_listener(netns, server)
+            || (Some(netns) == self.own_netns && self.env.is_local_ip(ip))
     }
 
     /// A request from the ctl of another host on a connection it opened to
@@ -500,13 +618,19 @@ impl<E: Env> Handler<E> {
                 if c.port() == 0 || s.port() == 0 || c.is_ipv4() != s.is_ipv4() {
                     return refused(RefuseReason::Invalid);
                 }
-                // Our loopback cannot be reached from another host.
+                // Our loopback cannot be reached from another host; its
+                // connections arrive in the daemon's own namespace.
+                let Some(netns) = self.own_netns else {
+                    return refused(RefuseReason::NoListener);
+                };
                 if s.ip().is_loopback() || !self.env.is_local_ip(s.ip()) {
                     return refused(RefuseReason::NoListener);
                 }
                 let new = NewOffer {
                     client: c,
                     server: s,
+                    netns,
+                    client_netns: netns,
                     payload,
                     fds: Vec::new(),
                 };
@@ -530,12 +654,25 @@ impl<E: Env> Handler<E> {
 
     fn claim(&mut self, id: SessionId, proof: E::Fd, now: Instant) -> Reply<E::Fd> {
         let checked = self.env.accepted(&proof);
+        let netns = self.socket_netns(id, &proof);
         drop(proof);
         let (local, peer) = match checked {
             Ok(t) => t,
             Err(why) => return error(ErrorCode::BadProof, why),
         };
-        match self.reg.claim(id, local, peer, now) {
+        let Some(netns) = netns else {
+            return error(ErrorCode::BadProof, NO_NETNS);
+        };
+        let (addrs, from) = (&self.ns_addrs, canonical(peer).ip());
+        let mut claimed = self
+            .reg
+            .claim_checked(id, netns, local, peer, now, |client_ns| {
+                client_ns == netns || only_in(addrs, from, client_ns, netns)
+            });
+        if claimed.is_none() {
+            claimed = self.claim_translated(id, netns, local, peer, now);
+        }
+        match claimed {
             Some(c) => Reply::with_fds(
                 Msg::ClaimOk {
                     offer_id: c.offer_id,
@@ -603,12 +740,14 @@ impl<E: Env> Handler<E> {
     /// first ones: providers list the counters older CLIs knew first); only
     /// `StatusNamed` gets process names, read now: a process renames itself
     /// (prctl, exec) while its session lives.
-    fn status(&self, after: Option<StatusCursor>, listing: Listing) -> Msg {
+    fn status(&self, id: SessionId, after: Option<StatusCursor>, listing: Listing) -> Msg {
         let max_stats = match listing {
             Listing::V1 => MAX_RING_STATS_V1,
             Listing::All | Listing::Named => MAX_RING_STATS,
         };
-        let (rows, next) = self.reg.status_page(after, MAX_STATUS_PAGE);
+        let (rows, next) = self
+            .reg
+            .status_page(after, MAX_STATUS_PAGE, self.scope_of(id));
         let entries = rows
             .into_iter()
             .map(|r| StatusEntry {
@@ -643,6 +782,287 @@ impl<E: Env> Handler<E> {
         match listing {
             Listing::Named => Msg::StatusNamedReply { entries, next },
             Listing::V1 | Listing::All => Msg::StatusReply { entries, next },
+        }
+    }
+}
+
+/// Whether `ip`, the address a connection in namespace `server_ns` came
+/// from, is an address of `client_ns` and of no other namespace read
+/// (`server_ns` included): then the connection is the offering client's,
+/// across the two namespaces. An address two namespaces have, or one
+/// whose namespaces are unknown, pairs nothing.
+fn only_in(
+    addrs: &HashMap<NetNs, (Vec<IpAddr>, Instant)>,
+    ip: IpAddr,
+    client_ns: NetNs,
+    server_ns: NetNs,
+) -> bool {
+    let has = |ns: &NetNs| addrs.get(ns).is_some_and(|(a, _)| a.contains(&ip));
+    !ip.is_loopback()
+        && !ip.is_unspecified()
+        && has(&client_ns)
+        && !has(&server_ns)
+        && addrs.keys().filter(|ns| has(ns)).count() == 1
+}
+
+/// A translation the daemon's connection tracking showed: connections to
+/// the address it is keyed by went to listener address `to` of `netns`,
+/// last seen at `seen`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Translation {
+    to: SocketAddr,
+    netns: NetNs,
+    seen: Instant,
+}
+
+/// How long a translation is kept after its last tracked connection is
+/// gone: connections to it still pair only through their own tracking
+/// entries, so a translation changed meanwhile costs at most a claim wait.
+const TRANSLATION_KEPT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How long a namespace's addresses, and the served set built from them,
+/// are taken as they were read.
+const ADDRS_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl<E: Env> Handler<E> {
+    /// The addresses of namespace `netns` (read through `pid`, a process
+    /// in it, when those known are older than `ADDRS_FRESH`).
+    fn addrs_of(&mut self, netns: NetNs, pid: u32, now: Instant) -> Option<&Vec<IpAddr>> {
+        let fresh = self
+            .ns_addrs
+            .get(&netns)
+            .is_some_and(|(_, at)| now.saturating_duration_since(*at) < ADDRS_FRESH);
+        if !fresh && pid != 0 {
+            if let Some(mut a) = self.env.netns_addrs(pid, netns) {
+                for ip in &mut a {
+                    *ip = canonical(SocketAddr::new(*ip, 0)).ip();
+                }
+                self.ns_addrs.insert(netns, (a, now));
+            }
+        }
+        self.ns_addrs.get(&netns).map(|(a, _)| a)
+    }
+
+    /// Recomputes the served addresses (`force`, or when older than
+    /// `ADDRS_FRESH`) and shares them: every listener's own address, and
+    /// for a wildcard listener each address of its namespace of its
+    /// family, but loopback, which no other namespace reaches.
+    fn refresh_served(&mut self, now: Instant, force: bool) {
+        if !force
+            && self
+                .served_at
+                .is_some_and(|t| now.saturating_duration_since(t) < ADDRS_FRESH)
+        {
+            return;
+        }
+        let mut served: HashMap<SocketAddr, Vec<NetNs>> = HashMap::new();
+        for (key, pid) in self.reg.listeners_with_pid() {
+            let (ip, port) = (key.addr.ip(), key.addr.port());
+            // Read for every listener's namespace: `only_in` looks at all.
+            let addrs = self.addrs_of(key.netns, pid, now);
+            let ips: Vec<IpAddr> = if ip.is_unspecified() {
+                let Some(addrs) = addrs else {
+                    continue;
+                };
+                addrs
+                    .iter()
+                    .filter(|a| a.is_ipv4() == ip.is_ipv4() || (a.is_ipv4() && key.dual_stack))
+                    .copied()
+                    .collect()
+            } else {
+                vec![ip]
+            };
+            for ip in ips.into_iter().filter(|ip| !ip.is_loopback()) {
+                let v = served.entry(SocketAddr::new(ip, port)).or_default();
+                if !v.contains(&key.netns) {
+                    v.push(key.netns);
+                }
+            }
+        }
+        if self.own_netns.is_some()
+            && served
+                .values()
+                .flatten()
+                .any(|ns| Some(*ns) != self.own_netns)
+        {
+            self.learn_translations(&served, now);
+        }
+        self.translated
+            .retain(|_, t| now.saturating_duration_since(t.seen) < TRANSLATION_KEPT);
+        // A translated address is served by its target's namespace while
+        // the target is.
+        let live: Vec<(SocketAddr, Translation)> = self
+            .translated
+            .iter()
+            .filter(|(_, t)| served.get(&t.to).is_some_and(|v| v.contains(&t.netns)))
+            .map(|(from, t)| (*from, *t))
+            .collect();
+        for (from, t) in &live {
+            served.entry(*from).or_insert_with(|| vec![t.netns]);
+        }
+        let keys = served
+            .keys()
+            .map(ringsock_proto::offers::served_key)
+            .chain(
+                live.iter()
+                    .map(|(_, t)| ringsock_proto::offers::target_key(&t.to)),
+            )
+            .collect();
+        self.reg.set_served(&keys);
+        self.served = served;
+        self.served_at = Some(now);
+        // Namespaces nobody asked about for a while are forgotten.
+        let served = &self.served;
+        self.ns_addrs.retain(|ns, (_, at)| {
+            now.saturating_duration_since(*at) < 60 * ADDRS_FRESH
+                || served.values().any(|v| v.contains(ns))
+        });
+    }
+
+    /// Whether listeners of namespaces other than the daemon's own exist,
+    /// whose addresses translations (DNAT in the daemon's namespace) may
+    /// lead to.
+    fn learns_translations(&self) -> bool {
+        self.served
+            .values()
+            .flatten()
+            .any(|ns| Some(*ns) != self.own_netns)
+    }
+
+    /// Learns from the daemon's connection tracking which of its addresses
+    /// are translated to which listener of another namespace: a tracked
+    /// connection whose reply comes from a served address of exactly one
+    /// namespace. An address seen translated to two places is forgotten.
+    fn learn_translations(&mut self, served: &HashMap<SocketAddr, Vec<NetNs>>, now: Instant) {
+        let mut found: HashMap<SocketAddr, Option<(SocketAddr, NetNs)>> = HashMap::new();
+        for e in self.env.conntrack_translated() {
+            let (from, to) = (canonical(e.orig.dst), canonical(e.reply.src));
+            let Some([ns]) = served.get(&to).map(Vec::as_slice) else {
+                continue;
+            };
+            if Some(*ns) == self.own_netns {
+                continue;
+            }
+            let entry = found.entry(from).or_insert(Some((to, *ns)));
+            if *entry != Some((to, *ns)) {
+                *entry = None;
+            }
+        }
+        for (from, to) in found {
+            match to {
+                Some((to, netns)) => {
+                    self.translated.insert(
+                        from,
+                        Translation {
+                            to,
+                            netns,
+                            seen: now,
+                        },
+                    );
+                }
+                None => {
+                    self.translated.remove(&from);
+                }
+            }
+        }
+    }
+
+    /// A claim for an accepted socket (`local`, `peer`) of namespace
+    /// `netns` that no offer names as it is: if the daemon's connection
+    /// tracking has it as the reply of a translated connection (its
+    /// destination translated to this very listener, its source
+    /// masqueraded, or both), the offer for the original tuple, when the
+    /// client's address there is the offering namespace's alone.
+    fn claim_translated(
+        &mut self,
+        id: SessionId,
+        netns: NetNs,
+        local: SocketAddr,
+        peer: SocketAddr,
+        now: Instant,
+    ) -> Option<crate::registry::Claimed<E::Fd>> {
+        self.own_netns?;
+        let (local, peer) = (canonical(local), canonical(peer));
+        let e = self.env.conntrack_by_reply(&conntrack::Tuple {
+            src: local,
+            dst: peer,
+        })?;
+        let (c0, d0) = (canonical(e.orig.src), canonical(e.orig.dst));
+        if (c0, d0) == (peer, local) {
+            // Not translated: the offer, if any, was already asked for.
+            return None;
+        }
+        let to_here = |t: &Translation| t.to == local && t.netns == netns;
+        if d0 != local && !self.translated.get(&d0).is_some_and(to_here) {
+            return None;
+        }
+        let addrs = &self.ns_addrs;
+        self.reg.claim_checked(id, netns, d0, c0, now, |client_ns| {
+            client_ns != netns && only_in(addrs, c0.ip(), client_ns, netns)
+        })
+    }
+
+    /// For a client socket of namespace `client_ns` connecting to `server`,
+    /// an address its namespace does not have: the one other namespace
+    /// whose listener takes connections to it, when the client's address
+    /// (if it is bound to one) is `client_ns`'s alone. None when no
+    /// namespace or several do, or anything is unknown: then the offer
+    /// goes the other-host way.
+    fn other_netns_server(
+        &mut self,
+        id: SessionId,
+        client_ns: NetNs,
+        client: SocketAddr,
+        server: SocketAddr,
+        now: Instant,
+    ) -> Option<NetNs> {
+        self.refresh_served(now, false);
+        let s = canonical(server);
+        let candidates: Vec<NetNs> = self
+            .served
+            .get(&s)?
+            .iter()
+            .filter(|ns| **ns != client_ns)
+            .copied()
+            .collect();
+        let [server_ns] = candidates[..] else {
+            return None;
+        };
+        let pid = self
+            .reg
+            .cred_of(id)
+            .filter(|c| c.netns == Some(client_ns))
+            .map_or(0, |c| c.pid);
+        if self.addrs_of(client_ns, pid, now)?.contains(&s.ip()) {
+            return None;
+        }
+        let c = canonical(client).ip();
+        if !c.is_unspecified() && !only_in(&self.ns_addrs, c, client_ns, server_ns) {
+            return None;
+        }
+        Some(server_ns)
+    }
+}
+
+/// What the handler says when the kernel names no namespace for a socket.
+const NO_NETNS: &str = "cannot learn the socket's network namespace";
+
+impl<E: Env> Handler<E> {
+    /// Whose connections session `id` may list: root with CAP_SYS_ADMIN
+    /// (who could enter every namespace anyway) sees every namespace's,
+    /// anyone else (root of a container too) only those of the namespace
+    /// it is in, and nothing when that is unknown.
+    fn scope_of(&self, id: SessionId) -> Scope {
+        match self.reg.cred_of(id) {
+            Some(Cred {
+                uid: 0,
+                admin: true,
+                ..
+            }) => Scope::Host,
+            Some(Cred {
+                netns: Some(ns), ..
+            }) => Scope::Netns(ns),
+            _ => Scope::Nowhere,
         }
     }
 }

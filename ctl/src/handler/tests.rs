@@ -33,6 +33,8 @@ impl T {
                     pid,
                     uid: 0,
                     gid: 0,
+                    netns: Some(crate::netns::NetNs::FAKE),
+                    admin: true,
                 },
             );
         }
@@ -106,6 +108,8 @@ fn hello_comes_first() {
             pid: 1,
             uid: 0,
             gid: 0,
+            netns: Some(crate::netns::NetNs::FAKE),
+            admin: false,
         },
     );
     let e = h
@@ -383,6 +387,8 @@ fn only_status_named_names_processes_and_only_those_the_kernel_named() {
             pid: 0,
             uid: 0,
             gid: 0,
+            netns: Some(crate::netns::NetNs::FAKE),
+            admin: false,
         },
     );
     let hello = Msg::Hello {
@@ -446,6 +452,8 @@ fn scripts_reach_deep_states() {
             pid: 1,
             uid: 0,
             gid: 0,
+            netns: Some(crate::netns::NetNs::FAKE),
+            admin: false,
         },
     );
     let now = Instant::now();
@@ -654,4 +662,524 @@ fn remote_offers_are_checked_against_the_connection_source() {
     // And ctl-to-ctl kinds are faults on the local socket.
     let bytes = frame::encode(&Msg::RemoteCancel { offer_ref: 1 }).unwrap();
     assert!(t.h.handle_frame(C, &bytes, vec![], t.now).is_err());
+}
+
+// ---- network namespaces ----
+
+const NS_X: NetNs = NetNs { dev: 4, ino: 100 };
+const NS_Y: NetNs = NetNs { dev: 4, ino: 200 };
+
+impl T {
+    /// Opens session `id` (pid `pid`, `uid`) of a process in `netns`.
+    fn session_in(&mut self, id: SessionId, pid: u32, uid: u32, netns: NetNs) {
+        self.h.open_session(
+            id,
+            Cred {
+                pid,
+                uid,
+                gid: uid,
+                netns: Some(netns),
+                admin: false,
+            },
+        );
+        let hello = Msg::Hello {
+            pid,
+            exe: "x".into(),
+        };
+        assert!(matches!(
+            self.req(id, hello, vec![]).msg,
+            Msg::HelloOk { .. }
+        ));
+    }
+
+    /// A request whose descriptors belong to namespace `netns`.
+    fn req_in(&mut self, id: SessionId, netns: NetNs, m: Msg, fds: Vec<FakeSock>) -> Msg {
+        let fds = fds.into_iter().map(|s| self.env.fd_in(netns, s)).collect();
+        let bytes = frame::encode(&m).unwrap();
+        let r = self.h.handle_frame(id, &bytes, fds, self.now).unwrap();
+        self.h.registry().check_invariants();
+        r.msg
+    }
+}
+
+/// Two namespaces, each with a client (`cx`, `cy`) and a server (`sx`,
+/// `sy`) on the same addresses and ports: every offer pairs within its
+/// namespace, whatever the order of claims.
+#[test]
+fn same_tuples_in_two_namespaces_pair_within_each() {
+    let mut t = T::new();
+    let (cx, sx, cy, sy) = (11, 12, 21, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sx, 120, 1000, NS_X);
+    t.session_in(cy, 210, 1000, NS_Y);
+    t.session_in(sy, 220, 1000, NS_Y);
+    let listener = FakeSock::Listener {
+        addr: a("127.0.0.1:80"),
+        dual_stack: false,
+    };
+    let add = Msg::ListenerAdd {
+        addr: a("127.0.0.1:80"),
+    };
+    assert_eq!(t.req_in(sx, NS_X, add.clone(), vec![listener]), Msg::Ok);
+    let offer = Msg::Offer {
+        client: a("127.0.0.1:5000"),
+        server: a("127.0.0.1:80"),
+        payload: b"p".to_vec(),
+    };
+    let csock = client_sock("127.0.0.1:5000");
+    // No listener in Y yet: Y's offer is refused although X has one.
+    assert_eq!(
+        t.req_in(cy, NS_Y, offer.clone(), vec![csock]),
+        Msg::OfferRefused {
+            reason: RefuseReason::NoListener
+        }
+    );
+    assert_eq!(t.req_in(sy, NS_Y, add, vec![listener]), Msg::Ok);
+    let Msg::OfferOk { offer_id: ox } = t.req_in(cx, NS_X, offer.clone(), vec![csock]) else {
+        panic!("offer in X refused")
+    };
+    // The same 4-tuple in Y is no duplicate of X's.
+    let Msg::OfferOk { offer_id: oy } = t.req_in(cy, NS_Y, offer.clone(), vec![csock]) else {
+        panic!("offer in Y refused")
+    };
+    assert_ne!(ox, oy);
+    let accepted = FakeSock::Accepted {
+        local: a("127.0.0.1:80"),
+        peer: a("127.0.0.1:5000"),
+    };
+    // Y's server claims first and gets Y's client, then X's gets X's.
+    let Msg::ClaimOk {
+        offer_id,
+        client_pid,
+        ..
+    } = t.req_in(sy, NS_Y, Msg::Claim, vec![accepted])
+    else {
+        panic!("claim in Y failed")
+    };
+    assert_eq!((offer_id, client_pid), (oy, 210));
+    let Msg::ClaimOk {
+        offer_id,
+        client_pid,
+        ..
+    } = t.req_in(sx, NS_X, Msg::Claim, vec![accepted])
+    else {
+        panic!("claim in X failed")
+    };
+    assert_eq!((offer_id, client_pid), (ox, 110));
+    assert_eq!(t.env.live(), 0);
+}
+
+/// A process in another namespace cannot claim an offer, even with an
+/// accepted socket of the very same addresses, and a session's own
+/// namespace does not stand in for its socket's.
+#[test]
+fn a_claim_from_another_namespace_finds_nothing() {
+    let mut t = T::new();
+    let (cx, sx, intruder) = (11, 12, 31);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sx, 120, 1000, NS_X);
+    // Same uid, even root: the namespace decides.
+    t.session_in(intruder, 310, 0, NS_Y);
+    let listener = FakeSock::Listener {
+        addr: a("127.0.0.1:80"),
+        dual_stack: false,
+    };
+    let add = Msg::ListenerAdd {
+        addr: a("127.0.0.1:80"),
+    };
+    assert_eq!(t.req_in(sx, NS_X, add, vec![listener]), Msg::Ok);
+    let offer = Msg::Offer {
+        client: a("127.0.0.1:5000"),
+        server: a("127.0.0.1:80"),
+        payload: b"p".to_vec(),
+    };
+    let Msg::OfferOk { offer_id } = t.req_in(cx, NS_X, offer, vec![client_sock("127.0.0.1:5000")])
+    else {
+        panic!("offer refused")
+    };
+    let accepted = FakeSock::Accepted {
+        local: a("127.0.0.1:80"),
+        peer: a("127.0.0.1:5000"),
+    };
+    assert_eq!(
+        t.req_in(intruder, NS_Y, Msg::Claim, vec![accepted]),
+        Msg::NoOffer
+    );
+    // A socket of X held by the session in X: its own.
+    assert!(matches!(
+        t.req_in(sx, NS_X, Msg::Claim, vec![accepted]),
+        Msg::ClaimOk { offer_id: o, .. } if o == offer_id
+    ));
+}
+
+/// A socket the kernel names no namespace for is no proof at all when the
+/// session's namespace is unknown too.
+#[test]
+fn no_namespace_no_proof() {
+    let mut t = T::new();
+    t.h.open_session(
+        40,
+        Cred {
+            pid: 400,
+            uid: 1000,
+            gid: 1000,
+            netns: None,
+            admin: false,
+        },
+    );
+    let hello = Msg::Hello {
+        pid: 400,
+        exe: "x".into(),
+    };
+    t.req(40, hello, vec![]);
+    // A memfd is no socket: its namespace is unknown to the fake.
+    let r = t.req(
+        40,
+        Msg::ListenerAdd {
+            addr: a("127.0.0.1:80"),
+        },
+        vec![FakeSock::Memfd { size: 1 }],
+    );
+    assert!(matches!(
+        r.msg,
+        Msg::Error {
+            code: ErrorCode::BadProof,
+            ..
+        }
+    ));
+}
+
+/// Status: root in the daemon's namespace sees every namespace's
+/// connections; anyone else (root of a container too) only those of its
+/// own namespace; a caller whose namespace is unknown sees none.
+#[test]
+fn status_shows_the_callers_namespace_unless_privileged() {
+    let mut t = T::new();
+    t.session_in(11, 110, 1000, NS_X);
+    t.session_in(21, 210, 1000, NS_Y);
+    t.session_in(31, 310, 0, NS_Y);
+    t.session_in(41, 410, 1000, NetNs::FAKE);
+    t.h.open_session(
+        51,
+        Cred {
+            pid: 510,
+            uid: 0,
+            gid: 0,
+            netns: None,
+            admin: false,
+        },
+    );
+    t.req(
+        51,
+        Msg::Hello {
+            pid: 510,
+            exe: "x".into(),
+        },
+        vec![],
+    );
+    for (id, port) in [(11, 1), (21, 2)] {
+        let report = Msg::ConnReport {
+            fd: 9,
+            local: SocketAddr::from(([127, 0, 0, 1], port)),
+            peer: a("127.0.0.1:80"),
+            transport: Transport::Tcp,
+            reason: "no listener".into(),
+            ring: None,
+        };
+        assert_eq!(t.req(id, report, vec![]).msg, Msg::Ok);
+    }
+    let pids = |t: &mut T, id| {
+        let Msg::StatusReply { entries, .. } =
+            t.req(id, Msg::StatusAll { after: None }, vec![]).msg
+        else {
+            panic!()
+        };
+        entries.iter().map(|e| e.pid).collect::<Vec<_>>()
+    };
+    // T::new's sessions are root in the daemon's namespace.
+    assert_eq!(pids(&mut t, S), vec![110, 210]);
+    assert_eq!(pids(&mut t, 11), vec![110]);
+    assert_eq!(pids(&mut t, 21), vec![210]);
+    assert_eq!(pids(&mut t, 31), vec![210]);
+    assert_eq!(pids(&mut t, 41), Vec::<u32>::new());
+    assert_eq!(pids(&mut t, 51), Vec::<u32>::new());
+}
+
+// ---- rings between namespaces ----
+
+const NS_Z: NetNs = NetNs { dev: 4, ino: 300 };
+
+impl T {
+    /// Server session `id` in `netns` listening on `addr`.
+    fn listen_in(&mut self, id: SessionId, netns: NetNs, addr: &str) {
+        let l = FakeSock::Listener {
+            addr: a(addr),
+            dual_stack: false,
+        };
+        let m = Msg::ListenerAdd { addr: a(addr) };
+        assert_eq!(self.req_in(id, netns, m, vec![l]), Msg::Ok);
+    }
+
+    /// An offer from client session `id` in `netns`, bound to `client`.
+    fn offer_in(&mut self, id: SessionId, netns: NetNs, client: &str, server: &str) -> Msg {
+        let m = Msg::Offer {
+            client: a(client),
+            server: a(server),
+            payload: b"p".to_vec(),
+        };
+        let fds = vec![client_sock(client), FakeSock::Memfd { size: 4096 }];
+        self.req_in(id, netns, m, fds)
+    }
+
+    fn claim_in(&mut self, id: SessionId, netns: NetNs, local: &str, peer: &str) -> Msg {
+        let acc = FakeSock::Accepted {
+            local: a(local),
+            peer: a(peer),
+        };
+        self.req_in(id, netns, Msg::Claim, vec![acc])
+    }
+}
+
+/// X (10.0.0.1) connects to Y's address (10.0.0.2), where Y's server
+/// listens on the wildcard: the offer is for Y, and Y's accepted socket
+/// claims it only for a peer address that is X's alone.
+#[test]
+fn a_ring_between_two_namespaces_needs_addresses_of_one_each() {
+    let mut t = T::new();
+    t.env.set_addrs(NS_X, &["127.0.0.1", "10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["127.0.0.1", "10.0.0.2"]);
+    let (cx, sy) = (11, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, "0.0.0.0:5000", "10.0.0.2:80") else {
+        panic!("offer across namespaces refused")
+    };
+    // Another client address, or the right one in the client's namespace:
+    // nothing.
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.9:5000"),
+        Msg::NoOffer
+    );
+    assert_eq!(
+        t.claim_in(cx, NS_X, "10.0.0.2:80", "10.0.0.1:5000"),
+        Msg::NoOffer
+    );
+    assert!(matches!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.1:5000"),
+        Msg::ClaimOk { offer_id: o, client_pid: 110, .. } if o == offer_id
+    ));
+}
+
+/// Anything that could make two namespaces the candidates refuses the
+/// ring: the server's address in two namespaces with listeners, or the
+/// client's address in two namespaces.
+#[test]
+fn an_address_two_namespaces_have_pairs_nothing() {
+    let mut t = T::new();
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    t.env.set_addrs(NS_Z, &["10.0.0.2", "10.0.0.1"]);
+    let (cx, sy, sz) = (11, 22, 33);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.session_in(sz, 330, 1000, NS_Z);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    t.listen_in(sz, NS_Z, "10.0.0.2:80");
+    // Two namespaces take 10.0.0.2:80: no ring (the other-host way, where
+    // a ring's descriptors cannot go).
+    assert_eq!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5000", "10.0.0.2:80"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+    // One takes 10.0.0.2:81, but the client's 10.0.0.1 is Z's too.
+    t.listen_in(sy, NS_Y, "0.0.0.0:81");
+    assert_eq!(
+        t.offer_in(cx, NS_X, "10.0.0.1:5001", "10.0.0.2:81"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+    // Bound to the wildcard the offer is taken, and the claim sees the
+    // address two namespaces have.
+    assert!(matches!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5002", "10.0.0.2:81"),
+        Msg::OfferOk { .. }
+    ));
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:81", "10.0.0.1:5002"),
+        Msg::NoOffer
+    );
+    // An address the client's namespace has itself is never another's.
+    t.env.set_addrs(NS_X, &["10.0.0.1", "10.0.0.3"]);
+    t.listen_in(sy, NS_Y, "10.0.0.3:82");
+    t.now += std::time::Duration::from_secs(2);
+    assert_eq!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5003", "10.0.0.3:82"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+}
+
+// ---- through address translation ----
+
+/// The daemon's namespace (FAKE, 10.0.0.254) translates its port 8080 to
+/// Y's 10.0.0.2:80. Once its tracking shows that, X's offer for
+/// 10.0.0.254:8080 is for Y, and Y's accepted socket claims it through
+/// the tracking entry whose reply is that socket; an accepted socket the
+/// tracking does not name, or names for another offer, claims nothing.
+#[test]
+fn a_translated_connection_pairs_through_its_tracking_entry() {
+    let mut t = T::new();
+    t.env.set_addrs(NetNs::FAKE, &["10.0.0.254"]);
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    let (cx, sy) = (11, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    // Not yet known as translated: the other-host way.
+    assert_eq!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5000", "10.0.0.254:8080"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+    // An earlier connection, masqueraded: the daemon learns it.
+    t.env.track(
+        "10.0.0.1:4999",
+        "10.0.0.254:8080",
+        "10.0.0.2:80",
+        "10.0.0.254:4999",
+    );
+    t.now += std::time::Duration::from_secs(2);
+    t.h.tick(t.now);
+    let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, "0.0.0.0:5001", "10.0.0.254:8080") else {
+        panic!("offer through the translation refused")
+    };
+    // Y accepts a connection the tracking does not know: nothing.
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.254:6000"),
+        Msg::NoOffer
+    );
+    // The tracked one, whose original tuple is another client port's.
+    t.env.track(
+        "10.0.0.1:5002",
+        "10.0.0.254:8080",
+        "10.0.0.2:80",
+        "10.0.0.254:6001",
+    );
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.254:6001"),
+        Msg::NoOffer
+    );
+    // The offer's own connection.
+    t.env.track(
+        "10.0.0.1:5001",
+        "10.0.0.254:8080",
+        "10.0.0.2:80",
+        "10.0.0.254:6002",
+    );
+    assert!(matches!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.254:6002"),
+        Msg::ClaimOk { offer_id: o, client_pid: 110, .. } if o == offer_id
+    ));
+}
+
+/// The same tracking entry presented by a process of another namespace
+/// (even with a socket of the listener's addresses) claims nothing, and
+/// an address translated to two listeners is never learned.
+#[test]
+fn translations_pair_only_with_their_target() {
+    let mut t = T::new();
+    t.env.set_addrs(NetNs::FAKE, &["10.0.0.254"]);
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    t.env.set_addrs(NS_Z, &["10.0.0.3"]);
+    let (cx, sy, sz) = (11, 22, 33);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.session_in(sz, 330, 1000, NS_Z);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    t.listen_in(sz, NS_Z, "0.0.0.0:80");
+    t.env.track(
+        "10.0.0.1:4999",
+        "10.0.0.254:8080",
+        "10.0.0.2:80",
+        "10.0.0.1:4999",
+    );
+    t.now += std::time::Duration::from_secs(2);
+    t.h.tick(t.now);
+    let Msg::OfferOk { .. } = t.offer_in(cx, NS_X, "0.0.0.0:5001", "10.0.0.254:8080") else {
+        panic!("offer through the translation refused")
+    };
+    t.env.track(
+        "10.0.0.1:5001",
+        "10.0.0.254:8080",
+        "10.0.0.2:80",
+        "10.0.0.1:5001",
+    );
+    // Z, not the translation's target, with Y's very addresses.
+    assert_eq!(
+        t.claim_in(sz, NS_Z, "10.0.0.2:80", "10.0.0.1:5001"),
+        Msg::NoOffer
+    );
+    // Port 9090 is translated to Y's and to Z's listener: not learned.
+    t.env.track(
+        "10.0.0.1:4000",
+        "10.0.0.254:9090",
+        "10.0.0.2:80",
+        "10.0.0.1:4000",
+    );
+    t.env.track(
+        "10.0.0.1:4001",
+        "10.0.0.254:9090",
+        "10.0.0.3:80",
+        "10.0.0.1:4001",
+    );
+    t.now += std::time::Duration::from_secs(2);
+    t.h.tick(t.now);
+    assert_eq!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5003", "10.0.0.254:9090"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+}
+
+/// A connection between two namespaces whose source the daemon's
+/// namespace masquerades (no destination translation): Y's accepted
+/// socket shows the hub's address as its peer, which is not X's, so the
+/// offer is claimed only through the tracking entry.
+#[test]
+fn a_masqueraded_connection_pairs_through_its_tracking_entry() {
+    let mut t = T::new();
+    t.env.set_addrs(NetNs::FAKE, &["10.0.0.254"]);
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    let (cx, sy) = (11, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, "0.0.0.0:5001", "10.0.0.2:80") else {
+        panic!("offer refused")
+    };
+    // Not tracked: the hub's address is no proof of X.
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.254:5001"),
+        Msg::NoOffer
+    );
+    t.env.track(
+        "10.0.0.1:5001",
+        "10.0.0.2:80",
+        "10.0.0.2:80",
+        "10.0.0.254:5001",
+    );
+    assert!(matches!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.254:5001"),
+        Msg::ClaimOk { offer_id: o, .. } if o == offer_id
+    ));
 }

@@ -18,6 +18,7 @@ use ringsock_proto::addr::canonical;
 use ringsock_proto::{RefuseReason, StatusCursor, Transport};
 
 use crate::metrics::Counters;
+use crate::netns::NetNs;
 
 pub use listeners::{ListenerKey, ListenerTable};
 pub use offers::{
@@ -54,12 +55,28 @@ impl Default for Limits {
     }
 }
 
-/// Who is at the other end of a session (SO_PEERCRED).
+/// Who is at the other end of a session (SO_PEERCRED), and what that
+/// process was when it connected: its network namespace (its
+/// /proc/PID/ns/net; None when it could not be read), and whether it had
+/// CAP_SYS_ADMIN (/proc/PID/status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cred {
     pub pid: u32,
     pub uid: u32,
     pub gid: u32,
+    pub netns: Option<NetNs>,
+    pub admin: bool,
+}
+
+/// Whose connections a status listing shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Every namespace's (a privileged caller).
+    Host,
+    /// Those of sessions in this namespace.
+    Netns(NetNs),
+    /// None (the caller's namespace is unknown).
+    Nowhere,
 }
 
 /// One live connection reported by a shim.
@@ -249,6 +266,8 @@ impl<F, R> Registry<F, R> {
                     pid: 0,
                     uid: 0,
                     gid: 0,
+                    netns: None,
+                    admin: false,
                 },
                 hello: None,
                 listeners: HashMap::new(),
@@ -266,6 +285,11 @@ impl<F, R> Registry<F, R> {
         if let Some(s) = self.sessions.get_mut(&id) {
             s.hello = Some(Hello { pid, exe });
         }
+    }
+
+    /// The session's peer credentials (None for an unknown session).
+    pub fn cred_of(&self, id: SessionId) -> Option<Cred> {
+        self.sessions.get(&id).map(|s| s.cred)
     }
 
     pub fn has_said_hello(&self, id: SessionId) -> bool {
@@ -323,10 +347,17 @@ impl<F, R> Registry<F, R> {
     pub fn remove_listener(&mut self, id: SessionId, addr: SocketAddr) -> Result<(), RegError> {
         let s = self.sessions.get_mut(&id).ok_or(RegError::NotFound)?;
         let addr = canonical(addr);
+        // Its namespace is the one it was added in: a session rarely
+        // listens on one address in two namespaces, and then either
+        // reference may go first.
         let key = [true, false]
             .into_iter()
-            .map(|dual_stack| ListenerKey { addr, dual_stack })
-            .find(|k| s.listeners.contains_key(k))
+            .find_map(|dual_stack| {
+                s.listeners
+                    .keys()
+                    .find(|k| k.addr == addr && k.dual_stack == dual_stack)
+                    .copied()
+            })
             .ok_or(RegError::NotFound)?;
         if let Some(n) = s.listeners.get_mut(&key) {
             *n -= 1;
@@ -338,8 +369,42 @@ impl<F, R> Registry<F, R> {
         Ok(())
     }
 
-    pub fn has_listener_for(&self, server: SocketAddr) -> bool {
-        self.listeners.matches(canonical(server))
+    /// Whether a listener in `netns` would take a connection to `server`.
+    pub fn has_listener_for(&self, netns: NetNs, server: SocketAddr) -> bool {
+        self.listeners.matches(netns, canonical(server))
+    }
+
+    /// Whether a listener in `netns` is bound to exactly `server`'s
+    /// address (a wildcard one says nothing about whether the address is
+    /// the namespace's own).
+    pub fn has_exact_listener(&self, netns: NetNs, server: SocketAddr) -> bool {
+        self.listeners.matches_exact(netns, canonical(server))
+    }
+
+    /// Every registered listener once, with the pid of a session holding
+    /// it whose process is in the listener's namespace (0 when none is).
+    pub fn listeners_with_pid(&self) -> Vec<(ListenerKey, u32)> {
+        let mut out: BTreeMap<ListenerKey, u32> = BTreeMap::new();
+        for s in self.sessions.values() {
+            for key in s.listeners.keys() {
+                let pid = if s.cred.netns == Some(key.netns) {
+                    s.cred.pid
+                } else {
+                    0
+                };
+                let e = out.entry(*key).or_insert(0);
+                if *e == 0 {
+                    *e = pid;
+                }
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// Makes `keys` (`offers::served_key`, `offers::target_key`) what the
+    /// shared table says other namespaces' connections may get rings for.
+    pub fn set_served(&mut self, keys: &std::collections::HashSet<ringsock_proto::offers::Key>) {
+        self.offers.set_served(keys);
     }
 
     pub fn listener_count(&self) -> usize {
@@ -359,6 +424,21 @@ impl<F, R> Registry<F, R> {
     ) -> Result<OfferId, RefuseReason> {
         match self.sessions.get(&id) {
             Some(s) if !s.peer => self.register(id, new, Link::Local, now),
+            _ => self.refuse(RefuseReason::Invalid),
+        }
+    }
+
+    /// An offer for an address that is translated (DNAT) to a listener's:
+    /// the caller found the translation; no listener has the address
+    /// itself, so that check is left out.
+    pub fn offer_translated(
+        &mut self,
+        id: SessionId,
+        new: NewOffer<F>,
+        now: Instant,
+    ) -> Result<OfferId, RefuseReason> {
+        match self.sessions.get(&id) {
+            Some(s) if !s.peer => self.register(id, new, Link::Translated, now),
             _ => self.refuse(RefuseReason::Invalid),
         }
     }
@@ -406,10 +486,12 @@ impl<F, R> Registry<F, R> {
         now: Instant,
     ) -> Result<OfferId, RefuseReason> {
         let (client, server) = offer_key(new.client, new.server);
-        if link != Link::Forwarded && !self.listeners.matches(server) {
+        let listened = matches!(link, Link::Forwarded | Link::Translated)
+            || self.listeners.matches(new.netns, server);
+        if !listened {
             return self.refuse(RefuseReason::NoListener);
         }
-        if self.offers.has_live_tuple(client, server) {
+        if self.offers.has_live_tuple(new.netns, client, server) {
             return self.refuse(RefuseReason::Duplicate);
         }
         if self.offers.owned_by(id) >= self.limits.max_offers_per_session
@@ -545,19 +627,39 @@ impl<F, R> Registry<F, R> {
         out
     }
 
-    /// Claim by the session holding the accepted socket whose addresses are
-    /// `local` (server side) and `peer` (client side).
+    /// Claim by the session holding the accepted socket of namespace
+    /// `netns` whose addresses are `local` (server side) and `peer` (client
+    /// side).
     pub fn claim(
         &mut self,
         id: SessionId,
+        netns: NetNs,
         local: SocketAddr,
         peer: SocketAddr,
         now: Instant,
     ) -> Option<Claimed<F>> {
+        self.claim_checked(id, netns, local, peer, now, |_| true)
+    }
+
+    /// `claim`, of an offer whose client namespace `check` accepts.
+    pub fn claim_checked(
+        &mut self,
+        id: SessionId,
+        netns: NetNs,
+        local: SocketAddr,
+        peer: SocketAddr,
+        now: Instant,
+        check: impl FnOnce(NetNs) -> bool,
+    ) -> Option<Claimed<F>> {
         if !self.sessions.contains_key(&id) {
             return None;
         }
-        let offer = self.offers.find_open(canonical(peer), canonical(local))?;
+        let offer = self
+            .offers
+            .find_open(netns, canonical(peer), canonical(local))?;
+        if !check(self.offers.get(offer)?.client_netns) {
+            return None;
+        }
         let claimed = self.offers.claim(offer, id, now)?;
         self.counters.offers_claimed += 1;
         Some(claimed)
@@ -714,19 +816,29 @@ impl<F, R> Registry<F, R> {
         }
     }
 
-    /// Up to `max` rows strictly after `after`, ordered by (session, fd),
-    /// and the cursor of the last row when more may follow.
+    /// Up to `max` rows strictly after `after` of the sessions `scope`
+    /// shows, ordered by (session, fd), and the cursor of the last row when
+    /// more may follow.
     pub fn status_page(
         &self,
         after: Option<StatusCursor>,
         max: usize,
+        scope: Scope,
     ) -> (Vec<Row<'_, R>>, Option<StatusCursor>) {
         let mut rows = Vec::new();
         let start = match after {
             Some(c) => Bound::Included(c.session),
             None => Bound::Unbounded,
         };
-        'outer: for (&sid, s) in self.sessions.range((start, Bound::Unbounded)) {
+        let sessions =
+            self.sessions
+                .range((start, Bound::Unbounded))
+                .filter(|(_, s)| match scope {
+                    Scope::Host => true,
+                    Scope::Netns(ns) => s.cred.netns == Some(ns),
+                    Scope::Nowhere => false,
+                });
+        'outer: for (&sid, s) in sessions {
             let fds = match after {
                 Some(c) if c.session == sid => {
                     s.reports.range((Bound::Excluded(c.fd), Bound::Unbounded))

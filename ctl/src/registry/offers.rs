@@ -12,6 +12,10 @@
 //! final state's deadline passes the record is dropped so a process that
 //! never collects cannot pin memory or descriptors.
 //!
+//! An offer lives in the network namespace of the server it is for: two
+//! namespaces may have the same 4-tuple live at once, and a claim matches
+//! only an offer of its accepted socket's namespace.
+//!
 //! Offers between hosts ([`Link`]): on the offering host a `Forwarded`
 //! offer stands for the one registered at the server's host (it is never
 //! claimed here; the remote ctl reports its fate); on the server's host a
@@ -26,6 +30,7 @@ use std::time::{Duration, Instant};
 use ringsock_proto::offers::{self, Table};
 
 use super::SessionId;
+use crate::netns::NetNs;
 
 pub type OfferId = u64;
 
@@ -79,6 +84,9 @@ impl<F> OfferState<F> {
 pub enum Link {
     /// Offer and claim on this host.
     Local,
+    /// Offer and claim on this host, for an address translated (DNAT) to
+    /// the claimer's.
+    Translated,
     /// Made here, registered at the server's host; not claimable here.
     Forwarded,
     /// Made on another host; `offer_ref` is its id there.
@@ -105,6 +113,11 @@ pub struct Offer<F> {
     pub client: SocketAddr,
     /// Canonical server address.
     pub server: SocketAddr,
+    /// The namespace of the server the offer is for.
+    pub netns: NetNs,
+    /// The namespace of the offering client's socket (another than
+    /// `netns` for a ring between two namespaces).
+    pub client_netns: NetNs,
     pub state: OfferState<F>,
     pub link: Link,
     /// When it was registered (the start of its setup latency).
@@ -117,6 +130,10 @@ pub struct Offer<F> {
 pub struct NewOffer<F> {
     pub client: SocketAddr,
     pub server: SocketAddr,
+    /// The namespace of the server it is for (the caller's finding).
+    pub netns: NetNs,
+    /// The namespace of the client's socket.
+    pub client_netns: NetNs,
     pub payload: Vec<u8>,
     pub fds: Vec<F>,
 }
@@ -142,8 +159,8 @@ pub enum Outcome<F> {
 #[derive(Debug)]
 pub struct OfferTable<F> {
     offers: HashMap<OfferId, Offer<F>>,
-    /// (client, server) of live offers.
-    by_tuple: HashMap<(SocketAddr, SocketAddr), OfferId>,
+    /// (namespace, client, server) of live offers.
+    by_tuple: HashMap<Tuple, OfferId>,
     deadlines: BTreeSet<(Instant, OfferId)>,
     by_owner: HashMap<SessionId, HashSet<OfferId>>,
     /// Offers in state Claimed, per claiming session.
@@ -159,13 +176,23 @@ pub struct OfferTable<F> {
     /// The live offers' 4-tuples, mirrored for the local processes
     /// (`ringsock_proto::offers`), with whether each found room there.
     shared: Option<Shared>,
+    /// Keys of what listeners of this host take from other namespaces
+    /// (`offers::served_key`, `offers::target_key`), with whether each is
+    /// in the shared table (false until it is shared, or without room).
+    served: HashMap<offers::Key, bool>,
 }
 
 /// The offer table the daemon shares with its processes.
 struct Shared {
     table: Table<'static>,
-    stored: HashMap<(SocketAddr, SocketAddr), bool>,
+    stored: HashMap<Tuple, bool>,
 }
+
+/// A live offer's index key. The shared table leaves the namespace out: a
+/// server there may find another namespace's offer for its 4-tuple, and
+/// then asks the daemon, which answers by the namespace (a round trip,
+/// never a wrong ring).
+type Tuple = (NetNs, SocketAddr, SocketAddr);
 
 impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -199,6 +226,7 @@ impl<F> OfferTable<F> {
             next_id: 1,
             timeout,
             shared: None,
+            served: HashMap::new(),
         }
     }
 
@@ -206,26 +234,46 @@ impl<F> OfferTable<F> {
     /// those live already).
     pub fn share(&mut self, table: Table<'static>) {
         let mut stored = HashMap::new();
-        for &(client, server) in self.by_tuple.keys() {
+        for &(netns, client, server) in self.by_tuple.keys() {
             stored.insert(
-                (client, server),
+                (netns, client, server),
                 table.insert(&offers::key(&client, &server)),
             );
+        }
+        for (k, stored) in &mut self.served {
+            *stored = table.insert(k);
         }
         self.shared = Some(Shared { table, stored });
     }
 
-    fn tuple_live(&mut self, client: SocketAddr, server: SocketAddr) {
-        if let Some(sh) = &mut self.shared {
-            let stored = sh.table.insert(&offers::key(&client, &server));
-            sh.stored.insert((client, server), stored);
+    /// Makes `keys` the served keys the shared table lists.
+    pub fn set_served(&mut self, keys: &HashSet<offers::Key>) {
+        let table = self.shared.as_ref().map(|sh| sh.table);
+        self.served.retain(|k, stored| {
+            let keep = keys.contains(k);
+            if let (false, Some(t)) = (keep, table) {
+                t.remove(k, *stored);
+            }
+            keep
+        });
+        for k in keys {
+            self.served
+                .entry(*k)
+                .or_insert_with(|| table.is_some_and(|t| t.insert(k)));
         }
     }
 
-    fn tuple_gone(&mut self, client: SocketAddr, server: SocketAddr) {
+    fn tuple_live(&mut self, t: Tuple) {
         if let Some(sh) = &mut self.shared {
-            if let Some(stored) = sh.stored.remove(&(client, server)) {
-                sh.table.remove(&offers::key(&client, &server), stored);
+            let stored = sh.table.insert(&offers::key(&t.1, &t.2));
+            sh.stored.insert(t, stored);
+        }
+    }
+
+    fn tuple_gone(&mut self, t: Tuple) {
+        if let Some(sh) = &mut self.shared {
+            if let Some(stored) = sh.stored.remove(&t) {
+                sh.table.remove(&offers::key(&t.1, &t.2), stored);
             }
         }
     }
@@ -260,8 +308,8 @@ impl<F> OfferTable<F> {
         self.deadlines.first().map(|&(t, _)| t)
     }
 
-    pub fn has_live_tuple(&self, client: SocketAddr, server: SocketAddr) -> bool {
-        self.by_tuple.contains_key(&(client, server))
+    pub fn has_live_tuple(&self, netns: NetNs, client: SocketAddr, server: SocketAddr) -> bool {
+        self.by_tuple.contains_key(&(netns, client, server))
     }
 
     /// The `FromPeer` offer a ctl-to-ctl session knows as `offer_ref`.
@@ -298,6 +346,8 @@ impl<F> OfferTable<F> {
         let NewOffer {
             client,
             server,
+            netns,
+            client_netns,
             payload,
             fds,
         } = new;
@@ -305,8 +355,8 @@ impl<F> OfferTable<F> {
         self.next_id += 1;
         let deadline = now + self.timeout;
         self.held_fds += fds.len();
-        self.by_tuple.insert((client, server), id);
-        self.tuple_live(client, server);
+        self.by_tuple.insert((netns, client, server), id);
+        self.tuple_live((netns, client, server));
         self.deadlines.insert((deadline, id));
         self.by_owner.entry(owner).or_default().insert(id);
         if let Link::FromPeer { offer_ref } = link {
@@ -319,6 +369,8 @@ impl<F> OfferTable<F> {
                 owner_pid,
                 client,
                 server,
+                netns,
+                client_netns,
                 state: OfferState::Open { payload, fds },
                 link,
                 created: now,
@@ -328,13 +380,14 @@ impl<F> OfferTable<F> {
         id
     }
 
-    /// The Open offer for an accepted connection (`peer` = client side,
-    /// `local` = server side, both canonical): exact client address first,
-    /// then a client bound to the wildcard address with the same port.
-    pub fn find_open(&self, peer: SocketAddr, local: SocketAddr) -> Option<OfferId> {
+    /// The Open offer for an accepted connection of namespace `netns`
+    /// (`peer` = client side, `local` = server side, both canonical): exact
+    /// client address first, then a client bound to the wildcard address
+    /// with the same port.
+    pub fn find_open(&self, netns: NetNs, peer: SocketAddr, local: SocketAddr) -> Option<OfferId> {
         [peer, unspecified(peer)]
             .iter()
-            .filter_map(|&c| self.by_tuple.get(&(c, local)).copied())
+            .filter_map(|&c| self.by_tuple.get(&(netns, c, local)).copied())
             .find(|id| {
                 self.offers.get(id).is_some_and(|o| {
                     matches!(o.state, OfferState::Open { .. }) && o.link != Link::Forwarded
@@ -361,11 +414,11 @@ impl<F> OfferTable<F> {
         if let OfferState::Claimed { by } = new {
             self.by_claimer.entry(by).or_default().insert(id);
         }
-        let gone = (o.state.is_live() && !new.is_live()).then_some((o.client, o.server));
+        let gone = (o.state.is_live() && !new.is_live()).then_some((o.netns, o.client, o.server));
         let old = std::mem::replace(&mut o.state, new);
-        if let Some((client, server)) = gone {
-            self.by_tuple.remove(&(client, server));
-            self.tuple_gone(client, server);
+        if let Some(t) = gone {
+            self.by_tuple.remove(&t);
+            self.tuple_gone(t);
         }
         Some(old)
     }
@@ -456,7 +509,7 @@ impl<F> OfferTable<F> {
                 match o.link {
                     Link::FromPeer { .. } => self.events.push(TableEvent::Settled(id)),
                     Link::Forwarded => self.events.push(TableEvent::Withdrawn(id)),
-                    Link::Local => {}
+                    Link::Local | Link::Translated => {}
                 }
                 self.transition(id, OfferState::Expired);
                 self.set_deadline(id, now + self.timeout);
@@ -496,7 +549,7 @@ impl<F> OfferTable<F> {
             assert!(self.by_owner.get(&o.owner).is_some_and(|s| s.contains(id)));
             assert_eq!(
                 o.state.is_live(),
-                self.by_tuple.get(&(o.client, o.server)) == Some(id),
+                self.by_tuple.get(&(o.netns, o.client, o.server)) == Some(id),
                 "tuple index of offer {id}"
             );
             if let OfferState::Claimed { by } = o.state {

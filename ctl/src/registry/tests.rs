@@ -30,6 +30,9 @@ const A: SessionId = 1; // client process
 const B: SessionId = 2; // server process
 const C: SessionId = 3; // bystander
 
+/// The namespace everything of these tests is in unless said otherwise.
+const NS: NetNs = NetNs::FAKE;
+
 fn a(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
@@ -38,6 +41,7 @@ fn listener(s: &str) -> ListenerKey {
     ListenerKey {
         addr: a(s),
         dual_stack: false,
+        netns: NS,
     }
 }
 
@@ -55,6 +59,8 @@ impl World {
                     pid,
                     uid: 1000,
                     gid: 1000,
+                    netns: Some(NS),
+                    admin: false,
                 },
             );
             reg.hello(id, pid, format!("/bin/p{pid}"));
@@ -83,6 +89,8 @@ impl World {
         let new = NewOffer {
             client: a(client),
             server: a(server),
+            netns: NS,
+            client_netns: NS,
             payload: b"ring".to_vec(),
             fds,
         };
@@ -117,7 +125,7 @@ fn full_handshake() {
 
     let c = w
         .reg
-        .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
+        .claim(B, NS, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
         .unwrap();
     assert_eq!(
         (c.offer_id, c.client_pid, &c.payload[..]),
@@ -170,6 +178,7 @@ fn offer_needs_a_listener_exact_or_wildcard() {
             ListenerKey {
                 addr: a("[::]:8443"),
                 dual_stack: true,
+                netns: NS,
             },
         )
         .unwrap();
@@ -186,6 +195,7 @@ fn v4_mapped_addresses_match_plain_v4() {
         .reg
         .claim(
             B,
+            NS,
             a("[::ffff:127.0.0.1]:80"),
             a("[::ffff:127.0.0.1]:5000"),
             w.now,
@@ -201,11 +211,11 @@ fn wildcard_bound_client_matches_by_port() {
     let id = w.offer(A, "0.0.0.0:5000", "127.0.0.1:80").unwrap();
     assert!(w
         .reg
-        .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5001"), w.now)
+        .claim(B, NS, a("127.0.0.1:80"), a("127.0.0.1:5001"), w.now)
         .is_none());
     let c = w
         .reg
-        .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now);
+        .claim(B, NS, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now);
     assert_eq!(c.unwrap().offer_id, id);
     w.check();
 }
@@ -220,7 +230,7 @@ fn claim_needs_the_exact_tuple() {
         ("127.0.0.2:80", "127.0.0.1:5000"),
         ("127.0.0.1:81", "127.0.0.1:5000"),
     ] {
-        assert!(w.reg.claim(B, a(local), a(peer), w.now).is_none());
+        assert!(w.reg.claim(B, NS, a(local), a(peer), w.now).is_none());
     }
     w.check();
 }
@@ -231,9 +241,9 @@ fn double_claim_is_refused() {
     w.reg.add_listener(B, listener("127.0.0.1:80")).unwrap();
     w.offer(A, "127.0.0.1:5000", "127.0.0.1:80").unwrap();
     let (l, p) = (a("127.0.0.1:80"), a("127.0.0.1:5000"));
-    assert!(w.reg.claim(B, l, p, w.now).is_some());
-    assert!(w.reg.claim(B, l, p, w.now).is_none());
-    assert!(w.reg.claim(C, l, p, w.now).is_none());
+    assert!(w.reg.claim(B, NS, l, p, w.now).is_some());
+    assert!(w.reg.claim(B, NS, l, p, w.now).is_none());
+    assert!(w.reg.claim(C, NS, l, p, w.now).is_none());
     w.check();
 }
 
@@ -247,7 +257,7 @@ fn duplicate_offer_for_a_live_tuple() {
         Err(RefuseReason::Duplicate)
     );
     w.reg
-        .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
+        .claim(B, NS, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
         .unwrap();
     assert_eq!(
         w.offer(A, "127.0.0.1:5000", "127.0.0.1:80"),
@@ -274,7 +284,7 @@ fn answer_and_decline_only_by_the_claimer() {
         Err(RegError::NotOwner)
     );
     w.reg
-        .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
+        .claim(B, NS, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
         .unwrap();
     let f = w.fds(&[2]);
     assert_eq!(
@@ -318,7 +328,7 @@ fn collect_and_cancel_only_by_the_offerer() {
     assert_eq!(w.reg.offer_count(), 0);
     assert!(w
         .reg
-        .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
+        .claim(B, NS, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
         .is_none());
 }
 
@@ -328,7 +338,7 @@ fn cancel_after_claim_is_refused_and_the_answer_stands() {
     w.reg.add_listener(B, listener("127.0.0.1:80")).unwrap();
     let id = w.offer(A, "127.0.0.1:5000", "127.0.0.1:80").unwrap();
     w.reg
-        .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
+        .claim(B, NS, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
         .unwrap();
     assert_eq!(w.reg.cancel(A, id), Err(RegError::BadState));
     w.check();
@@ -354,7 +364,7 @@ fn unclaimed_offers_expire_then_vanish() {
     assert_eq!(w.reg.held_fds(), 0);
     assert!(w
         .reg
-        .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
+        .claim(B, NS, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
         .is_none());
     assert!(matches!(w.reg.collect(A, id), Ok(Outcome::Expired)));
     assert_eq!(w.reg.offer_count(), 0);
@@ -374,7 +384,7 @@ fn claimed_but_unanswered_offers_expire() {
     let id = w.offer(A, "127.0.0.1:5000", "127.0.0.1:80").unwrap();
     w.advance(9_000);
     w.reg
-        .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
+        .claim(B, NS, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now)
         .unwrap();
     // The claim restarted the clock.
     w.advance(9_000);
@@ -396,7 +406,7 @@ fn uncollected_answers_are_dropped_with_their_fds() {
     let id = w.offer(A, "127.0.0.1:5000", "127.0.0.1:80").unwrap();
     drop(
         w.reg
-            .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now),
+            .claim(B, NS, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now),
     );
     let f = w.fds(&[1, 2, 3]);
     w.reg.answer(B, id, vec![], f, w.now).unwrap();
@@ -432,10 +442,10 @@ fn session_close_removes_everything_it_registered() {
     w.check();
     assert_eq!(w.reg.offer_count(), 0);
     assert_eq!(w.live.get(), 0);
-    assert_eq!(w.reg.status_page(None, 10).0.len(), 0);
+    assert_eq!(w.reg.status_page(None, 10, Scope::Host).0.len(), 0);
     // The server's listener dies with the server's session.
     w.reg.close_session(B, w.now);
-    assert!(!w.reg.has_listener_for(a("127.0.0.1:80")));
+    assert!(!w.reg.has_listener_for(NS, a("127.0.0.1:80")));
     w.check();
 }
 
@@ -446,7 +456,7 @@ fn claimer_closing_declines_its_claims() {
     let id = w.offer(A, "127.0.0.1:5000", "127.0.0.1:80").unwrap();
     drop(
         w.reg
-            .claim(B, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now),
+            .claim(B, NS, a("127.0.0.1:80"), a("127.0.0.1:5000"), w.now),
     );
     w.reg.close_session(B, w.now);
     w.check();
@@ -465,12 +475,12 @@ fn listeners_are_refcounted_per_session() {
     w.reg.add_listener(C, k).unwrap();
     w.check();
     w.reg.remove_listener(B, k.addr).unwrap();
-    assert!(w.reg.has_listener_for(a("127.0.0.1:80")));
+    assert!(w.reg.has_listener_for(NS, a("127.0.0.1:80")));
     w.reg.remove_listener(B, k.addr).unwrap();
     assert_eq!(w.reg.remove_listener(B, k.addr), Err(RegError::NotFound));
-    assert!(w.reg.has_listener_for(a("127.0.0.1:80")));
+    assert!(w.reg.has_listener_for(NS, a("127.0.0.1:80")));
     w.reg.close_session(C, w.now);
-    assert!(!w.reg.has_listener_for(a("127.0.0.1:80")));
+    assert!(!w.reg.has_listener_for(NS, a("127.0.0.1:80")));
     // Removing someone else's listener is not possible.
     w.reg.add_listener(B, k).unwrap();
     assert_eq!(w.reg.remove_listener(A, k.addr), Err(RegError::NotFound));
@@ -521,7 +531,7 @@ fn reports_replace_and_close_by_tuple() {
     w.reg
         .report(A, 5, rep("127.0.0.1:1", Transport::Shm))
         .unwrap();
-    let (rows, next) = w.reg.status_page(None, 10);
+    let (rows, next) = w.reg.status_page(None, 10, Scope::Host);
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].report.transport, Transport::Shm);
     assert_eq!((rows[0].pid, rows[0].exe), (100, "/bin/p100"));
@@ -535,7 +545,7 @@ fn reports_replace_and_close_by_tuple() {
     w.reg
         .report_closed(A, 5, a("127.0.0.1:1"), a("127.0.0.1:80"))
         .unwrap();
-    assert!(w.reg.status_page(None, 10).0.is_empty());
+    assert!(w.reg.status_page(None, 10, Scope::Host).0.is_empty());
 }
 
 #[test]
@@ -562,7 +572,7 @@ fn status_pages_cover_every_row_once() {
     let mut seen = Vec::new();
     let mut after = None;
     loop {
-        let (rows, next) = w.reg.status_page(after, 4);
+        let (rows, next) = w.reg.status_page(after, 4, Scope::Host);
         seen.extend(rows.iter().map(|r| (r.session, r.fd)));
         match next {
             Some(c) => after = Some(c),
@@ -585,6 +595,8 @@ fn pid_falls_back_to_hello_when_peercred_has_none() {
             pid: 0,
             uid: 0,
             gid: 0,
+            netns: Some(NS),
+            admin: false,
         },
     );
     assert!(!reg.has_said_hello(9));
@@ -601,6 +613,8 @@ fn remote(client: &str, server: &str) -> NewOffer<TFd> {
     NewOffer {
         client: a(client),
         server: a(server),
+        netns: NS,
+        client_netns: NS,
         payload: b"qp".to_vec(),
         fds: Vec::new(),
     }
@@ -640,7 +654,7 @@ fn offers_from_another_host_report_claim_and_outcome() {
 
     let c = w
         .reg
-        .claim(B, a("10.0.0.2:80"), a("10.0.0.1:5000"), w.now)
+        .claim(B, NS, a("10.0.0.2:80"), a("10.0.0.1:5000"), w.now)
         .unwrap();
     assert_eq!((c.client_pid, &c.payload[..]), (0, &b"qp"[..]));
     let ev = w.reg.take_events(w.now);
@@ -678,7 +692,7 @@ fn offers_from_another_host_report_claim_and_outcome() {
         .offer_from_peer(P, 9, remote("10.0.0.1:5004", "10.0.0.2:80"), w.now)
         .unwrap();
     w.reg
-        .claim(B, a("10.0.0.2:80"), a("10.0.0.1:5004"), w.now)
+        .claim(B, NS, a("10.0.0.2:80"), a("10.0.0.1:5004"), w.now)
         .unwrap();
     w.reg.close_session(B, w.now);
     // Drained late, the claim is stale news: only the outcome goes out.
@@ -723,7 +737,7 @@ fn forwarded_offers_follow_the_remote_host() {
     // Never claimable on this host.
     assert!(w
         .reg
-        .claim(B, a("10.0.0.2:80"), a("10.0.0.1:5000"), w.now)
+        .claim(B, NS, a("10.0.0.2:80"), a("10.0.0.1:5000"), w.now)
         .is_none());
     // The remote deadline (plus grace) replaces ours.
     w.reg.forwarded_extend(id, Duration::from_secs(60), w.now);

@@ -281,6 +281,45 @@ pub fn offer_may_exist(client: SocketAddr, server: SocketAddr) -> bool {
     t.may_have_offer(&client, &server)
 }
 
+/// Whether a listener of this host, in another network namespace, takes
+/// connections to `server` (an address this namespace does not have): the
+/// offer table lists it (`offers::served_key`). Opens the session (whose
+/// hello maps the table) if there is none yet; without a daemon or a
+/// table, no. A table that overflowed says yes, and the daemon decides.
+pub fn served_here(server: SocketAddr) -> bool {
+    let mut p = OFFER_TABLE.load(Ordering::Acquire);
+    if p.is_null() {
+        let _ = open_session();
+        p = OFFER_TABLE.load(Ordering::Acquire);
+    }
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: a live mapping of offers::BYTES bytes (never unmapped), read
+    // only through atomics; the daemon alone writes it.
+    let words = unsafe { std::slice::from_raw_parts(p.cast_const(), offers::WORDS) };
+    Table::new(words).is_some_and(|t| t.may_have(&offers::served_key(&server)))
+}
+
+/// Whether the offer table lists an offer for a connection from `client`
+/// to `server` (a client of another namespace: `served_here`), or says
+/// that connections to `server` may come translated (DNAT) from an address
+/// a client offered for (`offers::target_key`); unlike `offer_may_exist`,
+/// no when there is no table.
+pub fn offer_listed(client: SocketAddr, server: SocketAddr) -> bool {
+    let p = OFFER_TABLE.load(Ordering::Acquire);
+    if p.is_null() {
+        return false;
+    }
+    // SAFETY: a live mapping of offers::BYTES bytes (never unmapped), read
+    // only through atomics; the daemon alone writes it.
+    let words = unsafe { std::slice::from_raw_parts(p.cast_const(), offers::WORDS) };
+    Table::new(words).is_some_and(|t| {
+        t.may_have_any(&offers::client_keys(&client, &server))
+            || t.may_have(&offers::target_key(&server))
+    })
+}
+
 /// Sends a request whose reply (`Ok`, or an error that is only logged) is
 /// read before the next call's: saves a round trip where nothing depends
 /// on the answer.

@@ -100,7 +100,9 @@ impl Attacher for ShmAttacher {
             }
             return (res, Decision::Tcp(why));
         }
-        let (res, d) = if local::is_local(dest.ip()) {
+        // An address of another namespace of this host that a shimmed
+        // listener there serves also gets a shared-memory ring.
+        let (res, d) = if local::is_local(dest.ip()) || ctl::served_here(dest) {
             shm::handshake::connect(fd, dest, connect)
         } else {
             remote_connect(fd, dest, connect)
@@ -124,8 +126,16 @@ impl Attacher for ShmAttacher {
         peer: SocketAddr,
         memo: &mut TcpMemo,
     ) -> Decision {
-        let d = if local::is_local(peer.ip()) {
-            shm::handshake::accept(fd, local, peer)
+        let from_here = local::is_local(peer.ip());
+        // A client of another namespace of this host offered through the
+        // same daemon, whose table lists the offer.
+        let shm = if from_here || ctl::offer_listed(peer, local) {
+            Some(shm::handshake::accept(fd, local, peer))
+        } else {
+            None
+        };
+        let d = if let Some(d) = shm.filter(|d| from_here || !matches!(d, Decision::Tcp(_))) {
+            d
         } else {
             #[cfg(feature = "verbs")]
             let d = rdma::accept(fd, local, peer);

@@ -475,6 +475,37 @@ fn sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
     sin
 }
 
+/// A TCP connection of our own from `client` to `server`, accepted by a
+/// listener of our own: the victims' very 4-tuple, which only another
+/// network namespace than theirs lets us bind. Returns the accepted end
+/// and the two others (kept open while it is tried).
+fn own_tcp_tuple(
+    server: SocketAddrV4,
+    client: SocketAddrV4,
+) -> Result<[std::os::fd::OwnedFd; 3], Error> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let l = std::net::TcpListener::bind(server)?;
+    // SAFETY: plain socket/bind/connect on our own descriptor, owned at
+    // once so every path closes it.
+    let c = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(errno());
+        }
+        let c = OwnedFd::from_raw_fd(fd);
+        let (ca, sa) = (sockaddr(client), sockaddr(server));
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        if libc::bind(fd, &ca as *const _ as *const libc::sockaddr, len) < 0
+            || libc::connect(fd, &sa as *const _ as *const libc::sockaddr, len) < 0
+        {
+            return Err(errno());
+        }
+        c
+    };
+    let (acc, _) = l.accept()?;
+    Ok([OwnedFd::from(acc), c, OwnedFd::from(l)])
+}
+
 /// A UDP socket whose getsockname/getpeername are exactly (`local`,
 /// `peer`): the victims' 4-tuple, without owning their TCP socket.
 fn forged_udp(local: SocketAddrV4, peer: SocketAddrV4) -> Result<RawFd, Error> {
@@ -544,6 +575,23 @@ fn ctl_attacks(t: &mut Tally, o: &Opts) {
                 close(fd);
             }
             Err(e) => println!("note: cannot forge a udp proof: {e}"),
+        }
+        // The victims' 4-tuple on a real TCP connection of ours: where the
+        // addresses are free (another network namespace).
+        match own_tcp_tuple(server, client) {
+            Ok(fds) => {
+                use std::os::fd::AsRawFd;
+                attempt(
+                    t,
+                    &s,
+                    "claim with our own connection of their 4-tuple",
+                    CLAIM,
+                    &[],
+                    &[fds[0].as_raw_fd()],
+                    &[0x8007],
+                );
+            }
+            Err(e) => println!("note: cannot make a connection of their 4-tuple: {e}"),
         }
         // Our own TCP connection: a real accepted socket, not theirs.
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("listener");

@@ -140,7 +140,9 @@ pub fn connect(
 
 /// Server side: claim the offer for the accepted socket, if there is one.
 pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
-    if !ctl::offer_may_exist(peer, local) {
+    // A translated connection's offer is under the original tuple; the
+    // table then lists the server's address as a translation target.
+    if !ctl::offer_may_exist(peer, local) && !ctl::offer_listed(peer, local) {
         return Decision::Tcp(TcpReason::Declined);
     }
     let Some((offer_id, payload, fds)) = claim(fd) else {

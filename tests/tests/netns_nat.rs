@@ -1,0 +1,243 @@
+//! Rings through address translation (docs/design.md, "Namespaces"): A
+//! and B on a bridge in the hub namespace (`netns::Bridge`), the hub
+//! standing for a container host: it runs the daemon and translates its
+//! own address's port P to B's (an nftables DNAT rule, as Docker's
+//! published ports and kube-proxy install), with masquerading (Docker's
+//! hairpin: B sees the hub as the peer) or without (B answers A through
+//! the hub, which it routes A's address through). A shimmed echo server in
+//! B listens on its wildcard address; a shimmed client in A connects to
+//! the hub's address.
+//!
+//! The daemon learns the translation from its connection tracking, so the
+//! first connection, made before, stays TCP (and must carry its bytes
+//! right); the next one gets a shared-memory ring, which the server's
+//! accepted socket claims through the tracking entry (reply tuple = the
+//! accepted socket, original tuple = the offer): both ends on one ring,
+//! 4 MiB sha256 checked.
+
+use std::path::Path;
+use std::time::Duration;
+
+use ringsock_integration::netns::{Bridge, Hosts, NsCtl};
+use ringsock_integration::{payload, require, sha256, Conn, Server, TempDir};
+
+const SIZE: usize = 4 << 20;
+const PORT: u16 = 8080;
+
+/// Echo server: listens on 0.0.0.0:PORT, echoes every connection (a
+/// thread each) until its EOF.
+const SERVER_PY: &str = r#"
+import socket, sys, threading
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("0.0.0.0", int(sys.argv[1])))
+l.listen(8)
+print("listening", flush=True)
+def echo(c):
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        c.sendall(b)
+    c.close()
+while True:
+    c, _ = l.accept()
+    threading.Thread(target=echo, args=(c,), daemon=True).start()
+"#;
+
+/// Echo client: connects to DEST:PORT, sends the payload file while
+/// reading the echo, prints its length and sha256, closes once the `end`
+/// file exists.
+const CLIENT_PY: &str = r#"
+import hashlib, os, socket, sys, threading, time
+dest, port, path, end = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+data = open(path, "rb").read()
+s = socket.create_connection((dest, port))
+got = bytearray()
+def reader():
+    while len(got) < len(data):
+        b = s.recv(65536)
+        if not b:
+            break
+        got.extend(b)
+t = threading.Thread(target=reader)
+t.start()
+s.sendall(data)
+t.join()
+print("recv", len(got), hashlib.sha256(bytes(got)).hexdigest(), flush=True)
+while not os.path.exists(end):
+    time.sleep(0.01)
+s.close()
+"#;
+
+/// Runs a command in namespace `ns`; panics with its output on failure.
+fn in_ns(ns: &str, args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run ip netns exec");
+    assert!(
+        out.status.success(),
+        "{args:?} in {ns}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The hub translates its own address's PORT to B's; with `masquerade`
+/// it also rewrites the source, else B routes A's address via the hub.
+fn translate(br: &Bridge, masquerade: bool) {
+    let (hub, b) = (br.hub.as_str(), br.b.as_str());
+    in_ns(hub, &["nft", "add", "table", "ip", "rsnat"]);
+    in_ns(
+        hub,
+        &[
+            "nft",
+            "add chain ip rsnat pre { type nat hook prerouting priority -100; }",
+        ],
+    );
+    in_ns(
+        hub,
+        &[
+            "nft",
+            &format!(
+                "add rule ip rsnat pre ip daddr {} tcp dport {PORT} dnat to {}:{PORT}",
+                br.ip_hub, br.ip_b
+            ),
+        ],
+    );
+    if masquerade {
+        in_ns(
+            hub,
+            &[
+                "nft",
+                "add chain ip rsnat post { type nat hook postrouting priority 100; }",
+            ],
+        );
+        in_ns(
+            hub,
+            &[
+                "nft",
+                &format!(
+                    "add rule ip rsnat post ip daddr {} tcp dport {PORT} masquerade",
+                    br.ip_b
+                ),
+            ],
+        );
+    } else {
+        // B answers A through the hub (which must not redirect it to A
+        // directly), so the hub translates the answers back.
+        for s in [
+            "net.ipv4.conf.all.send_redirects=0",
+            "net.ipv4.conf.default.send_redirects=0",
+        ] {
+            in_ns(hub, &["sysctl", "-qw", s]);
+        }
+        in_ns(
+            b,
+            &["sysctl", "-qw", "net.ipv4.conf.all.accept_redirects=0"],
+        );
+        in_ns(
+            b,
+            &[
+                "ip",
+                "route",
+                "add",
+                &format!("{}/32", br.ip_a),
+                "via",
+                &br.ip_hub.to_string(),
+            ],
+        );
+    }
+}
+
+/// One client run in A against the hub's address; waits for its check
+/// line and compares it with the payload.
+fn client(br: &Bridge, ctl: &NsCtl, dir: &TempDir, data: &[u8], end: &Path) -> Server {
+    let mut c = Hosts::shimmed_in(&br.a, ctl.sock(), "python3")
+        .env("RINGSOCK_CLAIM_WAIT_MS", "20000")
+        .arg(dir.path().join("client.py"))
+        .arg(br.ip_hub.to_string())
+        .arg(PORT.to_string())
+        .arg(dir.path().join("payload"))
+        .arg(end)
+        .spawn();
+    let line = c.wait_line("recv ", Duration::from_secs(60));
+    let want = format!("recv {} {}", data.len(), sha256::hex(data));
+    assert_eq!(
+        line.trim(),
+        want,
+        "the echo through the translation differs"
+    );
+    c
+}
+
+fn end_of<'a>(conns: &'a [Conn], pid: u32, all: &str) -> &'a Conn {
+    conns
+        .iter()
+        .find(|c| c.pid == pid && (c.local.port() == PORT || c.peer.port() == PORT))
+        .unwrap_or_else(|| panic!("no end of pid {pid} reported:\n{all}"))
+}
+
+fn through_translation(masquerade: bool) {
+    require!("python3", "ip", "nft");
+    let Some(br) = Bridge::new() else {
+        return;
+    };
+    translate(&br, masquerade);
+    let ctl = NsCtl::start(&br.hub, &[]);
+    let dir = TempDir::new("nsnat");
+    let data = payload(SIZE, 31 + u64::from(masquerade));
+    dir.write("server.py", SERVER_PY.as_bytes());
+    dir.write("client.py", CLIENT_PY.as_bytes());
+    dir.write("payload", &data);
+    let mut srv = Hosts::shimmed_in(&br.b, ctl.sock(), "python3")
+        .arg(dir.path().join("server.py"))
+        .arg(PORT.to_string())
+        .spawn();
+    srv.wait_line("listening", Duration::from_secs(20));
+
+    // Before the daemon saw the translation: TCP, right bytes.
+    let first_end = dir.write("end-first", b"");
+    let mut first = client(&br, &ctl, &dir, &data, &first_end);
+    assert!(first
+        .wait(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+    // The daemon reads its connection tracking every second.
+    std::thread::sleep(Duration::from_millis(2500));
+
+    let end = dir.path().join("end");
+    let mut second = client(&br, &ctl, &dir, &data, &end);
+    let conns = ctl.status().expect("status");
+    let all = ringsock_integration::show(&conns);
+    let c = end_of(&conns, second.pid(), &all);
+    let s = conns
+        .iter()
+        .find(|s| s.pid == srv.pid() && s.ring.is_some() && s.ring == c.ring)
+        .unwrap_or_else(|| panic!("the server has no end on the client's ring:\n{all}"));
+    assert!(
+        c.is_shm() && s.is_shm(),
+        "not both on shm through the translation:\n{all}\ndaemon log:\n{}",
+        ctl.log()
+    );
+    assert_eq!(c.peer.ip(), br.ip_hub, "{c}");
+    let peer = if masquerade { br.ip_hub } else { br.ip_a };
+    assert_eq!(s.peer.ip(), peer, "{s}");
+    dir.write("end", b"");
+    assert!(second
+        .wait(Duration::from_secs(30))
+        .is_some_and(|s| s.success()));
+    srv.assert_running();
+}
+
+#[test]
+fn dnat_with_masquerade_gets_a_ring() {
+    through_translation(true);
+}
+
+#[test]
+fn dnat_without_masquerade_gets_a_ring() {
+    through_translation(false);
+}
