@@ -219,6 +219,21 @@ impl<'a> Table<'a> {
         self.may_have_any(&client_keys(client, server))
     }
 
+    /// `may_have_offer`, or `may_have` of `server`'s `target_key` (a
+    /// translated connection's offer is under its original tuple), with
+    /// one look at the header for both.
+    pub fn may_have_offer_or_target(&self, client: &SocketAddr, server: &SocketAddr) -> bool {
+        let (own, target) = (key(client, server), target_key(server));
+        if self.valid()
+            && self.words[W_OVERFLOW].load(Ordering::Acquire) == 0
+            && self.window_bits(spread(&own) % self.slots) == 0
+            && self.window_bits(spread(&target) % self.slots) == 0
+        {
+            return false;
+        }
+        self.may_have_any(&client_keys(client, server)) || self.may_have(&target)
+    }
+
     /// `may_have` for any of `keys`, which differ only in their client
     /// address (they share one window). Only an entry whose ports word is
     /// theirs is read whole (module docs).
@@ -372,6 +387,10 @@ mod tests {
         assert!(!t.may_have(&variants("10.0.0.1:40000")[0]));
         assert!(!t.may_have_any(&variants("10.0.0.1:40001")));
         assert!(t.may_have_offer(&addr("10.0.0.1:40000"), &server));
+        assert!(!t.may_have_offer(&addr("10.0.0.1:40001"), &server));
+        assert!(!t.may_have_offer_or_target(&addr("10.0.0.1:40001"), &server));
+        assert!(t.insert(&target_key(&server)));
+        assert!(t.may_have_offer_or_target(&addr("10.0.0.1:40001"), &server));
         assert!(!t.may_have_offer(&addr("10.0.0.1:40001"), &server));
         assert!(!t.may_have_any(&[]));
     }

@@ -301,23 +301,25 @@ pub fn served_here(server: SocketAddr) -> bool {
     Table::new(words).is_some_and(|t| t.may_have(&offers::served_key(&server)))
 }
 
-/// Whether the offer table lists an offer for a connection from `client`
-/// to `server` (a client of another namespace: `served_here`), or says
-/// that connections to `server` may come translated (DNAT) from an address
-/// a client offered for (`offers::target_key`); unlike `offer_may_exist`,
-/// no when there is no table.
-pub fn offer_listed(client: SocketAddr, server: SocketAddr) -> bool {
+/// Whether an accepted connection from `client` to `server` may come with
+/// an offer: `offer_may_exist`, or the table says that connections to
+/// `server` may come translated (DNAT) from an address a client offered
+/// for (`offers::target_key`). One look at the table for both.
+pub fn accepted_offer_may_exist(client: SocketAddr, server: SocketAddr) -> bool {
     let p = OFFER_TABLE.load(Ordering::Acquire);
     if p.is_null() {
-        return false;
+        return true;
     }
     // SAFETY: a live mapping of offers::BYTES bytes (never unmapped), read
     // only through atomics; the daemon alone writes it.
     let words = unsafe { std::slice::from_raw_parts(p.cast_const(), offers::WORDS) };
-    Table::new(words).is_some_and(|t| {
-        t.may_have_any(&offers::client_keys(&client, &server))
-            || t.may_have(&offers::target_key(&server))
-    })
+    Table::new(words).is_none_or(|t| t.may_have_offer_or_target(&client, &server))
+}
+
+/// `accepted_offer_may_exist` for a client of another namespace
+/// (`served_here`): no when there is no table.
+pub fn offer_listed(client: SocketAddr, server: SocketAddr) -> bool {
+    !OFFER_TABLE.load(Ordering::Acquire).is_null() && accepted_offer_may_exist(client, server)
 }
 
 /// Sends a request whose reply (`Ok`, or an error that is only logged) is

@@ -142,7 +142,7 @@ pub fn connect(
 pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
     // A translated connection's offer is under the original tuple; the
     // table then lists the server's address as a translation target.
-    if !ctl::offer_may_exist(peer, local) && !ctl::offer_listed(peer, local) {
+    if !ctl::accepted_offer_may_exist(peer, local) {
         return Decision::Tcp(TcpReason::Declined);
     }
     let Some((offer_id, payload, fds)) = claim(fd) else {
