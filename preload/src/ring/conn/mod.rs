@@ -1371,6 +1371,20 @@ impl<W: Wire> RingConn<W> {
                 Look::Done(Err(Errno(libc::EAGAIN)))
             };
         };
+        if quiet && matches!(rx.readable(), Ok(false)) {
+            // Nothing for the read: the look ends here (the spin's looks
+            // are its waiter's delay in seeing the peer's bytes). A failed
+            // ring is left to the read, which reports it.
+            if let Some(s) = shared {
+                self.exit_shared(s, Some(rx.bytes_consumed()), None);
+            }
+            drop(guard);
+            return if gone_before || self.reader_news() {
+                Look::Unsure
+            } else {
+                Look::Empty
+            };
+        }
         let mut total = 0;
         let mut outcome = None;
         let mut eof = false;
