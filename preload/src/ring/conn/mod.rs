@@ -1350,6 +1350,16 @@ impl<W: Wire> RingConn<W> {
         // An empty ring is the peer's end of stream only if the peer was
         // known gone before we looked: its FIN follows everything it put in
         // the ring, so a FIN seen after the look may have bytes ahead of it.
+        if quiet && W::REAPS_COMPLETIONS {
+            // As every readiness look does (`ring_readiness`): a completed
+            // tail WRITE may owe the peer its doorbell, which must not wait
+            // for the end of our spin.
+            if let Some(tx) = self.tx.lock().as_mut() {
+                if let Err(e) = tx.poll() {
+                    self.note_wire_failure(&e);
+                }
+            }
+        }
         let gone_before = self.peer_gone();
         let mut guard = self.rx.lock();
         if self.mode() == MODE_TCP {
