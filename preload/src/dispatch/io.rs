@@ -70,14 +70,15 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
     let mut bufs = bufs;
     let mut got = 0usize;
     // A blocking read looks with `recv_look`, which takes the bytes it
-    // finds, before and while it waits: one lock of the receiver per look
-    // and none for a readiness look apart, and an empty look asks the
+    // finds, before and while it waits: one hold of the receiver's lock a
+    // look, with no readiness look besides, and an empty look asks the
     // kernel socket nothing (a syscall), where the wait's arm asks it
-    // before any sleep. After a wait that ended on readiness, and for the
-    // other reads, `try_recv` looks. Not with SO_RCVLOWAT: readiness
-    // counts the bytes a first read would have taken, and TCP's reader
-    // that took them waits for the low mark to be met again by new bytes
-    // alone.
+    // before any sleep. Where `recv_look` cannot tell, readiness for
+    // reading alone decides (the sender's side would take its lock for
+    // nothing). After a wait that ended on readiness, and for the other
+    // reads, `try_recv` looks. Not with SO_RCVLOWAT: readiness counts the
+    // bytes a first read would have taken, and TCP's reader that took
+    // them waits for the low mark to be met again by new bytes alone.
     let plain_wait = !nonblock && !peek && lowat <= 1;
     let interest = Ready::READ | Ready::RDHUP;
     // What the wait's look read.
