@@ -120,6 +120,18 @@ pub enum ReleaseKind {
     Stale,
 }
 
+/// What a blocking read's look found (`AttachedConn::recv_look`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Look {
+    /// The read's answer, as `try_recv` gives it.
+    Done(Result<usize, Errno>),
+    /// Nothing to read, and nothing else for a reader to see.
+    Empty,
+    /// The look cannot tell (the connection is not plainly on its ring):
+    /// `readiness` and `try_recv` decide.
+    Unsure,
+}
+
 /// A ring-attached connection. See the module documentation for the
 /// threading and blocking contract. `fd` arguments name the kernel TCP
 /// socket the call came in on (any dup of it).
@@ -129,6 +141,17 @@ pub trait AttachedConn: Send + Sync {
     /// (only meaningful when the buffers are not empty). `Err(EAGAIN)`:
     /// nothing available now. Any other error is returned to the program.
     fn try_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno>;
+
+    /// A blocking read's look at the connection, before and while it
+    /// waits: reads what is there as `try_recv` (no peek), so that a look
+    /// that finds bytes takes them under the same lock, and otherwise says
+    /// whether the waiter may keep waiting without asking `readiness`. An
+    /// empty look asks nothing beyond the ring (the wait's arm asks the
+    /// rest before any sleep). The default cannot tell.
+    fn recv_look(&self, bufs: &mut [IoSliceMut<'_>]) -> Look {
+        let _ = bufs;
+        Look::Unsure
+    }
 
     /// Queues bytes for the peer without blocking. `Ok(n)`: n bytes
     /// accepted (may be short). `Err(EAGAIN)`: no room now. `Err(EPIPE)`:

@@ -15,8 +15,8 @@ use std::io::{IoSlice, IoSliceMut};
 
 use libc::{c_int, ssize_t};
 
-use super::wait::{deadline_after, wait_conn, Woke};
-use crate::attached::{Errno, Ready};
+use super::wait::{deadline_after, wait_conn, wait_conn_with, wanted, Woke};
+use crate::attached::{Errno, Look, Ready};
 use crate::fdtable::FdRef;
 use crate::interpose::guard;
 use crate::{signals, sys};
@@ -35,10 +35,7 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
     let Some(conn) = st.conn() else {
         return fail(libc::EBADF);
     };
-    let g = guard::enter();
-    // This thread's note of whether its last blocking read found the ring
-    // empty (see below).
-    let found_empty = &g.thread().read_found_empty;
+    let _g = guard::enter();
     if let Err(Errno(e)) = st.claim(conn) {
         return fail(e);
     }
@@ -72,47 +69,32 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
     let deadline = deadline_after(timeout);
     let mut bufs = bufs;
     let mut got = 0usize;
-    // A look that finds the ring empty also asks the kernel socket for
-    // news (a syscall), where the wait's spin looks at the ring alone and
-    // its arm asks the socket before any sleep. A blocking read on a thread
-    // whose last one found nothing (a ping-pong's) checks readiness first
-    // and waits while it shows nothing, so a reply that lands during the
-    // spin costs no syscall; a streaming reader keeps the single look. Not
-    // with SO_RCVLOWAT: readiness counts the bytes a first read would have
-    // taken, and TCP's reader that took them waits for the low mark to be
-    // met again by new bytes alone.
+    // A blocking read looks with `recv_look`, which takes the bytes it
+    // finds, before and while it waits: one hold of the receiver's lock a
+    // look, with no readiness look besides, and an empty look asks the
+    // kernel socket nothing (a syscall), where the wait's arm asks it
+    // before any sleep. Where `recv_look` cannot tell, readiness for
+    // reading alone decides (the sender's side would take its lock for
+    // nothing). After a wait that ended on readiness, and for the other
+    // reads, `try_recv` looks. Not with SO_RCVLOWAT: readiness counts the
+    // bytes a first read would have taken, and TCP's reader that took
+    // them waits for the low mark to be met again by new bytes alone.
     let plain_wait = !nonblock && !peek && lowat <= 1;
-    let mut look_first = plain_wait && found_empty.get();
-    let mut first_look = plain_wait;
+    let interest = Ready::READ | Ready::RDHUP;
+    // What the wait's look read.
+    let mut read: Option<Result<usize, Errno>> = None;
+    let mut woken = false;
     loop {
-        if std::mem::take(&mut look_first) {
-            // Only the receiving side's readiness: the sending side's
-            // would take the sender's lock for nothing.
-            let ready = conn
-                .readiness_for(Ready::READ | Ready::RDHUP)
-                .intersects(Ready::READ | Ready::RDHUP | Ready::ERR | Ready::HUP);
-            if ready {
-                found_empty.set(false);
-            } else {
-                match wait_conn(fd, conn, Ready::READ | Ready::RDHUP, deadline) {
-                    Woke::Ready => {}
-                    Woke::TimedOut => return fail(libc::EAGAIN),
-                    Woke::Interrupted => {
-                        if !signals::restart_allowed(timeout != 0) {
-                            return fail(libc::EINTR);
-                        }
-                        look_first = true;
-                        continue;
-                    }
-                    Woke::Failed(e) => return fail(e),
-                }
-            }
-            first_look = false;
-        }
-        let res = conn.try_recv(bufs, peek);
-        if std::mem::take(&mut first_look) {
-            found_empty.set(matches!(res, Err(Errno(libc::EAGAIN))));
-        }
+        let look = plain_wait && !std::mem::take(&mut woken);
+        let res = match read.take() {
+            Some(r) => r,
+            None if look => match conn.recv_look(bufs) {
+                Look::Done(r) => r,
+                Look::Empty => Err(Errno(libc::EAGAIN)),
+                Look::Unsure => conn.try_recv(bufs, false),
+            },
+            None => conn.try_recv(bufs, peek),
+        };
         match res {
             Ok(0) => return got as ssize_t,
             Ok(n) => {
@@ -130,7 +112,23 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
                         fail(libc::EAGAIN)
                     };
                 }
-                match wait_conn(fd, conn, Ready::READ | Ready::RDHUP, deadline) {
+                let woke = if plain_wait {
+                    let want = wanted(interest);
+                    wait_conn_with(fd, conn, interest, deadline, || {
+                        match conn.recv_look(bufs) {
+                            Look::Done(r) => {
+                                read = Some(r);
+                                true
+                            }
+                            Look::Empty => false,
+                            Look::Unsure => conn.readiness_for(interest).intersects(want),
+                        }
+                    })
+                } else {
+                    wait_conn(fd, conn, interest, deadline)
+                };
+                woken = read.is_none();
+                match woke {
                     Woke::Ready => {}
                     Woke::TimedOut => {
                         return if got > 0 {

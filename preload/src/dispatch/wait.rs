@@ -55,7 +55,7 @@ pub fn deadline_after(timeout_ns: u64) -> Option<u64> {
 }
 
 /// Readiness that ends a wait for `interest`: errors and hangups always do.
-fn wanted(interest: Ready) -> Ready {
+pub fn wanted(interest: Ready) -> Ready {
     interest | Ready::ERR | Ready::HUP
 }
 
@@ -297,10 +297,25 @@ fn pace(looks: u32, width: usize) -> (u32, u32) {
 /// arrives.
 pub fn wait_conn(fd: i32, conn: &dyn AttachedConn, interest: Ready, deadline: Option<u64>) -> Woke {
     let want = wanted(interest);
-    conn.flush();
-    if spin(conn.spin_looks(), 1, || {
+    wait_conn_with(fd, conn, interest, deadline, || {
         conn.readiness_for(interest).intersects(want)
-    }) {
+    })
+}
+
+/// `wait_conn` whose spin calls `look` (true: the wait is over) instead
+/// of looking at readiness: a blocking read's look takes the bytes it
+/// finds (`AttachedConn::recv_look`). The arm and the looks after a sleep
+/// are readiness's, as in `wait_conn`.
+pub fn wait_conn_with(
+    fd: i32,
+    conn: &dyn AttachedConn,
+    interest: Ready,
+    deadline: Option<u64>,
+    look: impl FnMut() -> bool,
+) -> Woke {
+    let want = wanted(interest);
+    conn.flush();
+    if spin(conn.spin_looks(), 1, look) {
         return Woke::Ready;
     }
     loop {

@@ -12,9 +12,9 @@
 //! without a destructor: its access never allocates and registers nothing
 //! at thread exit. A shared library's thread-locals are reached through
 //! `__tls_get_addr` (the general-dynamic model: about a dozen instructions
-//! a look), so a scope keeps the address it found on entry and its exit,
-//! and the data path's other per-thread notes (`ThreadState`), use that
-//! instead of looking again.
+//! a look), so a scope keeps the address it found on entry, and its exit
+//! (and any per-thread note the data path keeps in `ThreadState`) uses
+//! that instead of looking again.
 //!
 //! A program's signal handler never runs inside a scope (defer.rs): it is
 //! deferred to the end of the exported entry point that entered the scope
@@ -29,16 +29,12 @@ use std::cell::Cell;
 pub struct ThreadState {
     /// Inside a `Shim` scope.
     in_shim: Cell<bool>,
-    /// Whether this thread's last blocking read on a ring found its
-    /// connection empty at its first look (dispatch::io's `recv`).
-    pub read_found_empty: Cell<bool>,
 }
 
 thread_local! {
     static THREAD: ThreadState = const {
         ThreadState {
             in_shim: Cell::new(false),
-            read_found_empty: Cell::new(false),
         }
     };
 }
