@@ -1183,3 +1183,27 @@ fn a_masqueraded_connection_pairs_through_its_tracking_entry() {
         Msg::ClaimOk { offer_id: o, .. } if o == offer_id
     ));
 }
+
+/// A namespace that offers from an address it does not have (a socket
+/// bound with IP_FREEBIND) to another namespace's: no ring, whichever
+/// namespace has that address.
+#[test]
+fn an_offer_from_an_address_not_ones_own_pairs_nothing() {
+    let mut t = T::new();
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    t.env.set_addrs(NS_Z, &["10.0.0.3"]);
+    let (cx, sy) = (11, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    for from in ["10.0.0.3:5000", "10.0.0.9:5001"] {
+        assert_eq!(
+            t.offer_in(cx, NS_X, from, "10.0.0.2:80"),
+            Msg::OfferRefused {
+                reason: RefuseReason::Invalid
+            },
+            "{from}"
+        );
+    }
+}
