@@ -454,9 +454,15 @@ impl<E: Env> Handler<E> {
     /// when it connected (a process cannot make sockets of a namespace it
     /// could not enter).
     fn socket_netns(&mut self, id: SessionId, fd: &E::Fd) -> Option<NetNs> {
-        self.env
-            .netns(fd)
-            .or_else(|| self.reg.cred_of(id).and_then(|c| c.netns))
+        match self.env.netns(fd) {
+            Some(ns) => {
+                // A process the daemon cannot see (another pid namespace)
+                // is listed under the namespace of its sockets.
+                self.reg.learn_netns(id, ns);
+                Some(ns)
+            }
+            None => self.reg.cred_of(id).and_then(|c| c.netns),
+        }
     }
 
     fn listener_add(&mut self, id: SessionId, addr: SocketAddr, proof: E::Fd) -> Reply<E::Fd> {
@@ -1049,16 +1055,23 @@ const NO_NETNS: &str = "cannot learn the socket's network namespace";
 
 impl<E: Env> Handler<E> {
     /// Whose connections session `id` may list: root with CAP_SYS_ADMIN
-    /// (who could enter every namespace anyway) sees every namespace's,
-    /// anyone else (root of a container too) only those of the namespace
-    /// it is in, and nothing when that is unknown.
+    /// (who could enter every namespace anyway), or with CAP_NET_ADMIN in
+    /// the daemon's own namespace (the daemon's administrator: a
+    /// DaemonSet's container), sees every namespace's; anyone else (root
+    /// of a container too) only those of the namespace it is in, and
+    /// nothing when that is unknown.
     fn scope_of(&self, id: SessionId) -> Scope {
         match self.reg.cred_of(id) {
             Some(Cred {
                 uid: 0,
-                admin: true,
+                caps,
+                netns,
                 ..
-            }) => Scope::Host,
+            }) if caps.sys_admin
+                || (caps.net_admin && netns.is_some() && netns == self.own_netns) =>
+            {
+                Scope::Host
+            }
             Some(Cred {
                 netns: Some(ns), ..
             }) => Scope::Netns(ns),

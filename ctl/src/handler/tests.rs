@@ -34,7 +34,7 @@ impl T {
                     uid: 0,
                     gid: 0,
                     netns: Some(crate::netns::NetNs::FAKE),
-                    admin: true,
+                    caps: crate::netns::Caps::ALL,
                 },
             );
         }
@@ -109,7 +109,7 @@ fn hello_comes_first() {
             uid: 0,
             gid: 0,
             netns: Some(crate::netns::NetNs::FAKE),
-            admin: false,
+            caps: crate::netns::Caps::NONE,
         },
     );
     let e = h
@@ -388,7 +388,7 @@ fn only_status_named_names_processes_and_only_those_the_kernel_named() {
             uid: 0,
             gid: 0,
             netns: Some(crate::netns::NetNs::FAKE),
-            admin: false,
+            caps: crate::netns::Caps::NONE,
         },
     );
     let hello = Msg::Hello {
@@ -453,7 +453,7 @@ fn scripts_reach_deep_states() {
             uid: 0,
             gid: 0,
             netns: Some(crate::netns::NetNs::FAKE),
-            admin: false,
+            caps: crate::netns::Caps::NONE,
         },
     );
     let now = Instant::now();
@@ -679,7 +679,7 @@ impl T {
                 uid,
                 gid: uid,
                 netns: Some(netns),
-                admin: false,
+                caps: crate::netns::Caps::NONE,
             },
         );
         let hello = Msg::Hello {
@@ -824,7 +824,7 @@ fn no_namespace_no_proof() {
             uid: 1000,
             gid: 1000,
             netns: None,
-            admin: false,
+            caps: crate::netns::Caps::NONE,
         },
     );
     let hello = Msg::Hello {
@@ -866,7 +866,7 @@ fn status_shows_the_callers_namespace_unless_privileged() {
             uid: 0,
             gid: 0,
             netns: None,
-            admin: false,
+            caps: crate::netns::Caps::NONE,
         },
     );
     t.req(
@@ -1206,4 +1206,62 @@ fn an_offer_from_an_address_not_ones_own_pairs_nothing() {
             "{from}"
         );
     }
+}
+
+/// CAP_NET_ADMIN counts only in the daemon's own namespace (its
+/// administrator), and a process the daemon could not place (pid of
+/// another pid namespace) is listed under the namespace of the first
+/// socket it proves.
+#[test]
+fn status_scope_of_net_admins_and_unplaced_processes() {
+    let mut t = T::new();
+    let net_admin = crate::netns::Caps {
+        sys_admin: false,
+        net_admin: true,
+    };
+    let sessions = [
+        (61, 0, Some(NetNs::FAKE), net_admin),
+        (62, 0, Some(NS_X), net_admin),
+        (63, 1000, None, crate::netns::Caps::NONE),
+        (64, 1000, Some(NS_Y), crate::netns::Caps::NONE),
+    ];
+    for (id, uid, netns, caps) in sessions {
+        t.h.open_session(
+            id,
+            Cred {
+                pid: 0,
+                uid,
+                gid: uid,
+                netns,
+                caps,
+            },
+        );
+        let hello = Msg::Hello {
+            pid: id as u32,
+            exe: "x".into(),
+        };
+        t.req(id, hello, vec![]);
+    }
+    // 63 proves a listener of NS_Y, then reports a connection.
+    t.listen_in(63, NS_Y, "0.0.0.0:80");
+    let report = Msg::ConnReport {
+        fd: 9,
+        local: a("10.0.0.2:80"),
+        peer: a("10.0.0.1:5000"),
+        transport: Transport::Tcp,
+        reason: "no ringsock peer".into(),
+        ring: None,
+    };
+    assert_eq!(t.req(63, report, vec![]).msg, Msg::Ok);
+    let seen = |t: &mut T, id| {
+        let Msg::StatusReply { entries, .. } =
+            t.req(id, Msg::StatusAll { after: None }, vec![]).msg
+        else {
+            panic!()
+        };
+        entries.len()
+    };
+    assert_eq!(seen(&mut t, 61), 1, "NET_ADMIN in the daemon's namespace");
+    assert_eq!(seen(&mut t, 62), 0, "NET_ADMIN in another namespace");
+    assert_eq!(seen(&mut t, 64), 1, "the namespace of 63's socket");
 }
