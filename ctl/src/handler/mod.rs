@@ -182,6 +182,9 @@ pub struct Handler<E: Env> {
     /// Addresses of the daemon's namespace that its connection tracking
     /// showed translated (DNAT) to a listener of another namespace.
     translated: HashMap<SocketAddr, Translation>,
+    /// When the connection tracking was last read (at most once every
+    /// `ADDRS_FRESH`, however often the served set is recomputed).
+    tracked_at: Option<Instant>,
     reg: Registry<E::Fd, E::Ring>,
     daemon_version: String,
     host_id: u64,
@@ -223,6 +226,7 @@ impl<E: Env> Handler<E> {
             served: HashMap::new(),
             served_at: None,
             translated: HashMap::new(),
+            tracked_at: None,
             env,
             reg: Registry::new(limits),
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -940,6 +944,13 @@ impl<E: Env> Handler<E> {
     /// connection whose reply comes from a served address of exactly one
     /// namespace. An address seen translated to two places is forgotten.
     fn learn_translations(&mut self, served: &HashMap<SocketAddr, Vec<NetNs>>, now: Instant) {
+        if self
+            .tracked_at
+            .is_some_and(|t| now.saturating_duration_since(t) < ADDRS_FRESH)
+        {
+            return;
+        }
+        self.tracked_at = Some(now);
         let mut found: HashMap<SocketAddr, Option<(SocketAddr, NetNs)>> = HashMap::new();
         for e in self.env.conntrack_translated() {
             let (from, to) = (canonical(e.orig.dst), canonical(e.reply.src));
