@@ -22,6 +22,11 @@ impl NetNs {
     /// told otherwise.
     pub const FAKE: NetNs = NetNs { dev: 4, ino: 1 };
 
+    /// No namespace (nsfs's device is never 0): where offers for a
+    /// translated address wait, their server's namespace known only once
+    /// a connection-tracking entry names it at the claim.
+    pub const TRANSLATED: NetNs = NetNs { dev: 0, ino: 0 };
+
     fn of_file(meta: &std::fs::Metadata) -> NetNs {
         NetNs {
             dev: meta.dev(),

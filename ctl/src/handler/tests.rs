@@ -1090,8 +1090,9 @@ fn a_translated_connection_pairs_through_its_tracking_entry() {
 }
 
 /// The same tracking entry presented by a process of another namespace
-/// (even with a socket of the listener's addresses) claims nothing, and
-/// an address translated to two listeners is never learned.
+/// (even with a socket of the listener's addresses) claims nothing; an
+/// address translated to two listeners pairs with the one its own
+/// connection's entry names.
 #[test]
 fn translations_pair_only_with_their_target() {
     let mut t = T::new();
@@ -1127,7 +1128,9 @@ fn translations_pair_only_with_their_target() {
         t.claim_in(sz, NS_Z, "10.0.0.2:80", "10.0.0.1:5001"),
         Msg::NoOffer
     );
-    // Port 9090 is translated to Y's and to Z's listener: not learned.
+    // Port 9090 is translated to Y's and to Z's listener (a service with
+    // two replicas): an offer waits for the tracking entry of its
+    // connection to name the one that accepted it.
     t.env.track(
         "10.0.0.1:4000",
         "10.0.0.254:9090",
@@ -1142,12 +1145,24 @@ fn translations_pair_only_with_their_target() {
     );
     t.now += std::time::Duration::from_secs(2);
     t.h.tick(t.now);
-    assert_eq!(
-        t.offer_in(cx, NS_X, "0.0.0.0:5003", "10.0.0.254:9090"),
-        Msg::OfferRefused {
-            reason: RefuseReason::Invalid
-        }
+    let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, "0.0.0.0:5003", "10.0.0.254:9090") else {
+        panic!("offer to a translated address with two targets refused")
+    };
+    t.env.track(
+        "10.0.0.1:5003",
+        "10.0.0.254:9090",
+        "10.0.0.3:80",
+        "10.0.0.1:5003",
     );
+    // Y, whose listener the connection did not reach, with its addresses.
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.1:5003"),
+        Msg::NoOffer
+    );
+    assert!(matches!(
+        t.claim_in(sz, NS_Z, "10.0.0.3:80", "10.0.0.1:5003"),
+        Msg::ClaimOk { offer_id: o, .. } if o == offer_id
+    ));
 }
 
 /// A connection between two namespaces whose source the daemon's
