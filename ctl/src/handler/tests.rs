@@ -1280,3 +1280,47 @@ fn status_scope_of_net_admins_and_unplaced_processes() {
     assert_eq!(seen(&mut t, 62), 0, "NET_ADMIN in another namespace");
     assert_eq!(seen(&mut t, 64), 1, "the namespace of 63's socket");
 }
+
+/// IPv6 between namespaces, and a dual-stack wildcard listener taking an
+/// IPv4 client of another namespace.
+#[test]
+fn rings_between_namespaces_over_ipv6_and_dual_stack() {
+    let mut t = T::new();
+    t.env.set_addrs(NS_X, &["fd00::1", "10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["fd00::2", "10.0.0.2"]);
+    let (cx, sy) = (11, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    let l = FakeSock::Listener {
+        addr: a("[::]:80"),
+        dual_stack: true,
+    };
+    let m = Msg::ListenerAdd { addr: a("[::]:80") };
+    assert_eq!(t.req_in(sy, NS_Y, m, vec![l]), Msg::Ok);
+    // (client bound, server dialled, the accepted socket's local and peer)
+    for (client, server, local, peer) in [
+        (
+            "[::]:5000",
+            "[fd00::2]:80",
+            "[fd00::2]:80",
+            "[fd00::1]:5000",
+        ),
+        (
+            "0.0.0.0:5001",
+            "10.0.0.2:80",
+            "[::ffff:10.0.0.2]:80",
+            "[::ffff:10.0.0.1]:5001",
+        ),
+    ] {
+        let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, client, server) else {
+            panic!("offer {client} -> {server} refused")
+        };
+        assert!(
+            matches!(
+                t.claim_in(sy, NS_Y, local, peer),
+                Msg::ClaimOk { offer_id: o, .. } if o == offer_id
+            ),
+            "{client} -> {server}"
+        );
+    }
+}
