@@ -876,6 +876,10 @@ impl<E: Env> Handler<E> {
                     .filter(|a| a.is_ipv4() == ip.is_ipv4() || (a.is_ipv4() && key.dual_stack))
                     .copied()
                     .collect()
+            } else if addrs.is_some_and(|a| !a.contains(&canonical(key.addr).ip())) {
+                // Bound to an address its namespace does not have
+                // (IP_FREEBIND): it serves nobody else.
+                continue;
             } else {
                 vec![ip]
             };

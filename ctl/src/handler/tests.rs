@@ -1324,3 +1324,38 @@ fn rings_between_namespaces_over_ipv6_and_dual_stack() {
         );
     }
 }
+
+/// A listener bound to an address its namespace does not have (Y's,
+/// with IP_FREEBIND) does not make that address served from there: X's
+/// offer goes to Y's listener alone.
+#[test]
+fn a_listener_on_another_namespaces_address_serves_nothing() {
+    let mut t = T::new();
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    t.env.set_addrs(NS_Z, &["10.0.0.3"]);
+    let (cx, sy, sz) = (11, 22, 33);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.session_in(sz, 330, 1000, NS_Z);
+    t.listen_in(sz, NS_Z, "10.0.0.2:80");
+    // Only Z's listener on Y's address: nobody serves it.
+    assert_eq!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5000", "10.0.0.2:80"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, "0.0.0.0:5001", "10.0.0.2:80") else {
+        panic!("offer refused")
+    };
+    assert_eq!(
+        t.claim_in(sz, NS_Z, "10.0.0.2:80", "10.0.0.1:5001"),
+        Msg::NoOffer
+    );
+    assert!(matches!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.1:5001"),
+        Msg::ClaimOk { offer_id: o, .. } if o == offer_id
+    ));
+}
