@@ -157,6 +157,11 @@ fn claim_socket(cfg: &DaemonConfig) -> Result<Held, StartError> {
 /// Runs the daemon until SIGTERM/SIGINT (in the background unless
 /// `foreground`: then this returns in the parent only on failure).
 pub fn run(cfg: &DaemonConfig) -> Result<(), StartError> {
+    // From the moment the socket answers, SIGTERM and SIGINT must end the
+    // daemon through its loop (which removes the socket file), not by
+    // their default action: they stay pending until the loop's signalfd.
+    sys::block_signals(&[libc::SIGTERM, libc::SIGINT])
+        .or_else(|e| fail(format!("cannot block SIGTERM/SIGINT: {e}")))?;
     let held = if cfg.foreground {
         claim_socket(cfg)?
     } else {

@@ -22,6 +22,11 @@ impl NetNs {
     /// told otherwise.
     pub const FAKE: NetNs = NetNs { dev: 4, ino: 1 };
 
+    /// No namespace (nsfs's device is never 0): where offers for a
+    /// translated address wait, their server's namespace known only once
+    /// a connection-tracking entry names it at the claim.
+    pub const TRANSLATED: NetNs = NetNs { dev: 0, ino: 0 };
+
     fn of_file(meta: &std::fs::Metadata) -> NetNs {
         NetNs {
             dev: meta.dev(),
@@ -98,18 +103,43 @@ fn inet6_line(line: &str) -> Option<Ipv6Addr> {
         .map(Ipv6Addr::from)
 }
 
-/// Whether process `pid` has CAP_SYS_ADMIN in its effective set (it may
-/// enter any namespace of its user namespace). False when unknown.
-pub fn is_admin(pid: u32) -> bool {
+/// The administrative capabilities a process has in its effective set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Caps {
+    /// CAP_SYS_ADMIN: it may enter any namespace of its user namespace.
+    pub sys_admin: bool,
+    /// CAP_NET_ADMIN: it administers the network of its namespace.
+    pub net_admin: bool,
+}
+
+impl Caps {
+    pub const NONE: Caps = Caps {
+        sys_admin: false,
+        net_admin: false,
+    };
+    pub const ALL: Caps = Caps {
+        sys_admin: true,
+        net_admin: true,
+    };
+}
+
+/// The capabilities of process `pid` (/proc/PID/status CapEff); none
+/// when unknown.
+pub fn caps_of(pid: u32) -> Caps {
+    const CAP_NET_ADMIN: u32 = 12;
     const CAP_SYS_ADMIN: u32 = 21;
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return false;
+        return Caps::NONE;
     };
-    status
+    let eff = status
         .lines()
         .find_map(|l| l.strip_prefix("CapEff:"))
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << CAP_SYS_ADMIN) != 0)
+        .unwrap_or(0);
+    Caps {
+        sys_admin: eff & (1 << CAP_SYS_ADMIN) != 0,
+        net_admin: eff & (1 << CAP_NET_ADMIN) != 0,
+    }
 }
 
 /// The daemon's own namespace (its addresses are what `is_local_ip` sees).
@@ -161,8 +191,8 @@ mod tests {
     #[test]
     fn a_process_that_is_gone_is_no_admin() {
         assert!(of_pid(u32::MAX).is_err());
-        assert!(!is_admin(u32::MAX));
+        assert_eq!(caps_of(u32::MAX), Caps::NONE);
         // Whatever we are, asking does not fail.
-        let _ = is_admin(std::process::id());
+        let _ = caps_of(std::process::id());
     }
 }

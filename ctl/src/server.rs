@@ -230,7 +230,7 @@ impl Server {
                 // Only for status listings: the offers' namespaces come
                 // from the sockets themselves.
                 netns: crate::netns::of_pid(c.pid).ok(),
-                admin: crate::netns::is_admin(c.pid),
+                caps: crate::netns::caps_of(c.pid),
             },
             Err(e) => {
                 warn!("SO_PEERCRED failed ({e}), refusing the connection");

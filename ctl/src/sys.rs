@@ -96,24 +96,31 @@ pub struct SignalFd {
     fd: OwnedFd,
 }
 
+/// Blocks `signals` for this thread (and the threads and children it
+/// makes from now on); returns the set.
+pub fn block_signals(signals: &[i32]) -> io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data, initialised by sigemptyset.
+    let mut set: libc::sigset_t = unsafe { mem::zeroed() };
+    // SAFETY: set is a valid sigset_t; the calls only edit it and the
+    // thread's signal mask.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        for &s in signals {
+            libc::sigaddset(&mut set, s);
+        }
+        cvt(libc::pthread_sigmask(
+            libc::SIG_BLOCK,
+            &set,
+            std::ptr::null_mut(),
+        ))?;
+    }
+    Ok(set)
+}
+
 impl SignalFd {
     /// Blocks the signals for this thread and opens a signalfd for them.
     pub fn new(signals: &[i32]) -> io::Result<SignalFd> {
-        // SAFETY: sigset_t is plain data, initialised by sigemptyset.
-        let mut set: libc::sigset_t = unsafe { mem::zeroed() };
-        // SAFETY: set is a valid sigset_t; the calls only edit it and the
-        // thread's signal mask.
-        unsafe {
-            libc::sigemptyset(&mut set);
-            for &s in signals {
-                libc::sigaddset(&mut set, s);
-            }
-            cvt(libc::pthread_sigmask(
-                libc::SIG_BLOCK,
-                &set,
-                std::ptr::null_mut(),
-            ))?;
-        }
+        let set = block_signals(signals)?;
         // SAFETY: set is a valid sigset_t.
         let fd = cvt(unsafe { libc::signalfd(-1, &set, libc::SFD_CLOEXEC | libc::SFD_NONBLOCK) })?;
         Ok(SignalFd { fd: owned(fd) })

@@ -16,7 +16,8 @@
 //! * `a_claim_from_another_namespace_is_refused`: with A's offer open (its
 //!   server holds off accepting), the `intruder` in B makes a real TCP
 //!   connection with the victims' 4-tuple (free in B) and claims with its
-//!   accepted socket, among its other attempts: NoOffer; A's server then
+//!   accepted socket, and offers for A's client address with a socket of
+//!   its own, among its other attempts: NoOffer, refused; A's server then
 //!   gets its ring and the stream checks out.
 
 use std::path::Path;
@@ -294,6 +295,11 @@ fn a_claim_from_another_namespace_is_refused() {
     assert!(
         text.contains("denied claim with our own connection of their 4-tuple: NoOffer"),
         "the claim with the victims' 4-tuple from another namespace was not made or not refused:\n{text}"
+    );
+    // An offer for A's client address, proven with B's own socket.
+    assert!(
+        text.contains("denied offer for the victim client's address"),
+        "{text}"
     );
     // The open offer was there, and only A's server could settle it.
     assert!(

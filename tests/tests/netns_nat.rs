@@ -10,11 +10,15 @@
 //!
 //! The daemon learns the translation from its connection tracking, so the
 //! first connection, made before, stays TCP (and must carry its bytes
-//! right); the next one gets a shared-memory ring, which the server's
-//! accepted socket claims through the tracking entry (reply tuple = the
-//! accepted socket, original tuple = the offer): both ends on one ring,
-//! 4 MiB sha256 checked.
+//! right); a later one (within five, a second or more apart) gets a
+//! shared-memory ring, which the server's accepted socket claims through
+//! the tracking entry (reply tuple = the accepted socket, original tuple =
+//! the offer): both ends on one ring, 4 MiB sha256 checked.
+//!
+//! `a_service_address_with_two_replicas_gets_rings`: an address of no
+//! namespace translated to two replicas in turn, as a Kubernetes Service.
 
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -156,11 +160,24 @@ fn translate(br: &Bridge, masquerade: bool) {
 /// One client run in A against the hub's address; waits for its check
 /// line and compares it with the payload.
 fn client(br: &Bridge, ctl: &NsCtl, dir: &TempDir, data: &[u8], end: &Path) -> Server {
+    let dest = SocketAddr::from((br.ip_hub, PORT));
+    client_to(br, ctl, dir, data, end, dest)
+}
+
+/// One client run in A against `dest`.
+fn client_to(
+    br: &Bridge,
+    ctl: &NsCtl,
+    dir: &TempDir,
+    data: &[u8],
+    end: &Path,
+    dest: SocketAddr,
+) -> Server {
     let mut c = Hosts::shimmed_in(&br.a, ctl.sock(), "python3")
         .env("RINGSOCK_CLAIM_WAIT_MS", "20000")
         .arg(dir.path().join("client.py"))
-        .arg(br.ip_hub.to_string())
-        .arg(PORT.to_string())
+        .arg(dest.ip().to_string())
+        .arg(dest.port().to_string())
         .arg(dir.path().join("payload"))
         .arg(end)
         .spawn();
@@ -205,18 +222,37 @@ fn through_translation(masquerade: bool) {
     assert!(first
         .wait(Duration::from_secs(30))
         .is_some_and(|s| s.success()));
-    // The daemon reads its connection tracking every second.
-    std::thread::sleep(Duration::from_millis(2500));
-
-    let end = dir.path().join("end");
-    let mut second = client(&br, &ctl, &dir, &data, &end);
-    let conns = ctl.status().expect("status");
+    // The daemon reads its connection tracking every second: a later
+    // connection gets a ring (each one checked byte for byte meanwhile).
+    let mut attempt = 0;
+    let (mut second, conns, c, s) = loop {
+        attempt += 1;
+        std::thread::sleep(Duration::from_millis(1200));
+        let end = dir.path().join(format!("end{attempt}"));
+        let mut second = client(&br, &ctl, &dir, &data, &end);
+        let conns = ctl.status().expect("status");
+        let all = ringsock_integration::show(&conns);
+        let c = end_of(&conns, second.pid(), &all).clone();
+        let s = conns
+            .iter()
+            .find(|s| s.pid == srv.pid() && s.ring.is_some() && s.ring == c.ring)
+            .cloned();
+        match s {
+            Some(s) => break (second, conns, c, s),
+            None => {
+                assert!(
+                    attempt < 5,
+                    "no ring through the translation after {attempt} connections:\n{all}\ndaemon log:\n{}",
+                    ctl.log()
+                );
+                dir.write(&format!("end{attempt}"), b"");
+                assert!(second
+                    .wait(Duration::from_secs(30))
+                    .is_some_and(|s| s.success()));
+            }
+        }
+    };
     let all = ringsock_integration::show(&conns);
-    let c = end_of(&conns, second.pid(), &all);
-    let s = conns
-        .iter()
-        .find(|s| s.pid == srv.pid() && s.ring.is_some() && s.ring == c.ring)
-        .unwrap_or_else(|| panic!("the server has no end on the client's ring:\n{all}"));
     assert!(
         c.is_shm() && s.is_shm(),
         "not both on shm through the translation:\n{all}\ndaemon log:\n{}",
@@ -225,7 +261,7 @@ fn through_translation(masquerade: bool) {
     assert_eq!(c.peer.ip(), br.ip_hub, "{c}");
     let peer = if masquerade { br.ip_hub } else { br.ip_a };
     assert_eq!(s.peer.ip(), peer, "{s}");
-    dir.write("end", b"");
+    dir.write(&format!("end{attempt}"), b"");
     assert!(second
         .wait(Duration::from_secs(30))
         .is_some_and(|s| s.success()));
@@ -240,4 +276,91 @@ fn dnat_with_masquerade_gets_a_ring() {
 #[test]
 fn dnat_without_masquerade_gets_a_ring() {
     through_translation(false);
+}
+
+/// A service address as kube-proxy makes one: an address of no namespace
+/// (10.254.Y.80:80, routed to the hub), translated in the hub to one of
+/// two replicas in turn (B's 8081 and 8082, nft numgen), masqueraded.
+/// Once the daemon saw both translations, connections to the service
+/// address get rings to whichever replica the kernel picked, each one
+/// claimed through its own tracking entry.
+#[test]
+fn a_service_address_with_two_replicas_gets_rings() {
+    require!("python3", "ip", "nft");
+    let Some(br) = Bridge::new() else {
+        return;
+    };
+    let [_, _, y, _] = br.ip_a.octets();
+    let vip = Ipv4Addr::new(10, 254, y, 80);
+    let hub = br.hub.as_str();
+    in_ns(hub, &["nft", "add", "table", "ip", "rssvc"]);
+    for rule in [
+        "add chain ip rssvc pre { type nat hook prerouting priority -100; }".to_string(),
+        format!(
+            "add rule ip rssvc pre ip daddr {vip} tcp dport 80 dnat to {}:numgen inc mod 2 map {{ 0 : 8081, 1 : 8082 }}",
+            br.ip_b
+        ),
+        "add chain ip rssvc post { type nat hook postrouting priority 100; }".to_string(),
+        format!("add rule ip rssvc post ip daddr {} ct status dnat masquerade", br.ip_b),
+    ] {
+        in_ns(hub, &["nft", &rule]);
+    }
+    let ctl = NsCtl::start(hub, &[]);
+    let dir = TempDir::new("nssvc");
+    let data = payload(SIZE, 41);
+    dir.write("server.py", SERVER_PY.as_bytes());
+    dir.write("client.py", CLIENT_PY.as_bytes());
+    dir.write("payload", &data);
+    let mut replicas: Vec<Server> = [8081u16, 8082]
+        .iter()
+        .map(|port| {
+            let mut srv = Hosts::shimmed_in(&br.b, ctl.sock(), "python3")
+                .arg(dir.path().join("server.py"))
+                .arg(port.to_string())
+                .spawn();
+            srv.wait_line("listening", Duration::from_secs(20));
+            srv
+        })
+        .collect();
+    let dest = SocketAddr::from((vip, 80));
+    let end = dir.write("end-warm", b"");
+    for _ in 0..2 {
+        let mut c = client_to(&br, &ctl, &dir, &data, &end, dest);
+        assert!(c.wait(Duration::from_secs(30)).is_some_and(|s| s.success()));
+    }
+    // Until each replica took a connection on a ring (every connection
+    // checked byte for byte).
+    let mut on_ring = std::collections::BTreeSet::new();
+    for attempt in 1..=8 {
+        if on_ring.len() == 2 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(600));
+        let end = dir.path().join(format!("end{attempt}"));
+        let mut c = client_to(&br, &ctl, &dir, &data, &end, dest);
+        let conns = ctl.status().expect("status");
+        let all = ringsock_integration::show(&conns);
+        let mine = conns
+            .iter()
+            .find(|e| e.pid == c.pid() && e.peer == dest)
+            .unwrap_or_else(|| panic!("the client's end is not reported:\n{all}"));
+        if let Some(s) = conns.iter().find(|s| {
+            replicas.iter().any(|r| r.pid() == s.pid) && s.ring.is_some() && s.ring == mine.ring
+        }) {
+            assert!(mine.is_shm() && s.is_shm(), "{all}");
+            assert_eq!(s.peer.ip(), br.ip_hub, "{s}");
+            on_ring.insert(s.local.port());
+        }
+        dir.write(&format!("end{attempt}"), b"");
+        assert!(c.wait(Duration::from_secs(30)).is_some_and(|s| s.success()));
+    }
+    assert_eq!(
+        on_ring.len(),
+        2,
+        "not both replicas on rings: {on_ring:?}\ndaemon log:\n{}",
+        ctl.log()
+    );
+    for r in &mut replicas {
+        r.assert_running();
+    }
 }

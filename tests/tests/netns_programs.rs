@@ -10,12 +10,17 @@
 //! * `nginx_across_namespaces`: curl fetching 1 MiB and 10 MiB files from
 //!   two nginx workers, byte for byte;
 //! * `sockperf_across_namespaces`: sockperf ping-pong over TCP, every
-//!   reply back.
+//!   reply back;
+//! * `redis_through_a_published_port`: the hub runs the daemon and
+//!   publishes its port 6380 as B's redis (nftables DNAT, masqueraded, as
+//!   Docker does); once the daemon saw the translation (a first
+//!   connection), redis-benchmark in A against the hub's port runs on
+//!   rings.
 
 use std::time::{Duration, Instant};
 
 use ringsock_integration::http::curl;
-use ringsock_integration::netns::{Bridge, Hosts};
+use ringsock_integration::netns::{Bridge, Hosts, NsCtl};
 use ringsock_integration::sha256::assert_file;
 use ringsock_integration::{
     assert_all_shm, assert_shim_silent, nginx, payload, require, sha256, Ctl, Server, TempDir,
@@ -224,4 +229,153 @@ fn sockperf_across_namespaces() {
         .unwrap_or_else(|| panic!("no latency summary:\n{text}"));
     println!("sockperf across namespaces on shm: {summary}");
     drop(server);
+}
+
+/// Runs `args` in namespace `ns` (no shim); panics with its output on
+/// failure.
+fn in_ns(ns: &str, args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run ip netns exec");
+    assert!(
+        out.status.success(),
+        "{args:?} in {ns}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn redis_through_a_published_port() {
+    require!(
+        "redis-server",
+        "redis-benchmark",
+        "redis-cli",
+        "ip",
+        "bash",
+        "nft"
+    );
+    let Some(br) = Bridge::new() else {
+        return;
+    };
+    let hub = br.hub.as_str();
+    in_ns(hub, &["nft", "add", "table", "ip", "rspub"]);
+    for rule in [
+        "add chain ip rspub pre { type nat hook prerouting priority -100; }".to_string(),
+        format!(
+            "add rule ip rspub pre ip daddr {} tcp dport 6380 dnat to {}:6379",
+            br.ip_hub, br.ip_b
+        ),
+        "add chain ip rspub post { type nat hook postrouting priority 100; }".to_string(),
+        format!(
+            "add rule ip rspub post ip daddr {} ct status dnat masquerade",
+            br.ip_b
+        ),
+    ] {
+        in_ns(hub, &["nft", &rule]);
+    }
+    let ctl = NsCtl::start(hub, &[]);
+    let dir = TempDir::new("nsredispub");
+    let mut server = Hosts::shimmed_in(&br.b, ctl.sock(), "redis-server")
+        .args([
+            "--port",
+            "6379",
+            "--bind",
+            "0.0.0.0",
+            "--protected-mode",
+            "no",
+        ])
+        .args(["--save", "", "--appendonly", "no", "--dir"])
+        .arg(dir.path())
+        .spawn();
+    let published = format!("{}:6380", br.ip_hub);
+    wait_listening(&br.a, &published, &mut server);
+    // Until a connection through the port is on a ring: the first ones
+    // teach the daemon the translation.
+    let hub_ip = br.ip_hub.to_string();
+    let on_ring = (0..10).any(|_| {
+        std::thread::sleep(Duration::from_millis(600));
+        let mut cli = Hosts::shimmed_in(&br.a, ctl.sock(), "redis-cli")
+            .args([
+                "-h", &hub_ip, "-p", "6380", "-r", "10", "-i", "0.05", "ping",
+            ])
+            .spawn();
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut seen = false;
+        while cli.exited().is_none() && Instant::now() < end {
+            let conns = ctl.status().unwrap_or_default();
+            seen |= conns.iter().any(|c| c.pid == cli.pid() && c.is_shm());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        seen
+    });
+    assert!(
+        on_ring,
+        "no redis-cli connection through the published port on a ring:\n{}",
+        ctl.log()
+    );
+    let mut bench = Hosts::shimmed_in(&br.a, ctl.sock(), "redis-benchmark")
+        .args([
+            "-h", &hub_ip, "-p", "6380", "-t", "set,get", "-n", "200000", "-c", "20",
+        ])
+        .spawn();
+    let bench_pid = bench.pid();
+    // NsCtl has no watch: sample its status while the benchmark runs.
+    let mut seen: Vec<ringsock_integration::Conn> = Vec::new();
+    let end = Instant::now() + Duration::from_secs(60);
+    while bench.exited().is_none() && Instant::now() < end {
+        for c in ctl.status().unwrap_or_default() {
+            if !seen
+                .iter()
+                .any(|s| s.pid == c.pid && s.fd == c.fd && s.local == c.local)
+            {
+                seen.push(c);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let st = bench.wait(Duration::from_secs(5));
+    let (out, err) = bench.output();
+    assert!(
+        st.is_some_and(|s| s.success()),
+        "redis-benchmark: {st:?}\n{out}\n{err}"
+    );
+    assert_shim_silent("redis-benchmark", &err);
+    for test in ["SET", "GET"] {
+        let section = out
+            .split(&format!("====== {test} ======"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {test} section in:\n{out}"));
+        assert!(
+            section.contains("200000 requests completed"),
+            "{test}: {section}"
+        );
+    }
+    // Every end seen is on shm, and the connections seen from both ends
+    // (a report comes a little after its connection) share their ring.
+    let all = ringsock_integration::show(&seen);
+    let clients: Vec<_> = seen.iter().filter(|c| c.pid == bench_pid).collect();
+    let srv_pid = server.pid();
+    assert!(
+        seen.iter()
+            .filter(|c| c.pid == bench_pid || c.pid == srv_pid)
+            .all(|c| c.is_shm()),
+        "an end through the published port not on shm:\n{all}"
+    );
+    let paired = clients
+        .iter()
+        .filter(|c| {
+            seen.iter()
+                .any(|s| s.pid == srv_pid && s.ring.is_some() && s.ring == c.ring)
+        })
+        .count();
+    assert!(
+        paired >= 10,
+        "only {paired} of {} benchmark connections seen on a ring with the server:\n{all}",
+        clients.len()
+    );
+    println!("redis-benchmark through the published port: {paired} connection(s) on shm rings");
 }

@@ -73,7 +73,7 @@ pub fn run_script(data: &[u8]) -> ScriptStats {
                     uid: 0,
                     gid: 0,
                     netns: Some(crate::netns::NetNs::FAKE),
-                    admin: false,
+                    caps: crate::netns::Caps::NONE,
                 };
                 h.open_session(id, cred);
                 open[slot] = true;
@@ -113,7 +113,7 @@ pub fn run_script(data: &[u8]) -> ScriptStats {
                             uid: 0,
                             gid: 0,
                             netns: Some(crate::netns::NetNs::FAKE),
-                            admin: false,
+                            caps: crate::netns::Caps::NONE,
                         },
                     );
                     let hello = Msg::Hello {

@@ -179,9 +179,13 @@ pub struct Handler<E: Env> {
     served: HashMap<SocketAddr, Vec<NetNs>>,
     /// When `served` was last computed.
     served_at: Option<Instant>,
-    /// Addresses of the daemon's namespace that its connection tracking
-    /// showed translated (DNAT) to a listener of another namespace.
-    translated: HashMap<SocketAddr, Translation>,
+    /// Addresses that the daemon's connection tracking showed translated
+    /// (DNAT) to listeners of other namespaces (a service's replicas: one
+    /// address, several targets).
+    translated: HashMap<SocketAddr, Vec<Translation>>,
+    /// When the connection tracking was last read (at most once every
+    /// `ADDRS_FRESH`, however often the served set is recomputed).
+    tracked_at: Option<Instant>,
     reg: Registry<E::Fd, E::Ring>,
     daemon_version: String,
     host_id: u64,
@@ -223,6 +227,7 @@ impl<E: Env> Handler<E> {
             served: HashMap::new(),
             served_at: None,
             translated: HashMap::new(),
+            tracked_at: None,
             env,
             reg: Registry::new(limits),
             daemon_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -454,9 +459,15 @@ impl<E: Env> Handler<E> {
     /// when it connected (a process cannot make sockets of a namespace it
     /// could not enter).
     fn socket_netns(&mut self, id: SessionId, fd: &E::Fd) -> Option<NetNs> {
-        self.env
-            .netns(fd)
-            .or_else(|| self.reg.cred_of(id).and_then(|c| c.netns))
+        match self.env.netns(fd) {
+            Some(ns) => {
+                // A process the daemon cannot see (another pid namespace)
+                // is listed under the namespace of its sockets.
+                self.reg.learn_netns(id, ns);
+                Some(ns)
+            }
+            None => self.reg.cred_of(id).and_then(|c| c.netns),
+        }
     }
 
     fn listener_add(&mut self, id: SessionId, addr: SocketAddr, proof: E::Fd) -> Reply<E::Fd> {
@@ -519,11 +530,7 @@ impl<E: Env> Handler<E> {
         } else {
             self.other_netns_server(id, netns, client, server, now)
         };
-        let translated = here.is_some_and(|ns| {
-            self.translated
-                .get(&canonical(server))
-                .is_some_and(|t| t.netns == ns)
-        });
+        let translated = here == Some(NetNs::TRANSLATED);
         let new = NewOffer {
             client,
             server,
@@ -869,6 +876,10 @@ impl<E: Env> Handler<E> {
                     .filter(|a| a.is_ipv4() == ip.is_ipv4() || (a.is_ipv4() && key.dual_stack))
                     .copied()
                     .collect()
+            } else if addrs.is_some_and(|a| !a.contains(&canonical(key.addr).ip())) {
+                // Bound to an address its namespace does not have
+                // (IP_FREEBIND): it serves nobody else.
+                continue;
             } else {
                 vec![ip]
             };
@@ -887,27 +898,26 @@ impl<E: Env> Handler<E> {
         {
             self.learn_translations(&served, now);
         }
-        self.translated
-            .retain(|_, t| now.saturating_duration_since(t.seen) < TRANSLATION_KEPT);
-        // A translated address is served by its target's namespace while
-        // the target is.
-        let live: Vec<(SocketAddr, Translation)> = self
-            .translated
-            .iter()
-            .filter(|(_, t)| served.get(&t.to).is_some_and(|v| v.contains(&t.netns)))
-            .map(|(from, t)| (*from, *t))
-            .collect();
-        for (from, t) in &live {
-            served.entry(*from).or_insert_with(|| vec![t.netns]);
-        }
-        let keys = served
+        self.translated.retain(|_, ts| {
+            ts.retain(|t| now.saturating_duration_since(t.seen) < TRANSLATION_KEPT);
+            !ts.is_empty()
+        });
+        // A translated address is offered for while one of its targets is
+        // served, and those targets' servers ask about their accepts.
+        let mut keys: std::collections::HashSet<_> = served
             .keys()
             .map(ringsock_proto::offers::served_key)
-            .chain(
-                live.iter()
-                    .map(|(_, t)| ringsock_proto::offers::target_key(&t.to)),
-            )
             .collect();
+        for (from, ts) in &self.translated {
+            let mut live = ts
+                .iter()
+                .filter(|t| served.get(&t.to).is_some_and(|v| v.contains(&t.netns)))
+                .peekable();
+            if live.peek().is_some() {
+                keys.insert(ringsock_proto::offers::served_key(from));
+            }
+            keys.extend(live.map(|t| ringsock_proto::offers::target_key(&t.to)));
+        }
         self.reg.set_served(&keys);
         self.served = served;
         self.served_at = Some(now);
@@ -929,40 +939,43 @@ impl<E: Env> Handler<E> {
             .any(|ns| Some(*ns) != self.own_netns)
     }
 
-    /// Learns from the daemon's connection tracking which of its addresses
-    /// are translated to which listener of another namespace: a tracked
+    /// Whether connections to `server` are translated to a listener that
+    /// is served now.
+    fn translation_live(&self, server: SocketAddr) -> bool {
+        self.translated.get(&server).is_some_and(|ts| {
+            ts.iter()
+                .any(|t| self.served.get(&t.to).is_some_and(|v| v.contains(&t.netns)))
+        })
+    }
+
+    /// Learns from the daemon's connection tracking which addresses are
+    /// translated to which listeners of other namespaces: a tracked
     /// connection whose reply comes from a served address of exactly one
-    /// namespace. An address seen translated to two places is forgotten.
+    /// namespace (an address two namespaces serve tells nothing).
     fn learn_translations(&mut self, served: &HashMap<SocketAddr, Vec<NetNs>>, now: Instant) {
-        let mut found: HashMap<SocketAddr, Option<(SocketAddr, NetNs)>> = HashMap::new();
+        if self
+            .tracked_at
+            .is_some_and(|t| now.saturating_duration_since(t) < ADDRS_FRESH)
+        {
+            return;
+        }
+        self.tracked_at = Some(now);
         for e in self.env.conntrack_translated() {
             let (from, to) = (canonical(e.orig.dst), canonical(e.reply.src));
-            let Some([ns]) = served.get(&to).map(Vec::as_slice) else {
+            let Some(&[netns]) = served.get(&to).map(Vec::as_slice) else {
                 continue;
             };
-            if Some(*ns) == self.own_netns {
+            if Some(netns) == self.own_netns {
                 continue;
             }
-            let entry = found.entry(from).or_insert(Some((to, *ns)));
-            if *entry != Some((to, *ns)) {
-                *entry = None;
-            }
-        }
-        for (from, to) in found {
-            match to {
-                Some((to, netns)) => {
-                    self.translated.insert(
-                        from,
-                        Translation {
-                            to,
-                            netns,
-                            seen: now,
-                        },
-                    );
-                }
-                None => {
-                    self.translated.remove(&from);
-                }
+            let ts = self.translated.entry(from).or_default();
+            match ts.iter_mut().find(|t| t.to == to && t.netns == netns) {
+                Some(t) => t.seen = now,
+                None => ts.push(Translation {
+                    to,
+                    netns,
+                    seen: now,
+                }),
             }
         }
     }
@@ -992,21 +1005,34 @@ impl<E: Env> Handler<E> {
             // Not translated: the offer, if any, was already asked for.
             return None;
         }
-        let to_here = |t: &Translation| t.to == local && t.netns == netns;
-        if d0 != local && !self.translated.get(&d0).is_some_and(to_here) {
+        // Only the source translated: the offer is in this namespace.
+        // The destination translated to this very listener: the offer
+        // waits in no namespace for the tracking entry to name one.
+        let offered_in = if d0 == local {
+            netns
+        } else if self
+            .translated
+            .get(&d0)
+            .is_some_and(|ts| ts.iter().any(|t| t.to == local && t.netns == netns))
+        {
+            NetNs::TRANSLATED
+        } else {
             return None;
-        }
+        };
         let addrs = &self.ns_addrs;
-        self.reg.claim_checked(id, netns, d0, c0, now, |client_ns| {
-            client_ns != netns && only_in(addrs, c0.ip(), client_ns, netns)
-        })
+        self.reg
+            .claim_checked(id, offered_in, d0, c0, now, |client_ns| {
+                client_ns != netns && only_in(addrs, c0.ip(), client_ns, netns)
+            })
     }
 
     /// For a client socket of namespace `client_ns` connecting to `server`,
     /// an address its namespace does not have: the one other namespace
-    /// whose listener takes connections to it, when the client's address
-    /// (if it is bound to one) is `client_ns`'s alone. None when no
-    /// namespace or several do, or anything is unknown: then the offer
+    /// whose listener takes connections to it (or, for an address the
+    /// daemon saw translated to served listeners, `NetNs::TRANSLATED`:
+    /// the claim's tracking entry names the namespace), when the client's
+    /// address (if it is bound to one) is `client_ns`'s alone. None when
+    /// no namespace or several do, or anything is unknown: then the offer
     /// goes the other-host way.
     fn other_netns_server(
         &mut self,
@@ -1018,15 +1044,17 @@ impl<E: Env> Handler<E> {
     ) -> Option<NetNs> {
         self.refresh_served(now, false);
         let s = canonical(server);
-        let candidates: Vec<NetNs> = self
-            .served
-            .get(&s)?
-            .iter()
-            .filter(|ns| **ns != client_ns)
-            .copied()
-            .collect();
-        let [server_ns] = candidates[..] else {
-            return None;
+        let server_ns = match self.served.get(&s) {
+            Some(v) => {
+                let candidates: Vec<NetNs> =
+                    v.iter().filter(|ns| **ns != client_ns).copied().collect();
+                let [server_ns] = candidates[..] else {
+                    return None;
+                };
+                server_ns
+            }
+            None if self.translation_live(s) => NetNs::TRANSLATED,
+            None => return None,
         };
         let pid = self
             .reg
@@ -1049,16 +1077,23 @@ const NO_NETNS: &str = "cannot learn the socket's network namespace";
 
 impl<E: Env> Handler<E> {
     /// Whose connections session `id` may list: root with CAP_SYS_ADMIN
-    /// (who could enter every namespace anyway) sees every namespace's,
-    /// anyone else (root of a container too) only those of the namespace
-    /// it is in, and nothing when that is unknown.
+    /// (who could enter every namespace anyway), or with CAP_NET_ADMIN in
+    /// the daemon's own namespace (the daemon's administrator: a
+    /// DaemonSet's container), sees every namespace's; anyone else (root
+    /// of a container too) only those of the namespace it is in, and
+    /// nothing when that is unknown.
     fn scope_of(&self, id: SessionId) -> Scope {
         match self.reg.cred_of(id) {
             Some(Cred {
                 uid: 0,
-                admin: true,
+                caps,
+                netns,
                 ..
-            }) => Scope::Host,
+            }) if caps.sys_admin
+                || (caps.net_admin && netns.is_some() && netns == self.own_netns) =>
+            {
+                Scope::Host
+            }
             Some(Cred {
                 netns: Some(ns), ..
             }) => Scope::Netns(ns),

@@ -34,7 +34,7 @@ impl T {
                     uid: 0,
                     gid: 0,
                     netns: Some(crate::netns::NetNs::FAKE),
-                    admin: true,
+                    caps: crate::netns::Caps::ALL,
                 },
             );
         }
@@ -109,7 +109,7 @@ fn hello_comes_first() {
             uid: 0,
             gid: 0,
             netns: Some(crate::netns::NetNs::FAKE),
-            admin: false,
+            caps: crate::netns::Caps::NONE,
         },
     );
     let e = h
@@ -388,7 +388,7 @@ fn only_status_named_names_processes_and_only_those_the_kernel_named() {
             uid: 0,
             gid: 0,
             netns: Some(crate::netns::NetNs::FAKE),
-            admin: false,
+            caps: crate::netns::Caps::NONE,
         },
     );
     let hello = Msg::Hello {
@@ -453,7 +453,7 @@ fn scripts_reach_deep_states() {
             uid: 0,
             gid: 0,
             netns: Some(crate::netns::NetNs::FAKE),
-            admin: false,
+            caps: crate::netns::Caps::NONE,
         },
     );
     let now = Instant::now();
@@ -679,7 +679,7 @@ impl T {
                 uid,
                 gid: uid,
                 netns: Some(netns),
-                admin: false,
+                caps: crate::netns::Caps::NONE,
             },
         );
         let hello = Msg::Hello {
@@ -824,7 +824,7 @@ fn no_namespace_no_proof() {
             uid: 1000,
             gid: 1000,
             netns: None,
-            admin: false,
+            caps: crate::netns::Caps::NONE,
         },
     );
     let hello = Msg::Hello {
@@ -866,7 +866,7 @@ fn status_shows_the_callers_namespace_unless_privileged() {
             uid: 0,
             gid: 0,
             netns: None,
-            admin: false,
+            caps: crate::netns::Caps::NONE,
         },
     );
     t.req(
@@ -1090,8 +1090,9 @@ fn a_translated_connection_pairs_through_its_tracking_entry() {
 }
 
 /// The same tracking entry presented by a process of another namespace
-/// (even with a socket of the listener's addresses) claims nothing, and
-/// an address translated to two listeners is never learned.
+/// (even with a socket of the listener's addresses) claims nothing; an
+/// address translated to two listeners pairs with the one its own
+/// connection's entry names.
 #[test]
 fn translations_pair_only_with_their_target() {
     let mut t = T::new();
@@ -1127,7 +1128,9 @@ fn translations_pair_only_with_their_target() {
         t.claim_in(sz, NS_Z, "10.0.0.2:80", "10.0.0.1:5001"),
         Msg::NoOffer
     );
-    // Port 9090 is translated to Y's and to Z's listener: not learned.
+    // Port 9090 is translated to Y's and to Z's listener (a service with
+    // two replicas): an offer waits for the tracking entry of its
+    // connection to name the one that accepted it.
     t.env.track(
         "10.0.0.1:4000",
         "10.0.0.254:9090",
@@ -1142,12 +1145,24 @@ fn translations_pair_only_with_their_target() {
     );
     t.now += std::time::Duration::from_secs(2);
     t.h.tick(t.now);
-    assert_eq!(
-        t.offer_in(cx, NS_X, "0.0.0.0:5003", "10.0.0.254:9090"),
-        Msg::OfferRefused {
-            reason: RefuseReason::Invalid
-        }
+    let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, "0.0.0.0:5003", "10.0.0.254:9090") else {
+        panic!("offer to a translated address with two targets refused")
+    };
+    t.env.track(
+        "10.0.0.1:5003",
+        "10.0.0.254:9090",
+        "10.0.0.3:80",
+        "10.0.0.1:5003",
     );
+    // Y, whose listener the connection did not reach, with its addresses.
+    assert_eq!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.1:5003"),
+        Msg::NoOffer
+    );
+    assert!(matches!(
+        t.claim_in(sz, NS_Z, "10.0.0.3:80", "10.0.0.1:5003"),
+        Msg::ClaimOk { offer_id: o, .. } if o == offer_id
+    ));
 }
 
 /// A connection between two namespaces whose source the daemon's
@@ -1180,6 +1195,167 @@ fn a_masqueraded_connection_pairs_through_its_tracking_entry() {
     );
     assert!(matches!(
         t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.254:5001"),
+        Msg::ClaimOk { offer_id: o, .. } if o == offer_id
+    ));
+}
+
+/// A namespace that offers from an address it does not have (a socket
+/// bound with IP_FREEBIND) to another namespace's: no ring, whichever
+/// namespace has that address.
+#[test]
+fn an_offer_from_an_address_not_ones_own_pairs_nothing() {
+    let mut t = T::new();
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    t.env.set_addrs(NS_Z, &["10.0.0.3"]);
+    let (cx, sy) = (11, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    for from in ["10.0.0.3:5000", "10.0.0.9:5001"] {
+        assert_eq!(
+            t.offer_in(cx, NS_X, from, "10.0.0.2:80"),
+            Msg::OfferRefused {
+                reason: RefuseReason::Invalid
+            },
+            "{from}"
+        );
+    }
+}
+
+/// CAP_NET_ADMIN counts only in the daemon's own namespace (its
+/// administrator), and a process the daemon could not place (pid of
+/// another pid namespace) is listed under the namespace of the first
+/// socket it proves.
+#[test]
+fn status_scope_of_net_admins_and_unplaced_processes() {
+    let mut t = T::new();
+    let net_admin = crate::netns::Caps {
+        sys_admin: false,
+        net_admin: true,
+    };
+    let sessions = [
+        (61, 0, Some(NetNs::FAKE), net_admin),
+        (62, 0, Some(NS_X), net_admin),
+        (63, 1000, None, crate::netns::Caps::NONE),
+        (64, 1000, Some(NS_Y), crate::netns::Caps::NONE),
+    ];
+    for (id, uid, netns, caps) in sessions {
+        t.h.open_session(
+            id,
+            Cred {
+                pid: 0,
+                uid,
+                gid: uid,
+                netns,
+                caps,
+            },
+        );
+        let hello = Msg::Hello {
+            pid: id as u32,
+            exe: "x".into(),
+        };
+        t.req(id, hello, vec![]);
+    }
+    // 63 proves a listener of NS_Y, then reports a connection.
+    t.listen_in(63, NS_Y, "0.0.0.0:80");
+    let report = Msg::ConnReport {
+        fd: 9,
+        local: a("10.0.0.2:80"),
+        peer: a("10.0.0.1:5000"),
+        transport: Transport::Tcp,
+        reason: "no ringsock peer".into(),
+        ring: None,
+    };
+    assert_eq!(t.req(63, report, vec![]).msg, Msg::Ok);
+    let seen = |t: &mut T, id| {
+        let Msg::StatusReply { entries, .. } =
+            t.req(id, Msg::StatusAll { after: None }, vec![]).msg
+        else {
+            panic!()
+        };
+        entries.len()
+    };
+    assert_eq!(seen(&mut t, 61), 1, "NET_ADMIN in the daemon's namespace");
+    assert_eq!(seen(&mut t, 62), 0, "NET_ADMIN in another namespace");
+    assert_eq!(seen(&mut t, 64), 1, "the namespace of 63's socket");
+}
+
+/// IPv6 between namespaces, and a dual-stack wildcard listener taking an
+/// IPv4 client of another namespace.
+#[test]
+fn rings_between_namespaces_over_ipv6_and_dual_stack() {
+    let mut t = T::new();
+    t.env.set_addrs(NS_X, &["fd00::1", "10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["fd00::2", "10.0.0.2"]);
+    let (cx, sy) = (11, 22);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    let l = FakeSock::Listener {
+        addr: a("[::]:80"),
+        dual_stack: true,
+    };
+    let m = Msg::ListenerAdd { addr: a("[::]:80") };
+    assert_eq!(t.req_in(sy, NS_Y, m, vec![l]), Msg::Ok);
+    // (client bound, server dialled, the accepted socket's local and peer)
+    for (client, server, local, peer) in [
+        (
+            "[::]:5000",
+            "[fd00::2]:80",
+            "[fd00::2]:80",
+            "[fd00::1]:5000",
+        ),
+        (
+            "0.0.0.0:5001",
+            "10.0.0.2:80",
+            "[::ffff:10.0.0.2]:80",
+            "[::ffff:10.0.0.1]:5001",
+        ),
+    ] {
+        let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, client, server) else {
+            panic!("offer {client} -> {server} refused")
+        };
+        assert!(
+            matches!(
+                t.claim_in(sy, NS_Y, local, peer),
+                Msg::ClaimOk { offer_id: o, .. } if o == offer_id
+            ),
+            "{client} -> {server}"
+        );
+    }
+}
+
+/// A listener bound to an address its namespace does not have (Y's,
+/// with IP_FREEBIND) does not make that address served from there: X's
+/// offer goes to Y's listener alone.
+#[test]
+fn a_listener_on_another_namespaces_address_serves_nothing() {
+    let mut t = T::new();
+    t.env.set_addrs(NS_X, &["10.0.0.1"]);
+    t.env.set_addrs(NS_Y, &["10.0.0.2"]);
+    t.env.set_addrs(NS_Z, &["10.0.0.3"]);
+    let (cx, sy, sz) = (11, 22, 33);
+    t.session_in(cx, 110, 1000, NS_X);
+    t.session_in(sy, 220, 1000, NS_Y);
+    t.session_in(sz, 330, 1000, NS_Z);
+    t.listen_in(sz, NS_Z, "10.0.0.2:80");
+    // Only Z's listener on Y's address: nobody serves it.
+    assert_eq!(
+        t.offer_in(cx, NS_X, "0.0.0.0:5000", "10.0.0.2:80"),
+        Msg::OfferRefused {
+            reason: RefuseReason::Invalid
+        }
+    );
+    t.listen_in(sy, NS_Y, "0.0.0.0:80");
+    let Msg::OfferOk { offer_id } = t.offer_in(cx, NS_X, "0.0.0.0:5001", "10.0.0.2:80") else {
+        panic!("offer refused")
+    };
+    assert_eq!(
+        t.claim_in(sz, NS_Z, "10.0.0.2:80", "10.0.0.1:5001"),
+        Msg::NoOffer
+    );
+    assert!(matches!(
+        t.claim_in(sy, NS_Y, "10.0.0.2:80", "10.0.0.1:5001"),
         Msg::ClaimOk { offer_id: o, .. } if o == offer_id
     ));
 }

@@ -57,15 +57,16 @@ impl Default for Limits {
 
 /// Who is at the other end of a session (SO_PEERCRED), and what that
 /// process was when it connected: its network namespace (its
-/// /proc/PID/ns/net; None when it could not be read), and whether it had
-/// CAP_SYS_ADMIN (/proc/PID/status).
+/// /proc/PID/ns/net, or, when that could not be read, the namespace of the
+/// first socket it proved; None until then), and its administrative
+/// capabilities (/proc/PID/status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cred {
     pub pid: u32,
     pub uid: u32,
     pub gid: u32,
     pub netns: Option<NetNs>,
-    pub admin: bool,
+    pub caps: crate::netns::Caps,
 }
 
 /// Whose connections a status listing shows.
@@ -267,7 +268,7 @@ impl<F, R> Registry<F, R> {
                     uid: 0,
                     gid: 0,
                     netns: None,
-                    admin: false,
+                    caps: crate::netns::Caps::NONE,
                 },
                 hello: None,
                 listeners: HashMap::new(),
@@ -284,6 +285,14 @@ impl<F, R> Registry<F, R> {
     pub fn hello(&mut self, id: SessionId, pid: u32, exe: String) {
         if let Some(s) = self.sessions.get_mut(&id) {
             s.hello = Some(Hello { pid, exe });
+        }
+    }
+
+    /// Records `netns`, the namespace of a socket session `id` proved, as
+    /// the session's when its process's could not be read.
+    pub fn learn_netns(&mut self, id: SessionId, netns: NetNs) {
+        if let Some(s) = self.sessions.get_mut(&id) {
+            s.cred.netns.get_or_insert(netns);
         }
     }
 

@@ -60,7 +60,7 @@ impl World {
                     uid: 1000,
                     gid: 1000,
                     netns: Some(NS),
-                    admin: false,
+                    caps: crate::netns::Caps::NONE,
                 },
             );
             reg.hello(id, pid, format!("/bin/p{pid}"));
@@ -596,7 +596,7 @@ fn pid_falls_back_to_hello_when_peercred_has_none() {
             uid: 0,
             gid: 0,
             netns: Some(NS),
-            admin: false,
+            caps: crate::netns::Caps::NONE,
         },
     );
     assert!(!reg.has_said_hello(9));
