@@ -120,7 +120,6 @@ SUITE_TITLES = {
     "programs": "the program matrix's programs against kernel TCP and a BPF sockmap redirect",
     "short": "Short connections: a new connection per request",
     "shimpath": "the shim's own cost: sockperf through the shim against the bare ring and the floor",
-    "netns": "between network namespaces on a bridge, against the same within one namespace",
 }
 
 # Columns of the references a case measures without sockets (Case.bare).
@@ -214,9 +213,8 @@ def markdown(meta, systems, results, ablation, plots):
              "in every shimmed run, sampled mid-run (or 20 ms in, when the mid-run sample saw "
              "none) (connection ends on the shared-memory ring / on kernel TCP; the run with the "
              "fewest ring ends is shown); the other systems are sampled at the same moments with "
-             "`ss`, so the observer loads them alike. Everything on 127.0.0.1 but the netns "
-             "suite's rows between namespaces; each shimmed run has its own `ringsock-ctl` "
-             "daemon.\n")
+             "`ss`, so the observer loads them alike. Everything on 127.0.0.1; each shimmed run "
+             "has its own `ringsock-ctl` daemon.\n")
     head = header(systems)
     for suite in meta["suites"]:
         if suite == "ablation":

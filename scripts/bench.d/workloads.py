@@ -754,13 +754,13 @@ def settle(idle, before, wait=10.0):
 
 
 SUITES = ["msgsize", "conns", "procs", "shapes", "redis", "nginx", "memcached", "iperf3", "short",
-          "programs", "shimpath", "netns", "ablation"]
+          "programs", "shimpath", "ablation"]
 # Suites run only when named.
-NAMED_ONLY = ("short", "programs", "shimpath", "netns")
+NAMED_ONLY = ("short", "programs", "shimpath")
 # What a run without --suites runs: all but `short` (its churn rows alone
 # take 12 minutes in a full run), `programs` (it needs databases, node,
 # haproxy and, for its sockmap column, root) and `shimpath` (its sockmap
-# column needs root too) and `netns` (network namespaces need root).
+# column needs root too).
 DEFAULT_SUITES = [x for x in SUITES if x not in NAMED_ONLY]
 
 
@@ -847,11 +847,9 @@ def build_cases(quick, nproc):
         s["iperf3"].append(Case("iperf3", f"iperf3 -P {p}", [("tput", "Gbit/s", "higher")],
                                 ["iperf3"], iperf3_streams(p)))
     import programs  # imports this module's pieces
-    import netns
     import shimpath
     s["programs"] = programs.cases()
     s["shimpath"] = shimpath.cases()
-    s["netns"] = netns.cases()
     return s
 
 
