@@ -431,10 +431,7 @@ impl<F, R> Registry<F, R> {
         new: NewOffer<F>,
         now: Instant,
     ) -> Result<OfferId, RefuseReason> {
-        match self.sessions.get(&id) {
-            Some(s) if !s.peer => self.register(id, new, Link::Local, now),
-            _ => self.refuse(RefuseReason::Invalid),
-        }
+        self.offer_linked(id, new, Link::Local, now)
     }
 
     /// An offer for an address that is translated (DNAT) to a listener's:
@@ -446,8 +443,18 @@ impl<F, R> Registry<F, R> {
         new: NewOffer<F>,
         now: Instant,
     ) -> Result<OfferId, RefuseReason> {
+        self.offer_linked(id, new, Link::Translated, now)
+    }
+
+    fn offer_linked(
+        &mut self,
+        id: SessionId,
+        new: NewOffer<F>,
+        link: Link,
+        now: Instant,
+    ) -> Result<OfferId, RefuseReason> {
         match self.sessions.get(&id) {
-            Some(s) if !s.peer => self.register(id, new, Link::Translated, now),
+            Some(s) if !s.peer => self.register(id, new, link, now),
             _ => self.refuse(RefuseReason::Invalid),
         }
     }
