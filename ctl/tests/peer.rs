@@ -385,7 +385,9 @@ fn ctl_that_accepts_but_never_answers_is_bounded_and_cached() {
         "{took:?}"
     );
     // The connection was made and the offer sent: the silent end got it.
-    let (mut s, _) = silent.accept().unwrap();
+    // (Bounded: a connect the daemon gave up on leaves nothing to accept.)
+    let mut s = accept_within(&silent, Duration::from_secs(10))
+        .expect("the daemon never connected to B's ctl port");
     s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut head = [0u8; 8];
     s.read_exact(&mut head).unwrap();
@@ -403,6 +405,25 @@ fn ctl_that_accepts_but_never_answers_is_bounded_and_cached() {
         call(&mut client, &Msg::Status { after: None }, &[]).0,
         Msg::StatusReply { .. }
     ));
+}
+
+/// A connection accepted on `l` within `limit`, or None.
+fn accept_within(l: &TcpListener, limit: Duration) -> Option<TcpStream> {
+    l.set_nonblocking(true).unwrap();
+    let deadline = Instant::now() + limit;
+    loop {
+        match l.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).unwrap();
+                return Some(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                sleep(Duration::from_millis(10))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return None,
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
 }
 
 /// A raw ctl-to-ctl connection from host A to B's ctl.

@@ -42,6 +42,27 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Waits until `dev` in `ns` is operationally up: until the kernel's link
+/// watch has run for a veth that was just set up, it drops what it is
+/// given, and a SYN dropped then is sent again only a second later.
+fn wait_oper_up(ns: &str, dev: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = Command::new("ip")
+            .args(["-n", ns, "-o", "link", "show", "dev", dev])
+            .env_remove("LD_PRELOAD")
+            .output()
+            .map_err(|e| format!("cannot run ip: {e}"))?;
+        if String::from_utf8_lossy(&out.stdout).contains("state UP") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{dev} in {ns} did not come up in 10 s"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// Namespaces A (`ip_a`) and B (`ip_b`) on a private /24 joined by a veth
 /// pair; names and subnet are unique per test process and per `Hosts`.
 /// Both namespaces (and with them the veth pair) are deleted on drop, also
@@ -87,6 +108,9 @@ impl Hosts {
                 ip(&["-n", ns, "addr", "add", &format!("{addr}/24"), "dev", dev])?;
                 ip(&["-n", ns, "link", "set", dev, "up"])?;
                 ip(&["-n", ns, "link", "set", "lo", "up"])?;
+            }
+            for (ns, dev) in [(&h.a, &va), (&h.b, &vb)] {
+                wait_oper_up(ns, dev)?;
             }
             Ok(())
         };
@@ -206,7 +230,10 @@ impl Bridge {
                 ])?;
                 ip(&["-n", ns, "link", "set", &inner, "up"])?;
                 ip(&["-n", ns, "route", "add", "default", "via", &gw])?;
+                wait_oper_up(ns, &inner)?;
+                wait_oper_up(hub, &outer)?;
             }
+            wait_oper_up(hub, &dev)?;
             sysctl(hub, "net.ipv4.ip_forward=1")
         };
         match setup() {

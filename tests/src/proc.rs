@@ -250,11 +250,19 @@ impl Server {
     pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> String {
         let end = Instant::now() + timeout;
         loop {
+            let exited = self.exited().is_some();
             let (o, e) = self.output();
-            if let Some(l) = o.lines().find(|l| l.starts_with(prefix)) {
+            // Whole lines only, while it runs: one still being written may
+            // be cut short.
+            let whole = if exited {
+                &o[..]
+            } else {
+                &o[..o.rfind('\n').map_or(0, |i| i + 1)]
+            };
+            if let Some(l) = whole.lines().find(|l| l.starts_with(prefix)) {
                 return l.to_string();
             }
-            if self.exited().is_some() || Instant::now() >= end {
+            if exited || Instant::now() >= end {
                 let (o, e2) = self.output();
                 panic!(
                     "{} printed no `{prefix}` line ({:?}):\nstdout:\n{o}\nstderr:\n{e}{e2}",

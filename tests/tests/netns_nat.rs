@@ -338,8 +338,19 @@ fn a_service_address_with_two_replicas_gets_rings() {
         std::thread::sleep(Duration::from_millis(600));
         let end = dir.path().join(format!("end{attempt}"));
         let mut c = client_to(&br, &ctl, &dir, &data, &end, dest);
-        let conns = ctl.status().expect("status");
-        let all = ringsock_integration::show(&conns);
+        // Reports go out from the shims' threads, off the connect path
+        // (a plain-TCP end's after 50 ms): look until the client's shows.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let (conns, all) = loop {
+            let conns = ctl.status().expect("status");
+            let all = ringsock_integration::show(&conns);
+            if conns.iter().any(|e| e.pid == c.pid() && e.peer == dest)
+                || std::time::Instant::now() > deadline
+            {
+                break (conns, all);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
         let mine = conns
             .iter()
             .find(|e| e.pid == c.pid() && e.peer == dest)
