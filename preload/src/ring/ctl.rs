@@ -266,6 +266,7 @@ fn map_offer_table(fd: OwnedFd) {
 /// Whether the daemon may hold an offer for a connection from `client` to
 /// `server` (an accepted socket's peer and local address): false only
 /// when its offer table says no, so the accept needs no round trip.
+#[cfg(feature = "verbs")]
 pub fn offer_may_exist(client: SocketAddr, server: SocketAddr) -> bool {
     let p = OFFER_TABLE.load(Ordering::Acquire);
     if p.is_null() {
@@ -316,8 +317,9 @@ pub fn accepted_offer_may_exist(client: SocketAddr, server: SocketAddr) -> bool 
     Table::new(words).is_none_or(|t| t.may_have_offer_or_target(&client, &server))
 }
 
-/// `accepted_offer_may_exist` for a client of another namespace
-/// (`served_here`): no when there is no table.
+/// `accepted_offer_may_exist` for a peer that is not an address of this
+/// namespace (a client of another namespace, `served_here`, or of another
+/// host): no when there is no table.
 pub fn offer_listed(client: SocketAddr, server: SocketAddr) -> bool {
     !OFFER_TABLE.load(Ordering::Acquire).is_null() && accepted_offer_may_exist(client, server)
 }

@@ -72,6 +72,26 @@ fn remote_connect(
     (connect(), Decision::Tcp(TcpReason::NoTransport))
 }
 
+/// An accepted connection from a peer that is not an address of this
+/// namespace, whose offer the daemon's table lists: a client of another
+/// namespace of this host (a shared-memory offer) or of another host (a
+/// verbs offer). One claim, taken up by what was offered: a second claim
+/// would find the offer already taken.
+fn accept_listed(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
+    let Some((offer_id, payload, fds)) = setup::claim(fd) else {
+        return Decision::Tcp(TcpReason::Declined);
+    };
+    if payload == shm::handshake::PAYLOAD {
+        return shm::handshake::accept_claimed(fd, local, peer, offer_id, fds);
+    }
+    #[cfg(feature = "verbs")]
+    if payload.starts_with(rdma::PREFIX) {
+        return rdma::accept_claimed(fd, local, peer, offer_id, &payload);
+    }
+    setup::decline(offer_id, "unknown offer payload");
+    Decision::Tcp(TcpReason::Declined)
+}
+
 /// Same-host rings over shared memory, rings between hosts over verbs.
 pub struct ShmAttacher;
 
@@ -126,16 +146,10 @@ impl Attacher for ShmAttacher {
         peer: SocketAddr,
         memo: &mut TcpMemo,
     ) -> Decision {
-        let from_here = local::is_local(peer.ip());
-        // A client of another namespace of this host offered through the
-        // same daemon, whose table lists the offer.
-        let shm = if from_here || ctl::offer_listed(peer, local) {
-            Some(shm::handshake::accept(fd, local, peer))
-        } else {
-            None
-        };
-        let d = if let Some(d) = shm.filter(|d| from_here || !matches!(d, Decision::Tcp(_))) {
-            d
+        let d = if local::is_local(peer.ip()) {
+            shm::handshake::accept(fd, local, peer)
+        } else if ctl::offer_listed(peer, local) {
+            accept_listed(fd, local, peer)
         } else {
             #[cfg(feature = "verbs")]
             let d = rdma::accept(fd, local, peer);

@@ -140,6 +140,18 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
     let Some((offer_id, offered, _)) = claim(fd) else {
         return Decision::Tcp(TcpReason::Declined);
     };
+    accept_claimed(fd, local, peer, offer_id, &offered)
+}
+
+/// Server side, once the daemon handed over offer `offer_id` of a client
+/// on another host, whose payload is `offered`: the verbs end.
+pub fn accept_claimed(
+    fd: RawFd,
+    local: SocketAddr,
+    peer: SocketAddr,
+    offer_id: u64,
+    offered: &[u8],
+) -> Decision {
     let client = match offered.strip_prefix(PREFIX).map(QpParams::decode) {
         Some(Ok(p)) => p,
         Some(Err(e)) => {

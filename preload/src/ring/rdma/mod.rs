@@ -24,7 +24,7 @@ use super::ctl;
 use super::sockio::lock;
 use crate::{config, process, sys};
 
-pub use handshake::{accept, connect};
+pub use handshake::{accept, accept_claimed, connect};
 
 /// Marks a verbs offer or answer (and its version).
 pub const PREFIX: &[u8] = b"ringsock-verbs/1 ";

@@ -19,7 +19,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ringsock_proto::Msg;
+use ringsock_proto::{Fds, Msg};
 use ringsock_ring::{EventFd, Notify, Receiver, Segment, Sender, ShmTransport};
 
 use super::super::conn::{Parts, RingConn};
@@ -152,6 +152,18 @@ pub fn accept(fd: RawFd, local: SocketAddr, peer: SocketAddr) -> Decision {
         decline(offer_id, "unknown offer payload");
         return Decision::Tcp(TcpReason::Declined);
     }
+    accept_claimed(fd, local, peer, offer_id, fds)
+}
+
+/// Server side, once the daemon handed over a shared-memory offer
+/// (`offer_id`, its payload `PAYLOAD`, with `fds`): attach to its segment.
+pub fn accept_claimed(
+    fd: RawFd,
+    local: SocketAddr,
+    peer: SocketAddr,
+    offer_id: u64,
+    fds: Fds,
+) -> Decision {
     let mut fds: Vec<OwnedFd> = fds.into_owned();
     if fds.len() != 3 {
         decline(offer_id, "wrong descriptor count");
