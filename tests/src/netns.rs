@@ -271,6 +271,23 @@ fn sysctl(ns: &str, setting: &str) -> Result<(), String> {
     }
 }
 
+/// Runs `args` in namespace `ns` (no shim); panics with its output on
+/// failure.
+pub fn run_in(ns: &str, args: &[&str]) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .env_remove("LD_PRELOAD")
+        .output()
+        .expect("run ip netns exec");
+    assert!(
+        out.status.success(),
+        "{args:?} in {ns}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Runs `f` on a thread inside network namespace `ns` (what it creates,
 /// sockets included, belongs to that namespace).
 pub fn in_ns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {

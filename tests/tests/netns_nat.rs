@@ -22,7 +22,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
-use ringsock_integration::netns::{Bridge, Hosts, NsCtl};
+use ringsock_integration::netns::{run_in, Bridge, Hosts, NsCtl};
 use ringsock_integration::{payload, require, sha256, Conn, Server, TempDir};
 
 const SIZE: usize = 4 << 20;
@@ -74,35 +74,19 @@ while not os.path.exists(end):
 s.close()
 "#;
 
-/// Runs a command in namespace `ns`; panics with its output on failure.
-fn in_ns(ns: &str, args: &[&str]) {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(args)
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("run ip netns exec");
-    assert!(
-        out.status.success(),
-        "{args:?} in {ns}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The hub translates its own address's PORT to B's; with `masquerade`
 /// it also rewrites the source, else B routes A's address via the hub.
 fn translate(br: &Bridge, masquerade: bool) {
     let (hub, b) = (br.hub.as_str(), br.b.as_str());
-    in_ns(hub, &["nft", "add", "table", "ip", "rsnat"]);
-    in_ns(
+    run_in(hub, &["nft", "add", "table", "ip", "rsnat"]);
+    run_in(
         hub,
         &[
             "nft",
             "add chain ip rsnat pre { type nat hook prerouting priority -100; }",
         ],
     );
-    in_ns(
+    run_in(
         hub,
         &[
             "nft",
@@ -113,14 +97,14 @@ fn translate(br: &Bridge, masquerade: bool) {
         ],
     );
     if masquerade {
-        in_ns(
+        run_in(
             hub,
             &[
                 "nft",
                 "add chain ip rsnat post { type nat hook postrouting priority 100; }",
             ],
         );
-        in_ns(
+        run_in(
             hub,
             &[
                 "nft",
@@ -137,13 +121,13 @@ fn translate(br: &Bridge, masquerade: bool) {
             "net.ipv4.conf.all.send_redirects=0",
             "net.ipv4.conf.default.send_redirects=0",
         ] {
-            in_ns(hub, &["sysctl", "-qw", s]);
+            run_in(hub, &["sysctl", "-qw", s]);
         }
-        in_ns(
+        run_in(
             b,
             &["sysctl", "-qw", "net.ipv4.conf.all.accept_redirects=0"],
         );
-        in_ns(
+        run_in(
             b,
             &[
                 "ip",
@@ -293,7 +277,7 @@ fn a_service_address_with_two_replicas_gets_rings() {
     let [_, _, y, _] = br.ip_a.octets();
     let vip = Ipv4Addr::new(10, 254, y, 80);
     let hub = br.hub.as_str();
-    in_ns(hub, &["nft", "add", "table", "ip", "rssvc"]);
+    run_in(hub, &["nft", "add", "table", "ip", "rssvc"]);
     for rule in [
         "add chain ip rssvc pre { type nat hook prerouting priority -100; }".to_string(),
         format!(
@@ -303,7 +287,7 @@ fn a_service_address_with_two_replicas_gets_rings() {
         "add chain ip rssvc post { type nat hook postrouting priority 100; }".to_string(),
         format!("add rule ip rssvc post ip daddr {} ct status dnat masquerade", br.ip_b),
     ] {
-        in_ns(hub, &["nft", &rule]);
+        run_in(hub, &["nft", &rule]);
     }
     let ctl = NsCtl::start(hub, &[]);
     let dir = TempDir::new("nssvc");

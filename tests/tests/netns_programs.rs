@@ -20,7 +20,7 @@
 use std::time::{Duration, Instant};
 
 use ringsock_integration::http::curl;
-use ringsock_integration::netns::{Bridge, Hosts, NsCtl};
+use ringsock_integration::netns::{run_in, Bridge, Hosts, NsCtl};
 use ringsock_integration::sha256::assert_file;
 use ringsock_integration::{
     assert_all_shm, assert_shim_silent, nginx, payload, require, sha256, Ctl, Server, TempDir,
@@ -50,6 +50,27 @@ fn wait_listening(ns: &str, addr: &str, server: &mut Server) {
     }
 }
 
+/// The port `redis_in` listens on.
+const REDIS_PORT: &str = "6379";
+
+/// redis-server under the shim in namespace `ns`, talking to the daemon
+/// on `ctl_sock`, on its wildcard address (no protected mode: its clients
+/// come from other namespaces), its files in `dir`.
+fn redis_in(ns: &str, ctl_sock: &std::path::Path, dir: &TempDir) -> Server {
+    Hosts::shimmed_in(ns, ctl_sock, "redis-server")
+        .args([
+            "--port",
+            REDIS_PORT,
+            "--bind",
+            "0.0.0.0",
+            "--protected-mode",
+            "no",
+        ])
+        .args(["--save", "", "--appendonly", "no", "--dir"])
+        .arg(dir.path())
+        .spawn()
+}
+
 #[test]
 fn redis_across_namespaces() {
     require!("redis-server", "redis-benchmark", "redis-cli", "ip", "bash");
@@ -58,20 +79,9 @@ fn redis_across_namespaces() {
     };
     let ctl = Ctl::start();
     let dir = TempDir::new("nsredis");
-    let port = "6379";
+    let port = REDIS_PORT;
     let ip_b = br.ip_b.to_string();
-    let mut server = Hosts::shimmed_in(&br.b, ctl.sock(), "redis-server")
-        .args([
-            "--port",
-            port,
-            "--bind",
-            "0.0.0.0",
-            "--protected-mode",
-            "no",
-        ])
-        .args(["--save", "", "--appendonly", "no", "--dir"])
-        .arg(dir.path())
-        .spawn();
+    let mut server = redis_in(&br.b, ctl.sock(), &dir);
     wait_listening(&br.a, &format!("{ip_b}:{port}"), &mut server);
 
     let mut bench = Hosts::shimmed_in(&br.a, ctl.sock(), "redis-benchmark")
@@ -231,23 +241,6 @@ fn sockperf_across_namespaces() {
     drop(server);
 }
 
-/// Runs `args` in namespace `ns` (no shim); panics with its output on
-/// failure.
-fn in_ns(ns: &str, args: &[&str]) {
-    let out = std::process::Command::new("ip")
-        .args(["netns", "exec", ns])
-        .args(args)
-        .env_remove("LD_PRELOAD")
-        .output()
-        .expect("run ip netns exec");
-    assert!(
-        out.status.success(),
-        "{args:?} in {ns}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 #[test]
 fn redis_through_a_published_port() {
     require!(
@@ -262,7 +255,7 @@ fn redis_through_a_published_port() {
         return;
     };
     let hub = br.hub.as_str();
-    in_ns(hub, &["nft", "add", "table", "ip", "rspub"]);
+    run_in(hub, &["nft", "add", "table", "ip", "rspub"]);
     for rule in [
         "add chain ip rspub pre { type nat hook prerouting priority -100; }".to_string(),
         format!(
@@ -275,22 +268,11 @@ fn redis_through_a_published_port() {
             br.ip_b
         ),
     ] {
-        in_ns(hub, &["nft", &rule]);
+        run_in(hub, &["nft", &rule]);
     }
     let ctl = NsCtl::start(hub, &[]);
     let dir = TempDir::new("nsredispub");
-    let mut server = Hosts::shimmed_in(&br.b, ctl.sock(), "redis-server")
-        .args([
-            "--port",
-            "6379",
-            "--bind",
-            "0.0.0.0",
-            "--protected-mode",
-            "no",
-        ])
-        .args(["--save", "", "--appendonly", "no", "--dir"])
-        .arg(dir.path())
-        .spawn();
+    let mut server = redis_in(&br.b, ctl.sock(), &dir);
     let published = format!("{}:6380", br.ip_hub);
     wait_listening(&br.a, &published, &mut server);
     // Until a connection through the port is on a ring: the first ones

@@ -209,29 +209,26 @@ impl<'a> Table<'a> {
     /// its keys (`client_keys`), which are built only when their window
     /// holds a key at all.
     pub fn may_have_offer(&self, client: &SocketAddr, server: &SocketAddr) -> bool {
-        let own = key(client, server);
-        if self.valid()
-            && self.words[W_OVERFLOW].load(Ordering::Acquire) == 0
-            && self.window_bits(spread(&own) % self.slots) == 0
-        {
-            return false;
-        }
-        self.may_have_any(&client_keys(client, server))
+        !self.all_empty(&[key(client, server)]) && self.may_have_any(&client_keys(client, server))
     }
 
     /// `may_have_offer`, or `may_have` of `server`'s `target_key` (a
     /// translated connection's offer is under its original tuple), with
     /// one look at the header for both.
     pub fn may_have_offer_or_target(&self, client: &SocketAddr, server: &SocketAddr) -> bool {
-        let (own, target) = (key(client, server), target_key(server));
-        if self.valid()
+        let target = target_key(server);
+        !self.all_empty(&[key(client, server), target])
+            && (self.may_have_any(&client_keys(client, server)) || self.may_have(&target))
+    }
+
+    /// Whether the table is readable, has not overflowed, and no entry of
+    /// the windows of `keys` holds a key: then none of them is there.
+    fn all_empty(&self, keys: &[Key]) -> bool {
+        self.valid()
             && self.words[W_OVERFLOW].load(Ordering::Acquire) == 0
-            && self.window_bits(spread(&own) % self.slots) == 0
-            && self.window_bits(spread(&target) % self.slots) == 0
-        {
-            return false;
-        }
-        self.may_have_any(&client_keys(client, server)) || self.may_have(&target)
+            && keys
+                .iter()
+                .all(|k| self.window_bits(spread(k) % self.slots) == 0)
     }
 
     /// `may_have` for any of `keys`, which differ only in their client

@@ -21,7 +21,7 @@ use crate::conntrack;
 use crate::metrics::{self, ring_index, Snapshot};
 use crate::netns::NetNs;
 use crate::registry::{
-    offer_key, Cred, Limits, ListenerKey, NewOffer, OfferId, Outcome, PeerEvent, RegError,
+    offer_key, Cred, Limits, Link, ListenerKey, NewOffer, OfferId, Outcome, PeerEvent, RegError,
     Registry, Report, Scope, SessionId,
 };
 
@@ -540,12 +540,12 @@ impl<E: Env> Handler<E> {
             fds,
         };
         if here.is_some() {
-            let r = if translated {
-                self.reg.offer_translated(id, new, now)
+            let link = if translated {
+                Link::Translated
             } else {
-                self.reg.offer(id, new, now)
+                Link::Local
             };
-            return match r {
+            return match self.reg.offer(id, new, link, now) {
                 Ok(offer_id) => Reply::plain(Msg::OfferOk { offer_id }),
                 Err(reason) => refused(reason),
             };

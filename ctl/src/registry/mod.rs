@@ -422,31 +422,13 @@ impl<F, R> Registry<F, R> {
 
     // ---- offers ----
 
-    /// Registers an offer whose proof the caller verified. The checks run
-    /// in the order a client can act on: no listener (stay TCP, cache it),
-    /// duplicate, then resource limits.
+    /// Registers an offer whose proof the caller verified, made on this
+    /// host (`Link::Local`, or `Link::Translated`: for an address the
+    /// caller found translated (DNAT) to a listener's, so no listener has
+    /// it and that check is left out). The checks run in the order a client
+    /// can act on: no listener (stay TCP, cache it), duplicate, then
+    /// resource limits.
     pub fn offer(
-        &mut self,
-        id: SessionId,
-        new: NewOffer<F>,
-        now: Instant,
-    ) -> Result<OfferId, RefuseReason> {
-        self.offer_linked(id, new, Link::Local, now)
-    }
-
-    /// An offer for an address that is translated (DNAT) to a listener's:
-    /// the caller found the translation; no listener has the address
-    /// itself, so that check is left out.
-    pub fn offer_translated(
-        &mut self,
-        id: SessionId,
-        new: NewOffer<F>,
-        now: Instant,
-    ) -> Result<OfferId, RefuseReason> {
-        self.offer_linked(id, new, Link::Translated, now)
-    }
-
-    fn offer_linked(
         &mut self,
         id: SessionId,
         new: NewOffer<F>,

@@ -94,7 +94,7 @@ impl World {
             payload: b"ring".to_vec(),
             fds,
         };
-        let r = self.reg.offer(s, new, self.now);
+        let r = self.reg.offer(s, new, Link::Local, self.now);
         self.check();
         r
     }

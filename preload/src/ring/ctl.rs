@@ -263,23 +263,25 @@ fn map_offer_table(fd: OwnedFd) {
     OFFER_TABLE.store(p.cast(), Ordering::Release);
 }
 
+/// The daemon's offer table, once a session mapped it.
+fn offer_table() -> Option<Table<'static>> {
+    let p = OFFER_TABLE.load(Ordering::Acquire);
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: a live mapping of offers::BYTES bytes (never unmapped), read
+    // only through atomics; the daemon alone writes it.
+    let words = unsafe { std::slice::from_raw_parts(p.cast_const(), offers::WORDS) };
+    Table::new(words)
+}
+
 /// Whether the daemon may hold an offer for a connection from `client` to
 /// `server` (an accepted socket's peer and local address): false only
 /// when its offer table says no, so the accept needs no round trip.
 #[cfg(feature = "verbs")]
 pub fn offer_may_exist(client: SocketAddr, server: SocketAddr) -> bool {
-    let p = OFFER_TABLE.load(Ordering::Acquire);
-    if p.is_null() {
-        return true;
-    }
-    // SAFETY: a live mapping of offers::BYTES bytes (never unmapped), read
-    // only through atomics; the daemon alone writes it.
-    let words = unsafe { std::slice::from_raw_parts(p.cast_const(), offers::WORDS) };
-    let Some(t) = Table::new(words) else {
-        return true;
-    };
     // A client that bound the wildcard address offered from it.
-    t.may_have_offer(&client, &server)
+    offer_table().is_none_or(|t| t.may_have_offer(&client, &server))
 }
 
 /// Whether a listener of this host, in another network namespace, takes
@@ -288,18 +290,10 @@ pub fn offer_may_exist(client: SocketAddr, server: SocketAddr) -> bool {
 /// hello maps the table) if there is none yet; without a daemon or a
 /// table, no. A table that overflowed says yes, and the daemon decides.
 pub fn served_here(server: SocketAddr) -> bool {
-    let mut p = OFFER_TABLE.load(Ordering::Acquire);
-    if p.is_null() {
+    if OFFER_TABLE.load(Ordering::Acquire).is_null() {
         let _ = open_session();
-        p = OFFER_TABLE.load(Ordering::Acquire);
     }
-    if p.is_null() {
-        return false;
-    }
-    // SAFETY: a live mapping of offers::BYTES bytes (never unmapped), read
-    // only through atomics; the daemon alone writes it.
-    let words = unsafe { std::slice::from_raw_parts(p.cast_const(), offers::WORDS) };
-    Table::new(words).is_some_and(|t| t.may_have(&offers::served_key(&server)))
+    offer_table().is_some_and(|t| t.may_have(&offers::served_key(&server)))
 }
 
 /// Whether an accepted connection from `client` to `server` may come with
@@ -307,21 +301,14 @@ pub fn served_here(server: SocketAddr) -> bool {
 /// `server` may come translated (DNAT) from an address a client offered
 /// for (`offers::target_key`). One look at the table for both.
 pub fn accepted_offer_may_exist(client: SocketAddr, server: SocketAddr) -> bool {
-    let p = OFFER_TABLE.load(Ordering::Acquire);
-    if p.is_null() {
-        return true;
-    }
-    // SAFETY: a live mapping of offers::BYTES bytes (never unmapped), read
-    // only through atomics; the daemon alone writes it.
-    let words = unsafe { std::slice::from_raw_parts(p.cast_const(), offers::WORDS) };
-    Table::new(words).is_none_or(|t| t.may_have_offer_or_target(&client, &server))
+    offer_table().is_none_or(|t| t.may_have_offer_or_target(&client, &server))
 }
 
 /// `accepted_offer_may_exist` for a peer that is not an address of this
 /// namespace (a client of another namespace, `served_here`, or of another
 /// host): no when there is no table.
 pub fn offer_listed(client: SocketAddr, server: SocketAddr) -> bool {
-    !OFFER_TABLE.load(Ordering::Acquire).is_null() && accepted_offer_may_exist(client, server)
+    offer_table().is_some_and(|t| t.may_have_offer_or_target(&client, &server))
 }
 
 /// Sends a request whose reply (`Ok`, or an error that is only logged) is
