@@ -220,7 +220,9 @@ fn sockperf_across_namespaces() {
     wait_listening(&br.a, &format!("{}:{port}", br.ip_b), &mut server);
     let mut client = Hosts::shimmed_in(&br.a, ctl.sock(), "sockperf")
         .args(["ping-pong", "--tcp", "-i", &br.ip_b.to_string(), "-p", port])
-        .args(["-t", "2", "-m", "64"])
+        // sockperf's default rate cap aborts a run faster than it
+        // (`_seqN > m_maxSequenceNo`): raised past what a ring reaches.
+        .args(["-t", "2", "-m", "64", "--mps", "5000000"])
         .spawn();
     let w = ctl.watch(&mut client, Duration::from_secs(30));
     w.assert_ok("sockperf ping-pong");
