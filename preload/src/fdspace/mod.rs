@@ -124,6 +124,51 @@ pub fn dup_high(fd: RawFd) -> Result<RawFd, i32> {
     }
 }
 
+/// An empty epoll set, per process image: the inert file `retire` puts
+/// at a number (never ready, not a socket). -1: not made yet.
+static TOMB: AtomicI32 = AtomicI32::new(-1);
+
+fn tomb() -> Option<RawFd> {
+    let t = TOMB.load(Ordering::Acquire);
+    if t >= 0 {
+        return Some(t);
+    }
+    // SAFETY: plain epoll creation.
+    let fd = unsafe { crate::sys::sys_call!(libc::SYS_epoll_create1, libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let fd = high(fd as RawFd);
+    match TOMB.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => Some(fd),
+        Err(won) => {
+            close(fd);
+            Some(won)
+        }
+    }
+}
+
+/// Lets go of the file at `fd`, one of ours, while keeping the number:
+/// an inert file takes its place in one step (dup3), so a thread that
+/// read the number a moment before and uses it now acts on nothing,
+/// never on the file the next descriptor would get at a freed number
+/// (numbers are handed out lowest first). The holder frees the number
+/// with `close` once no thread can still have read it. False (nothing
+/// done) where no inert file can be had: the caller closes instead.
+pub fn retire(fd: RawFd) -> bool {
+    // A vfork child's descriptor table is not the one this memory's
+    // statics describe.
+    if fd < 0 || !crate::process::owns_memory() {
+        return false;
+    }
+    let Some(t) = tomb() else {
+        return false;
+    };
+    // SAFETY: dup3 onto a descriptor of ours; the file it held is released.
+    let r = unsafe { crate::sys::sys_call!(libc::SYS_dup3, t, fd, libc::O_CLOEXEC) };
+    r == fd as libc::c_long
+}
+
 /// Closes a descriptor of the shim's without going through libc's (hooked)
 /// `close`, forgetting it as ours first (so that the number, once free, is
 /// the program's to close).

@@ -249,9 +249,16 @@ impl<W: Wire> RingConn<W> {
             self.exit_shared(s, None, None);
         }
         watch::unwatch(self, self.tcp_fd());
+        // The kernel socket is let go now (its last close is what the peer
+        // sees); the number stays ours while a thread that read it may
+        // still use it (`retired_tcp`).
         let fd = self.tcp.swap(-1, Ordering::AcqRel);
         if fd >= 0 {
-            crate::fdspace::close(fd);
+            if crate::fdspace::retire(fd) {
+                self.retired_tcp.store(fd, Ordering::Release);
+            } else {
+                crate::fdspace::close(fd);
+            }
         }
         // Status forgets the connection whichever way its last fd went.
         if let Some(me) = self.this() {

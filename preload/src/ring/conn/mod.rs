@@ -114,6 +114,10 @@ pub struct RingConn<W: Wire> {
     shut_wr_owed: AtomicBool,
     /// Our duplicate of the kernel socket; -1 once released.
     tcp: AtomicI32,
+    /// The number `tcp` held until the release, kept (holding an inert
+    /// file, `fdspace::retire`) until the last reference goes: another
+    /// thread may have read it just before.
+    retired_tcp: AtomicI32,
     mode: AtomicU8,
     /// The kernel socket saw EOF or a reset: the peer process is gone (or
     /// closed).

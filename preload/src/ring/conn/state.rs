@@ -27,6 +27,7 @@ impl<W: Wire> RingConn<W> {
             tx_spill: Mutex::new(VecDeque::new()),
             shut_wr_owed: AtomicBool::new(false),
             tcp: AtomicI32::new(p.tcp),
+            retired_tcp: AtomicI32::new(-1),
             mode: AtomicU8::new(mode),
             peer_gone: AtomicBool::new(false),
             reset: AtomicBool::new(false),
@@ -103,9 +104,10 @@ impl<W: Wire> RingConn<W> {
 
 impl<W: Wire> Drop for RingConn<W> {
     fn drop(&mut self) {
-        let fd = *self.tcp.get_mut();
-        if fd >= 0 {
-            crate::fdspace::close(fd);
+        for fd in [*self.tcp.get_mut(), *self.retired_tcp.get_mut()] {
+            if fd >= 0 {
+                crate::fdspace::close(fd);
+            }
         }
         if !self.wire.owns_ends() {
             std::mem::forget(self.tx.get_mut().take());

@@ -211,3 +211,47 @@ fn readiness_for_an_interest_agrees_with_the_full_readiness() {
     p.client.release(-1, ReleaseKind::Owner);
     p.server.release(-1, ReleaseKind::Owner);
 }
+
+/// A thread that read a connection's socket number just before another
+/// released the connection (the background thread looking at the socket,
+/// resetting it, flushing to it) and uses it a moment later acts on
+/// nothing: the number is not handed to the next connection's socket
+/// while the released connection can still be reached.
+#[test]
+fn a_late_use_of_a_released_sockets_number_reaches_no_other_socket() {
+    use std::io::{Read, Write};
+
+    let old = pair();
+    let stale = [old.client.tcp_fd(), old.server.tcp_fd()];
+    old.client.release(-1, ReleaseKind::Owner);
+    old.server.release(-1, ReleaseKind::Owner);
+    assert_eq!(old.client.tcp_fd(), -1);
+
+    // The next connection's duplicates take the lowest free numbers.
+    let mut new = pair();
+    for fd in [new.client.tcp_fd(), new.server.tcp_fd()] {
+        assert!(!stale.contains(&fd), "{fd} handed out again in {stale:?}");
+    }
+    for fd in stale {
+        // Inert: never ready, not a socket.
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN | libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        assert_eq!(unsafe { libc::poll(&mut p, 1, 0) }, 0);
+        // The late reset `fail_hard` would send.
+        super::super::sockio::abort(fd);
+        assert_eq!(crate::sys::errno(), libc::ENOTSOCK);
+    }
+
+    // The new connection's kernel sockets are untouched.
+    new.client_sock.write_all(b"ping").expect("client write");
+    let mut got = [0u8; 4];
+    new.server_sock.read_exact(&mut got).expect("server read");
+    assert_eq!(&got, b"ping");
+    new.server_sock.write_all(b"pong").expect("server write");
+    new.client_sock.read_exact(&mut got).expect("client read");
+    assert_eq!(&got, b"pong");
+}
