@@ -1099,8 +1099,12 @@ unsafe fn wait_ring(
             if n == out.len() {
                 // A full buffer leaves the kernel side unread: fetch what
                 // the private set has so that armed connections get their
-                // turn on a later call.
-                inner.harvest();
+                // turn on a later call. A set of one registration has no
+                // other to give a turn (what its socket or doorbell posted
+                // there waits for the next look, which reads the set).
+                if inner.all.len() > 1 {
+                    inner.harvest();
+                }
                 inner.poke_sleepers();
             }
             let cands = if n == 0 && may_spin {
