@@ -75,3 +75,51 @@ fn daemon_elsewhere_sees_nothing_of_programs_without_it() {
     let s = ctl.status();
     assert!(s.is_empty(), "{}", ringsock_integration::show(&s));
 }
+
+/// A listener that closes with a shimmed client's connection still queued
+/// (never accepted, its first bytes unread) resets that connection, as TCP
+/// does: the client reads ECONNRESET, and its close returns at once and
+/// silently, rather than waiting out the ring handshake's budget for a
+/// server's decision that can no longer come.
+#[test]
+fn a_listener_closing_with_a_client_queued_resets_it_at_once() {
+    require!("python3");
+    let ctl = Ctl::start();
+    let script = r#"
+import errno, socket, time
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(8)
+c = socket.socket()
+c.connect(l.getsockname())
+c.sendall(b"x" * 37)
+time.sleep(0.05)
+l.close()
+c.settimeout(30)
+try:
+    print("recv", c.recv(100))
+except OSError as e:
+    print("recv", errno.errorcode.get(e.errno, e.errno))
+t = time.monotonic()
+c.close()
+print("close", time.monotonic() - t)
+"#;
+    // The budget a close would wait for the decision: 20 s.
+    let (out, err) = ctl
+        .shimmed("python3")
+        .env("RINGSOCK_CONNECT_TIMEOUT_MS", "20000")
+        .arg("-c")
+        .arg(script)
+        .run_ok(std::time::Duration::from_secs(60));
+    assert!(out.contains("recv ECONNRESET"), "{out}");
+    let close_s: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("close "))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no close time in {out}"));
+    assert!(
+        close_s < 10.0,
+        "close waited {close_s} s for a decision that cannot come"
+    );
+    assert_shim_silent("client", &err);
+}

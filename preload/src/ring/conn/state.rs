@@ -91,6 +91,12 @@ impl<W: Wire> RingConn<W> {
         self.peer_gone.load(Ordering::Acquire)
     }
 
+    /// The kernel connection underneath was reset (by the peer, or as TCP
+    /// would have been): no server can take a pending ring over it.
+    pub fn was_reset(&self) -> bool {
+        self.reset.load(Ordering::Acquire)
+    }
+
     /// The locked sender slot (the wire's pending paths and handshake).
     pub fn tx_slot(&self) -> OpGuard<'_, TxSlot<W>> {
         self.tx.lock()

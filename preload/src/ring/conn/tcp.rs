@@ -43,7 +43,14 @@ impl<W: Wire> RingConn<W> {
                     return false;
                 }
                 Err(Errno(e)) => {
-                    log::warn!(
+                    // A reset connection loses them on kernel TCP too.
+                    let level = if matches!(e, libc::EPIPE | libc::ECONNRESET) {
+                        log::Level::Debug
+                    } else {
+                        log::Level::Warn
+                    };
+                    log::log!(
+                        level,
                         "{} -> {}: {} bytes the ring owed the socket are lost with it (errno {e})",
                         self.local,
                         self.peer,

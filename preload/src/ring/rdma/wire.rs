@@ -284,6 +284,10 @@ impl Wire for RdmaWire {
                 break;
             }
             c.check_tcp();
+            if c.was_reset() {
+                // The kernel connection is gone: no answer will come.
+                break;
+            }
             // SAFETY: plain sleep of 1 ms.
             unsafe {
                 crate::sys::sys_call!(
@@ -296,7 +300,7 @@ impl Wire for RdmaWire {
                 )
             };
         }
-        if c.mode() == MODE_PENDING {
+        if c.mode() == MODE_PENDING && !c.was_reset() {
             log::warn!(
                 "{} -> {}: closed before the server answered; {} early bytes are dropped",
                 c.local,

@@ -189,6 +189,14 @@ impl Wire for ShmWire {
         let start = sys::monotonic_ns();
         while c.settle() == MODE_PENDING && sys::monotonic_ns() - start < limit {
             c.check_tcp();
+            if c.was_reset() {
+                // The kernel connection is gone (a listener that closed
+                // with it queued): the server's decision will never come.
+                break;
+            }
+            // A socket that showed its EOF stays readable: then only the
+            // doorbell is worth a sleep.
+            let socket = if c.peer_gone() { -1 } else { c.tcp_fd() };
             let mut p = [
                 libc::pollfd {
                     fd: c.wire.bell.fd(),
@@ -196,12 +204,13 @@ impl Wire for ShmWire {
                     revents: 0,
                 },
                 libc::pollfd {
-                    fd: c.tcp_fd(),
+                    fd: socket,
                     events: libc::POLLIN | libc::POLLRDHUP,
                     revents: 0,
                 },
             ];
-            // SAFETY: two valid pollfds; 5 ms timeout; raw syscall.
+            // SAFETY: two valid pollfds (a negative fd is skipped); 5 ms
+            // timeout; raw syscall.
             unsafe {
                 crate::sys::sys_call!(
                     libc::SYS_ppoll,
