@@ -13,7 +13,10 @@
 //!   loop of nonblocking calls on a ring connection and then writes on it
 //!   and exits: no hang, its bytes arrive last and whole;
 //! * a real iperf3 client interrupted by SIGTERM mid-test: the server hears
-//!   the client's termination, and both exit.
+//!   the client's termination, and both exit;
+//! * a blocking recv or send on a ring interrupted by a handler is restarted
+//!   exactly when the kernel restarts it: by that handler's SA_RESTART
+//!   (another handler without it changes nothing), never with SO_RCVTIMEO.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -125,6 +128,47 @@ fn a_handler_writes_whole_messages_between_long_sends() {
     let (_, cerr, serr) = client.wait_ok_beside(&mut sink, Duration::from_secs(60));
     assert_shim_silent("burst client", &cerr);
     assert_shim_silent("sink", &serr);
+}
+
+#[test]
+fn interrupted_calls_restart_as_the_kernel_restarts_them() {
+    let dir = TempDir::new("sigdefer_restart");
+    let Some(bin) = build(&dir) else { return };
+    // The program's listening line names its port; the rest must match.
+    let calls = |out: &str| -> Vec<String> {
+        out.lines()
+            .filter(|l| l.contains("ret="))
+            .map(str::to_string)
+            .collect()
+    };
+    let (plain, _) = Cmd::plain(path(&bin))
+        .arg("restart")
+        .run_ok(Duration::from_secs(60));
+    let ctl = Ctl::start();
+    let (shimmed, err) = ctl
+        .shimmed(path(&bin))
+        .arg("restart")
+        .env("RINGSOCK_LOG", "debug")
+        .run_ok(Duration::from_secs(60));
+    assert_eq!(
+        calls(&plain),
+        [
+            "recv, SA_RESTART: ret=5 errno=0 hits=1",
+            "recv, no SA_RESTART: ret=-1 errno=EINTR hits=1",
+            "recv with SO_RCVTIMEO, SA_RESTART: ret=-1 errno=EINTR hits=1",
+            "send, SA_RESTART: ret=1 errno=0 hits=1",
+            "send, no SA_RESTART: ret=-1 errno=EINTR hits=1",
+        ],
+        "kernel TCP did not behave as this test expects:\n{plain}"
+    );
+    assert_eq!(
+        calls(&shimmed),
+        calls(&plain),
+        "the shim restarted differently:\n{shimmed}\n{err}"
+    );
+    // Every call was on a ring: five connections, both ends attached.
+    let attached = err.lines().filter(|l| l.contains("ring attached")).count();
+    assert_eq!(attached, 10, "not every connection had a ring:\n{err}");
 }
 
 /// SIGTERM while the client is in `mode`; its handler longjmps out.

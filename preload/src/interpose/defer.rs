@@ -127,6 +127,9 @@ unsafe fn run(sig: c_int, info: *mut siginfo_t, uctx: *mut c_void) {
         let f: extern "C" fn(c_int) = unsafe { std::mem::transmute(h.address) };
         f(sig);
     }
+    // After the handler: a sleep inside it (a blocking call of its own)
+    // starts its own record, which must not erase this one.
+    crate::signals::note_ran(sig);
 }
 
 /// The kernel's SA_RESETHAND, carried out when the handler is run:
@@ -153,11 +156,13 @@ pub fn flush() {
     }
 }
 
-/// The thread is about to sleep inside a shim call: the signals deferred
+/// The thread is about to sleep inside a shim call: the record of handlers
+/// run starts afresh, and the signals deferred
 /// so far are queued again, still blocked. Returns them; the sleep unblocks
 /// them in its wait's mask (`guard::Sleep`), so they interrupt it as they
 /// would a kernel wait.
 pub fn requeue_for_sleep() -> u64 {
+    crate::signals::forget_ran();
     let bits = PENDING.with(Cell::get);
     if bits != 0 {
         redeliver(bits, false);

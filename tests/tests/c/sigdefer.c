@@ -19,6 +19,10 @@
  *                                          signal(), as iperf3 does) longjmps out;
  *                                          then writes a 16-byte trailer, closes
  *                                          and exits (nonblock-stay: lives on)
+ *   sigdefer restart                       blocking recv and send interrupted by a
+ *                                          handler with or without SA_RESTART, or
+ *                                          on a socket with SO_RCVTIMEO; prints
+ *                                          what each call returned
  *
  * Main-thread bytes are the stream position mod 127 (below 0x80); handler
  * message k is 64 bytes of 0x80|k; the trailer is 16 bytes of 0xfe. */
@@ -36,6 +40,7 @@
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -478,10 +483,151 @@ static int jump(int port, const char *mode) {
     }
 }
 
+/* ---- restart: which interrupted blocking calls are restarted ---- */
+
+static volatile sig_atomic_t restart_hits;
+static void h_count(int sig) { (void)sig; restart_hits++; }
+
+/* The state letter of thread `tid` of this process ('S': sleeping). */
+static char thread_state(pid_t tid) {
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", (int)tid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return '?';
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : '?';
+}
+
+struct kick {
+    pthread_t target;
+    pid_t tid;
+    int sig;
+    int go; /* write end of the pipe to the peer process */
+};
+
+/* Once the target has slept in its call for a while, signals it; once the
+ * handler has run, lets the peer answer (write, or read what fills the
+ * buffer), so the call's outcome depends only on the handler's flags. */
+static void *kicker(void *arg) {
+    struct kick *k = arg;
+    for (int still = 0; still < 20;) {
+        sleep_ms(5);
+        still = thread_state(k->tid) == 'S' ? still + 1 : 0;
+    }
+    pthread_kill(k->target, k->sig);
+    for (int i = 0; i < 20000 && restart_hits == 0; i++)
+        sleep_ms(1);
+    char c = 'g';
+    if (write(k->go, &c, 1) != 1)
+        die("write go");
+    return NULL;
+}
+
+/* The peer: per connection, a mode byte ('r': answer 5 bytes, 's': read),
+ * then a go byte on `go` before it answers; then reads to EOF. */
+static void restart_peer(int l, int go) {
+    for (;;) {
+        int c = accept(l, NULL, NULL);
+        if (c < 0)
+            exit(0);
+        char mode, g;
+        if (recv(c, &mode, 1, MSG_WAITALL) != 1 || read(go, &g, 1) != 1)
+            exit(2);
+        if (mode == 'r' && write_all(c, (const unsigned char *)"hello", 5) != 0)
+            exit(2);
+        static char sinkbuf[65536];
+        while (recv(c, sinkbuf, sizeof sinkbuf, 0) > 0) {
+        }
+        close(c);
+    }
+}
+
+static void restart_case(const char *name, int port, int go, char mode, int sig, int timeo) {
+    int s = connect_to(port);
+    if (timeo) {
+        struct timeval tv = {5, 0};
+        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    }
+    if (send(s, &mode, 1, 0) != 1)
+        die("send mode");
+    if (mode == 's') {
+        /* Fill what the connection buffers, then block on one more byte.
+         * Room may show up a little later (TCP frees sent bytes when a
+         * delayed ACK comes, up to 200 ms later; a ring's reader publishes
+         * what it consumed lazily): fill until five tries 60 ms apart find
+         * none. */
+        fcntl(s, F_SETFL, fcntl(s, F_GETFL) | O_NONBLOCK);
+        static char fill[65536];
+        for (int none = 0; none < 5;) {
+            if (send(s, fill, sizeof fill, 0) > 0) {
+                none = 0;
+                continue;
+            }
+            if (errno != EAGAIN && errno != EINTR)
+                die("fill");
+            none++;
+            sleep_ms(60);
+        }
+        fcntl(s, F_SETFL, fcntl(s, F_GETFL) & ~O_NONBLOCK);
+    }
+    restart_hits = 0;
+    struct kick k = {pthread_self(), (pid_t)syscall(SYS_gettid), sig, go};
+    pthread_t t;
+    pthread_create(&t, NULL, kicker, &k);
+    char buf[8];
+    ssize_t n = mode == 'r' ? recv(s, buf, 5, MSG_WAITALL) : send(s, "x", 1, 0);
+    int e = n < 0 ? errno : 0;
+    pthread_join(t, NULL);
+    printf("%s: ret=%zd errno=%s hits=%d\n", name, n, e ? strerrorname_np(e) : "0",
+           (int)restart_hits);
+    close(s);
+}
+
+static int restart(void) {
+    struct sigaction a = {0};
+    a.sa_handler = h_count;
+    a.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &a, NULL);
+    /* Installed but not the one that fires in the SA_RESTART cases. */
+    a.sa_flags = 0;
+    sigaction(SIGUSR2, &a, NULL);
+    int l = listen_on(0);
+    struct sockaddr_in sa;
+    socklen_t len = sizeof sa;
+    getsockname(l, (struct sockaddr *)&sa, &len);
+    int port = ntohs(sa.sin_port);
+    int p[2];
+    if (pipe(p) != 0)
+        die("pipe");
+    pid_t peer = fork();
+    if (peer == 0) {
+        close(p[1]);
+        restart_peer(l, p[0]);
+    }
+    close(p[0]);
+    /* The listener stays open here too: the shim registered it for this
+     * process, and a forked child's copy is registered only at its first
+     * accept (docs/limits.md), too late for the first connection's ring. */
+    restart_case("recv, SA_RESTART", port, p[1], 'r', SIGUSR1, 0);
+    restart_case("recv, no SA_RESTART", port, p[1], 'r', SIGUSR2, 0);
+    restart_case("recv with SO_RCVTIMEO, SA_RESTART", port, p[1], 'r', SIGUSR1, 1);
+    restart_case("send, SA_RESTART", port, p[1], 's', SIGUSR1, 0);
+    restart_case("send, no SA_RESTART", port, p[1], 's', SIGUSR2, 0);
+    kill(peer, SIGTERM);
+    waitpid(peer, NULL, 0);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc >= 2 && strcmp(argv[1], "actions") == 0)
         return actions();
+    if (argc >= 2 && strcmp(argv[1], "restart") == 0)
+        return restart();
     if (argc == 5 && strcmp(argv[1], "sink") == 0)
         return sink(atoll(argv[2]), atoi(argv[3]), atoi(argv[4]));
     if (argc == 6 && strcmp(argv[1], "burst") == 0)
