@@ -68,6 +68,7 @@
 //! A socket registered in an epoll set *before* its ring was attached
 //! (nginx adds upstream sockets before connect) is moved over by `migrate`.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -111,6 +112,9 @@ pub struct EpollSet {
     inner: Mutex<Inner>,
     /// The instance is itself in another epoll instance (`watch`).
     watched: AtomicBool,
+    /// epoll_data under which `private` sits in the program's instance;
+    /// fixed for the set's life, so read without the lock.
+    token: u64,
 }
 
 struct Inner {
@@ -120,8 +124,6 @@ struct Inner {
     poke: c_int,
     /// `private` is registered in the program's instance.
     in_program: bool,
-    /// epoll_data under which `private` sits in the program's instance.
-    token: u64,
     /// Registrations by id (ids are never reused).
     regs: Map<Reg>,
     /// Every registration id, densely (`Reg::pos` is the index).
@@ -191,11 +193,11 @@ impl EpollSet {
     pub fn new() -> Self {
         EpollSet {
             watched: AtomicBool::new(false),
+            token: random_token(),
             inner: Mutex::new(Inner {
                 private: -1,
                 poke: -1,
                 in_program: false,
-                token: random_token(),
                 regs: Map::default(),
                 all: Vec::new(),
                 conns: Map::default(),
@@ -633,6 +635,34 @@ impl Inner {
         }
     }
 
+    /// Promotes every registration of connection `key`. By index, with no
+    /// copy of the list: `promote` takes out of it at most the one it is
+    /// given (the next then moves into its place), or the whole entry.
+    fn promote_conn(&mut self, key: u64) {
+        let at =
+            |inner: &Self, i: usize| inner.conns.get(&key).and_then(|c| c.regs.get(i).copied());
+        let mut i = 0;
+        while let Some(id) = at(self, i) {
+            self.promote(id);
+            if at(self, i) == Some(id) {
+                i += 1;
+            }
+        }
+    }
+
+    /// Promotes every registration. By index, with no copy of the list:
+    /// `promote` takes out of `all` at most the one it is given, whose
+    /// place the last one takes (still to be looked at).
+    fn promote_all(&mut self) {
+        let mut i = 0;
+        while let Some(&id) = self.all.get(i) {
+            self.promote(id);
+            if self.all.get(i) == Some(&id) {
+                i += 1;
+            }
+        }
+    }
+
     /// Looks at `steps` registrations (round robin) and drops those whose
     /// file is gone: an idle armed registration of a closed fd would
     /// otherwise hold its arm and its fd state until EPOLL_CTL_DEL.
@@ -732,9 +762,7 @@ impl Inner {
                         conn.socket_fired();
                     }
                 }
-                for id in c.regs.clone() {
-                    self.promote(id);
-                }
+                self.promote_conn(key);
             }
             if (r as usize) < evs.len() {
                 break;
@@ -786,9 +814,9 @@ impl Inner {
         }
     }
 
-    /// What to spin on: every enabled registration of a small set, or at
-    /// most `SPIN_MAX` listed ones of a large set.
-    fn spin_candidates(&self) -> Vec<Candidate> {
+    /// What to spin on, into `out`: every enabled registration of a small
+    /// set, or at most `SPIN_MAX` listed ones of a large set.
+    fn spin_candidates(&self, out: &mut Vec<Candidate>) {
         let make = |id: &u64| {
             let r = self.regs.get(id)?;
             (!r.disabled).then(|| Candidate {
@@ -803,11 +831,18 @@ impl Inner {
             })
         };
         if self.all.len() <= SPIN_MAX {
-            self.all.iter().filter_map(make).collect()
+            out.extend(self.all.iter().filter_map(make));
         } else {
-            self.ready.iter().filter_map(make).take(SPIN_MAX).collect()
+            out.extend(self.ready.iter().filter_map(make).take(SPIN_MAX));
         }
     }
+}
+
+thread_local! {
+    /// This thread's spin candidates' buffer, empty between waits, so that
+    /// a wait allocates nothing. (A wait that finds it taken, nested in a
+    /// signal handler, makes its own.)
+    static SPARE: Cell<Vec<Candidate>> = const { Cell::new(Vec::new()) };
 }
 
 /// A registration looked at while spinning, without the set's lock.
@@ -880,7 +915,7 @@ pub unsafe fn ctl_ring(
             if ev.is_null() {
                 break 'add fail(libc::EFAULT);
             }
-            if let Err(e) = ensure_private(epfd, instance, inner) {
+            if let Err(e) = ensure_private(epfd, instance, inner, set.token) {
                 break 'add fail(e);
             }
             let Some(conn) = st.conn() else {
@@ -961,8 +996,14 @@ pub unsafe fn ctl_ring(
 }
 
 /// Creates the private set and its poke eventfd if needed, and makes sure
-/// the private set sits in the program's instance (`instance`).
-fn ensure_private(epfd: c_int, instance: &FdState, inner: &mut Inner) -> Result<(), c_int> {
+/// the private set sits in the program's instance (`instance`) under
+/// `token`.
+fn ensure_private(
+    epfd: c_int,
+    instance: &FdState,
+    inner: &mut Inner,
+    token: u64,
+) -> Result<(), c_int> {
     if inner.private < 0 {
         // SAFETY: plain syscall wrapper of libc, not ours.
         let p = unsafe { real::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -995,7 +1036,7 @@ fn ensure_private(epfd: c_int, instance: &FdState, inner: &mut Inner) -> Result<
     if !inner.in_program {
         let mut ev = epoll_event {
             events: libc::EPOLLIN as u32,
-            u64: inner.token,
+            u64: token,
         };
         // SAFETY: ev is valid for the call.
         if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, inner.private, &mut ev) } < 0
@@ -1075,7 +1116,7 @@ unsafe fn wait_ring(
     if let Some(a) = crate::attached::attacher() {
         a.flush_all();
     }
-    let token = set.lock().token;
+    let token = set.token;
     let mut first = true;
     loop {
         // Spin only before the first sleep: a wake-up with nothing to
@@ -1084,7 +1125,7 @@ unsafe fn wait_ring(
         first = false;
         // 1. The ready list; registrations that may be spun on stay
         //    unarmed.
-        let (mut n, cands) = {
+        let (mut n, mut cands) = {
             let mut locked = set.lock();
             let inner = &mut *locked;
             inner.check_fork();
@@ -1107,11 +1148,10 @@ unsafe fn wait_ring(
                 }
                 inner.poke_sleepers();
             }
-            let cands = if n == 0 && may_spin {
-                inner.spin_candidates()
-            } else {
-                Vec::new()
-            };
+            let mut cands = SPARE.take();
+            if n == 0 && may_spin {
+                inner.spin_candidates(&mut cands);
+            }
             (n, cands)
         };
         // 2. Spin.
@@ -1133,7 +1173,10 @@ unsafe fn wait_ring(
             let todo = inner.ready.len();
             n = inner.walk(out, 0, todo, usize::MAX);
         }
-        drop(cands);
+        // Their references go outside the set's lock (a last one may close
+        // a connection, which looks at the set); the buffer is kept.
+        cands.clear();
+        SPARE.set(cands);
         if n > 0 {
             return finish(set, epfd, out, n, token);
         }
@@ -1162,9 +1205,7 @@ unsafe fn wait_ring(
             // that is not sleeping. Bounded by HOLD_MIN; larger sets keep
             // their idle connections armed across calls, and so do watched
             // sets (their doorbells make the instance readable).
-            for id in inner.all.clone() {
-                inner.promote(id);
-            }
+            inner.promote_all();
         }
         let Ok((k, saw)) = r else {
             drop(locked);
@@ -1221,7 +1262,7 @@ pub unsafe fn after_kernel(
         let out = unsafe { std::slice::from_raw_parts_mut(events, maxevents as usize) };
         let mut locked = set.lock();
         let inner = &mut *locked;
-        let (k, saw) = strip_token(out, r as usize, inner.token);
+        let (k, saw) = strip_token(out, r as usize, set.token);
         if !saw {
             return r;
         }
