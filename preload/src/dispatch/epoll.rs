@@ -79,7 +79,7 @@ mod kernel;
 
 pub use kernel::hand_to_kernel;
 
-use super::wait::{fewest_looks, remaining, spin};
+use super::wait::{fewest_looks, remaining, spin, spin_due, spin_skipped};
 use crate::attached::{AttachedConn, Ready};
 use crate::fdtable::{self, EpollSlot, FdRef, FdState, Kind};
 use crate::interpose::guard;
@@ -1123,14 +1123,18 @@ unsafe fn wait_ring(
         // report (a stray doorbell) is not worth a spin.
         let may_spin = first && deadline.is_none_or(|d| d > sys::monotonic_ns());
         first = false;
+        // A zero spin budget would only look once more, and the arms below
+        // re-check anyway: the registrations are armed at the first look.
+        let spinning = may_spin && spin_due();
         // 1. The ready list; registrations that may be spun on stay
-        //    unarmed.
+        //    unarmed. Without a spin, what has nothing to report is armed,
+        //    and the thread counts as a sleeper under the same hold.
         let (mut n, mut cands) = {
             let mut locked = set.lock();
             let inner = &mut *locked;
             inner.check_fork();
             inner.sweep(1);
-            let keep = match may_spin {
+            let keep = match spinning {
                 false => 0,
                 true if inner.all.len() <= SPIN_MAX => usize::MAX,
                 true => SPIN_MAX,
@@ -1148,40 +1152,46 @@ unsafe fn wait_ring(
                 }
                 inner.poke_sleepers();
             }
-            let mut cands = SPARE.take();
-            if n == 0 && may_spin {
+            let mut cands = Vec::new();
+            if n == 0 && spinning {
+                cands = SPARE.take();
                 inner.spin_candidates(&mut cands);
+            } else if n == 0 {
+                inner.sleepers += 1;
             }
             (n, cands)
         };
-        // 2. Spin.
-        // The busy looks are asked for only when there is a spin.
-        let spin_looks = || fewest_looks(cands.iter().filter_map(|c| c.st.conn()));
-        if n == 0
-            && !cands.is_empty()
-            && spin(spin_looks(), cands.len(), || {
-                cands.iter().any(Candidate::ready)
-            })
-        {
-            let mut locked = set.lock();
-            let inner = &mut *locked;
-            for c in &cands {
-                if c.ready() {
-                    inner.promote(c.id);
+        if n == 0 && may_spin && !spinning {
+            spin_skipped();
+        }
+        if n == 0 && spinning {
+            // 2. Spin.
+            // The busy looks are asked for only when there is a spin.
+            let spin_looks = || fewest_looks(cands.iter().filter_map(|c| c.st.conn()));
+            if !cands.is_empty()
+                && spin(spin_looks(), cands.len(), || {
+                    cands.iter().any(Candidate::ready)
+                })
+            {
+                let mut locked = set.lock();
+                let inner = &mut *locked;
+                for c in &cands {
+                    if c.ready() {
+                        inner.promote(c.id);
+                    }
                 }
+                let todo = inner.ready.len();
+                n = inner.walk(out, 0, todo, usize::MAX);
             }
-            let todo = inner.ready.len();
-            n = inner.walk(out, 0, todo, usize::MAX);
-        }
-        // Their references go outside the set's lock (a last one may close
-        // a connection, which looks at the set); the buffer is kept.
-        cands.clear();
-        SPARE.set(cands);
-        if n > 0 {
-            return finish(set, epfd, out, n, token);
-        }
-        // 3. Arm what has nothing to report, then sleep.
-        {
+            // Their references go outside the set's lock (a last one may
+            // close a connection, which looks at the set); the buffer is
+            // kept.
+            cands.clear();
+            SPARE.set(cands);
+            if n > 0 {
+                return finish(set, epfd, out, n, token);
+            }
+            // 3. Arm what has nothing to report, then sleep.
             let mut locked = set.lock();
             let inner = &mut *locked;
             let todo = inner.ready.len();

@@ -63,6 +63,12 @@ impl SpinBudget {
         Duration::ZERO
     }
 
+    /// Whether the next `limit` is more than zero (a budget, or a probe),
+    /// without counting a wait.
+    pub fn due(&self) -> bool {
+        !self.now.is_zero() || self.quiet + 1 >= PROBE_EVERY
+    }
+
     /// A spin found what it waited for, without losing its CPU.
     pub fn hit(&mut self) {
         self.now = if self.now.is_zero() {
