@@ -70,6 +70,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -384,9 +385,20 @@ enum Step {
     Leave,
 }
 
+/// The connection's `event_seq` where `events` asks for edges (`news`
+/// reads it only then).
+fn seq_for(events: u32, conn: &dyn AttachedConn) -> u64 {
+    if events & ET != 0 {
+        conn.event_seq()
+    } else {
+        0
+    }
+}
+
 /// Looks at listed registration `r`; `arm`: arm it if there is nothing to
-/// report. `entry` is its connection's entry (for the wait fds).
-fn examine(r: &mut Reg, entry: Option<&mut ConnEntry>, private: c_int, arm: bool) -> Step {
+/// report. `conns` holds its connection's entry (for the wait fds), looked
+/// up only to arm.
+fn examine(r: &mut Reg, conns: &mut Map<ConnEntry>, private: c_int, arm: bool) -> Step {
     if r.disabled {
         return Step::Leave;
     }
@@ -400,29 +412,19 @@ fn examine(r: &mut Reg, entry: Option<&mut ConnEntry>, private: c_int, arm: bool
     let interest = interest_of(r.events);
     let wanted = Ready(interest.0 | ALWAYS);
     let now = conn.readiness_for(interest) & wanted;
-    if news(
-        r.events,
-        &mut r.last,
-        &mut r.last_seq,
-        now,
-        conn.event_seq(),
-    ) {
+    let seq = seq_for(r.events, conn);
+    if news(r.events, &mut r.last, &mut r.last_seq, now, seq) {
         return Step::Report(now.0);
     }
     if !arm {
         return Step::Keep;
     }
-    if let Some(e) = entry {
+    if let Some(e) = conns.get_mut(&r.key) {
         ensure_waits(e, private, r.key, r.fd, conn, interest);
     }
     let now = conn.arm_edge(interest) & wanted;
-    if news(
-        r.events,
-        &mut r.last,
-        &mut r.last_seq,
-        now,
-        conn.event_seq(),
-    ) {
+    let seq = seq_for(r.events, conn);
+    if news(r.events, &mut r.last, &mut r.last_seq, now, seq) {
         conn.disarm_edge(interest);
         return Step::Report(now.0);
     }
@@ -705,7 +707,7 @@ impl Inner {
                 self.remove(id);
                 continue;
             }
-            match examine(r, self.conns.get_mut(&r.key), self.private, keep == 0) {
+            match examine(r, &mut self.conns, self.private, keep == 0) {
                 Step::Report(events) => {
                     out[n] = epoll_event {
                         events,
@@ -737,14 +739,17 @@ impl Inner {
             return 0;
         }
         let before = self.ready.len();
-        let mut evs = [epoll_event { events: 0, u64: 0 }; 64];
+        // Left uninitialised: only what the kernel wrote is read.
+        let mut evs = [MaybeUninit::<epoll_event>::uninit(); 64];
         loop {
-            // SAFETY: evs is a valid buffer of 64 events.
-            let r = unsafe { real::epoll_wait(self.private, evs.as_mut_ptr(), 64, 0) };
+            // SAFETY: evs is a writable buffer of 64 events.
+            let r = unsafe { real::epoll_wait(self.private, evs.as_mut_ptr().cast(), 64, 0) };
             if r <= 0 {
                 break;
             }
             for e in &evs[..r as usize] {
+                // SAFETY: the kernel wrote the first r entries.
+                let e = unsafe { e.assume_init() };
                 if e.u64 == POKE_KEY {
                     eventfd_drain(self.poke);
                     continue;
@@ -792,7 +797,7 @@ impl Inner {
                 continue;
             };
             let seen = (r.last, r.last_seq);
-            match examine(r, self.conns.get_mut(&r.key), self.private, true) {
+            match examine(r, &mut self.conns, self.private, true) {
                 Step::Report(_) => {
                     (r.last, r.last_seq) = seen;
                     pending = true;
@@ -857,7 +862,7 @@ impl Candidate {
     fn ready(&self) -> bool {
         self.st.conn().is_some_and(|c| {
             let now = c.readiness_for(self.interest) & (self.interest | Ready::ERR | Ready::HUP);
-            self.seen.news(now, c.event_seq())
+            self.seen.news(now, seq_for(self.seen.edge_bits(), c))
         })
     }
 }
@@ -871,6 +876,15 @@ struct Seen {
 }
 
 impl Seen {
+    /// The registration's mode bit for `seq_for`.
+    fn edge_bits(self) -> u32 {
+        if self.edge {
+            ET
+        } else {
+            0
+        }
+    }
+
     fn news(self, now: Ready, seq: u64) -> bool {
         if !self.edge {
             return !now.is_empty();
