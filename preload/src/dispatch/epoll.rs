@@ -81,7 +81,7 @@ mod kernel;
 pub use kernel::hand_to_kernel;
 
 use super::wait::{fewest_looks, remaining, spin, spin_due, spin_skipped};
-use crate::attached::{AttachedConn, Ready};
+use crate::attached::{AttachedConn, Ready, WaitFds};
 use crate::fdtable::{self, EpollSlot, FdRef, FdState, Kind};
 use crate::interpose::guard;
 use crate::keymap::KeyMap;
@@ -153,6 +153,10 @@ struct ConnEntry {
     regs: Vec<u64>,
     /// (wait fd, poll events registered for it).
     waits: Vec<(c_int, u32)>,
+    /// The last wait fds `ensure_waits` put in: all are in `waits` with
+    /// their events (`waits` only grows), so the same ones again need no
+    /// look.
+    ensured: WaitFds,
     /// Keeps the fd state (and so the key) from being recycled while the
     /// entry exists: an entry outlives its registrations (see `remove`).
     st: FdRef,
@@ -444,8 +448,12 @@ fn ensure_waits(
     interest: Ready,
 ) {
     debug_assert_eq!(key & SOCKET_TAG, 0, "fd state addresses are aligned");
+    let fds = conn.wait_fds(fd, interest);
+    if fds == e.ensured {
+        return;
+    }
     let socket = conn.watched_socket();
-    for w in conn.wait_fds(fd, interest).into_iter().flatten() {
+    for w in fds.into_iter().flatten() {
         let ev = u32::from(w.events as u16);
         let data = if w.fd == socket {
             key | SOCKET_TAG
@@ -464,6 +472,7 @@ fn ensure_waits(
             }
         }
     }
+    e.ensured = fds;
 }
 
 fn set_wait_fd(private: c_int, fd: c_int, events: u32, key: u64) {
@@ -942,6 +951,7 @@ pub unsafe fn ctl_ring(
             let e = inner.conns.entry(key).or_insert_with(|| ConnEntry {
                 regs: Vec::new(),
                 waits: Vec::new(),
+                ensured: [None; 3],
                 st: st.clone(),
                 queued: false,
             });
