@@ -239,6 +239,22 @@ mod tests {
     }
 
     #[test]
+    fn due_foretells_the_next_limit_without_counting_a_wait() {
+        let max = Duration::from_micros(64);
+        let mut b = SpinBudget::new(max);
+        assert!(b.due());
+        b.late();
+        for _ in 0..3 * PROBE_EVERY {
+            let due = b.due();
+            assert_eq!(due, b.due(), "due counts nothing");
+            assert_eq!(due, !b.limit().is_zero());
+        }
+        b.hit();
+        assert!(b.due());
+        assert_eq!(b.limit(), max);
+    }
+
+    #[test]
     fn zero_budget_never_spins() {
         let mut b = SpinBudget::new(Duration::ZERO);
         let mut calls = 0;
