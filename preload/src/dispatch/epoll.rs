@@ -776,7 +776,18 @@ impl Inner {
                         conn.socket_fired();
                     }
                 }
-                self.promote_conn(key);
+                // A connection's few registrations (one per fd of it in the
+                // set) are copied out, not looked up again for each.
+                let mut few = [0u64; 4];
+                match c.regs.len() {
+                    n if n <= few.len() => {
+                        few[..n].copy_from_slice(&c.regs);
+                        for &id in &few[..n] {
+                            self.promote(id);
+                        }
+                    }
+                    _ => self.promote_conn(key),
+                }
             }
             if (r as usize) < evs.len() {
                 break;
