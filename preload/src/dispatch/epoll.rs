@@ -68,7 +68,9 @@
 //! A socket registered in an epoll set *before* its ring was attached
 //! (nginx adds upstream sockets before connect) is moved over by `migrate`.
 
+use std::cell::Cell;
 use std::collections::VecDeque;
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -78,8 +80,8 @@ mod kernel;
 
 pub use kernel::hand_to_kernel;
 
-use super::wait::{fewest_looks, remaining, spin};
-use crate::attached::{AttachedConn, Ready};
+use super::wait::{fewest_looks, remaining, spin, spin_due, spin_skipped};
+use crate::attached::{AttachedConn, Ready, WaitFds};
 use crate::fdtable::{self, EpollSlot, FdRef, FdState, Kind};
 use crate::interpose::guard;
 use crate::keymap::KeyMap;
@@ -111,6 +113,9 @@ pub struct EpollSet {
     inner: Mutex<Inner>,
     /// The instance is itself in another epoll instance (`watch`).
     watched: AtomicBool,
+    /// epoll_data under which `private` sits in the program's instance;
+    /// fixed for the set's life, so read without the lock.
+    token: u64,
 }
 
 struct Inner {
@@ -120,8 +125,6 @@ struct Inner {
     poke: c_int,
     /// `private` is registered in the program's instance.
     in_program: bool,
-    /// epoll_data under which `private` sits in the program's instance.
-    token: u64,
     /// Registrations by id (ids are never reused).
     regs: Map<Reg>,
     /// Every registration id, densely (`Reg::pos` is the index).
@@ -150,6 +153,10 @@ struct ConnEntry {
     regs: Vec<u64>,
     /// (wait fd, poll events registered for it).
     waits: Vec<(c_int, u32)>,
+    /// The last wait fds `ensure_waits` put in: all are in `waits` with
+    /// their events (`waits` only grows), so the same ones again need no
+    /// look.
+    ensured: WaitFds,
     /// Keeps the fd state (and so the key) from being recycled while the
     /// entry exists: an entry outlives its registrations (see `remove`).
     st: FdRef,
@@ -191,11 +198,11 @@ impl EpollSet {
     pub fn new() -> Self {
         EpollSet {
             watched: AtomicBool::new(false),
+            token: random_token(),
             inner: Mutex::new(Inner {
                 private: -1,
                 poke: -1,
                 in_program: false,
-                token: random_token(),
                 regs: Map::default(),
                 all: Vec::new(),
                 conns: Map::default(),
@@ -382,9 +389,20 @@ enum Step {
     Leave,
 }
 
+/// The connection's `event_seq` where `events` asks for edges (`news`
+/// reads it only then).
+fn seq_for(events: u32, conn: &dyn AttachedConn) -> u64 {
+    if events & ET != 0 {
+        conn.event_seq()
+    } else {
+        0
+    }
+}
+
 /// Looks at listed registration `r`; `arm`: arm it if there is nothing to
-/// report. `entry` is its connection's entry (for the wait fds).
-fn examine(r: &mut Reg, entry: Option<&mut ConnEntry>, private: c_int, arm: bool) -> Step {
+/// report. `conns` holds its connection's entry (for the wait fds), looked
+/// up only to arm.
+fn examine(r: &mut Reg, conns: &mut Map<ConnEntry>, private: c_int, arm: bool) -> Step {
     if r.disabled {
         return Step::Leave;
     }
@@ -398,29 +416,19 @@ fn examine(r: &mut Reg, entry: Option<&mut ConnEntry>, private: c_int, arm: bool
     let interest = interest_of(r.events);
     let wanted = Ready(interest.0 | ALWAYS);
     let now = conn.readiness_for(interest) & wanted;
-    if news(
-        r.events,
-        &mut r.last,
-        &mut r.last_seq,
-        now,
-        conn.event_seq(),
-    ) {
+    let seq = seq_for(r.events, conn);
+    if news(r.events, &mut r.last, &mut r.last_seq, now, seq) {
         return Step::Report(now.0);
     }
     if !arm {
         return Step::Keep;
     }
-    if let Some(e) = entry {
+    if let Some(e) = conns.get_mut(&r.key) {
         ensure_waits(e, private, r.key, r.fd, conn, interest);
     }
     let now = conn.arm_edge(interest) & wanted;
-    if news(
-        r.events,
-        &mut r.last,
-        &mut r.last_seq,
-        now,
-        conn.event_seq(),
-    ) {
+    let seq = seq_for(r.events, conn);
+    if news(r.events, &mut r.last, &mut r.last_seq, now, seq) {
         conn.disarm_edge(interest);
         return Step::Report(now.0);
     }
@@ -440,8 +448,12 @@ fn ensure_waits(
     interest: Ready,
 ) {
     debug_assert_eq!(key & SOCKET_TAG, 0, "fd state addresses are aligned");
+    let fds = conn.wait_fds(fd, interest);
+    if fds == e.ensured {
+        return;
+    }
     let socket = conn.watched_socket();
-    for w in conn.wait_fds(fd, interest).into_iter().flatten() {
+    for w in fds.into_iter().flatten() {
         let ev = u32::from(w.events as u16);
         let data = if w.fd == socket {
             key | SOCKET_TAG
@@ -460,6 +472,7 @@ fn ensure_waits(
             }
         }
     }
+    e.ensured = fds;
 }
 
 fn set_wait_fd(private: c_int, fd: c_int, events: u32, key: u64) {
@@ -633,6 +646,34 @@ impl Inner {
         }
     }
 
+    /// Promotes every registration of connection `key`. By index, with no
+    /// copy of the list: `promote` takes out of it at most the one it is
+    /// given (the next then moves into its place), or the whole entry.
+    fn promote_conn(&mut self, key: u64) {
+        let at =
+            |inner: &Self, i: usize| inner.conns.get(&key).and_then(|c| c.regs.get(i).copied());
+        let mut i = 0;
+        while let Some(id) = at(self, i) {
+            self.promote(id);
+            if at(self, i) == Some(id) {
+                i += 1;
+            }
+        }
+    }
+
+    /// Promotes every registration. By index, with no copy of the list:
+    /// `promote` takes out of `all` at most the one it is given, whose
+    /// place the last one takes (still to be looked at).
+    fn promote_all(&mut self) {
+        let mut i = 0;
+        while let Some(&id) = self.all.get(i) {
+            self.promote(id);
+            if self.all.get(i) == Some(&id) {
+                i += 1;
+            }
+        }
+    }
+
     /// Looks at `steps` registrations (round robin) and drops those whose
     /// file is gone: an idle armed registration of a closed fd would
     /// otherwise hold its arm and its fd state until EPOLL_CTL_DEL.
@@ -675,7 +716,7 @@ impl Inner {
                 self.remove(id);
                 continue;
             }
-            match examine(r, self.conns.get_mut(&r.key), self.private, keep == 0) {
+            match examine(r, &mut self.conns, self.private, keep == 0) {
                 Step::Report(events) => {
                     out[n] = epoll_event {
                         events,
@@ -707,14 +748,17 @@ impl Inner {
             return 0;
         }
         let before = self.ready.len();
-        let mut evs = [epoll_event { events: 0, u64: 0 }; 64];
+        // Left uninitialised: only what the kernel wrote is read.
+        let mut evs = [MaybeUninit::<epoll_event>::uninit(); 64];
         loop {
-            // SAFETY: evs is a valid buffer of 64 events.
-            let r = unsafe { real::epoll_wait(self.private, evs.as_mut_ptr(), 64, 0) };
+            // SAFETY: evs is a writable buffer of 64 events.
+            let r = unsafe { real::epoll_wait(self.private, evs.as_mut_ptr().cast(), 64, 0) };
             if r <= 0 {
                 break;
             }
             for e in &evs[..r as usize] {
+                // SAFETY: the kernel wrote the first r entries.
+                let e = unsafe { e.assume_init() };
                 if e.u64 == POKE_KEY {
                     eventfd_drain(self.poke);
                     continue;
@@ -732,8 +776,17 @@ impl Inner {
                         conn.socket_fired();
                     }
                 }
-                for id in c.regs.clone() {
-                    self.promote(id);
+                // A connection's few registrations (one per fd of it in the
+                // set) are copied out, not looked up again for each.
+                let mut few = [0u64; 4];
+                match c.regs.len() {
+                    n if n <= few.len() => {
+                        few[..n].copy_from_slice(&c.regs);
+                        for &id in &few[..n] {
+                            self.promote(id);
+                        }
+                    }
+                    _ => self.promote_conn(key),
                 }
             }
             if (r as usize) < evs.len() {
@@ -764,7 +817,7 @@ impl Inner {
                 continue;
             };
             let seen = (r.last, r.last_seq);
-            match examine(r, self.conns.get_mut(&r.key), self.private, true) {
+            match examine(r, &mut self.conns, self.private, true) {
                 Step::Report(_) => {
                     (r.last, r.last_seq) = seen;
                     pending = true;
@@ -786,9 +839,9 @@ impl Inner {
         }
     }
 
-    /// What to spin on: every enabled registration of a small set, or at
-    /// most `SPIN_MAX` listed ones of a large set.
-    fn spin_candidates(&self) -> Vec<Candidate> {
+    /// What to spin on, into `out`: every enabled registration of a small
+    /// set, or at most `SPIN_MAX` listed ones of a large set.
+    fn spin_candidates(&self, out: &mut Vec<Candidate>) {
         let make = |id: &u64| {
             let r = self.regs.get(id)?;
             (!r.disabled).then(|| Candidate {
@@ -803,11 +856,18 @@ impl Inner {
             })
         };
         if self.all.len() <= SPIN_MAX {
-            self.all.iter().filter_map(make).collect()
+            out.extend(self.all.iter().filter_map(make));
         } else {
-            self.ready.iter().filter_map(make).take(SPIN_MAX).collect()
+            out.extend(self.ready.iter().filter_map(make).take(SPIN_MAX));
         }
     }
+}
+
+thread_local! {
+    /// This thread's spin candidates' buffer, empty between waits, so that
+    /// a wait allocates nothing. (A wait that finds it taken, nested in a
+    /// signal handler, makes its own.)
+    static SPARE: Cell<Vec<Candidate>> = const { Cell::new(Vec::new()) };
 }
 
 /// A registration looked at while spinning, without the set's lock.
@@ -822,7 +882,7 @@ impl Candidate {
     fn ready(&self) -> bool {
         self.st.conn().is_some_and(|c| {
             let now = c.readiness_for(self.interest) & (self.interest | Ready::ERR | Ready::HUP);
-            self.seen.news(now, c.event_seq())
+            self.seen.news(now, seq_for(self.seen.edge_bits(), c))
         })
     }
 }
@@ -836,6 +896,15 @@ struct Seen {
 }
 
 impl Seen {
+    /// The registration's mode bit for `seq_for`.
+    fn edge_bits(self) -> u32 {
+        if self.edge {
+            ET
+        } else {
+            0
+        }
+    }
+
     fn news(self, now: Ready, seq: u64) -> bool {
         if !self.edge {
             return !now.is_empty();
@@ -880,7 +949,7 @@ pub unsafe fn ctl_ring(
             if ev.is_null() {
                 break 'add fail(libc::EFAULT);
             }
-            if let Err(e) = ensure_private(epfd, instance, inner) {
+            if let Err(e) = ensure_private(epfd, instance, inner, set.token) {
                 break 'add fail(e);
             }
             let Some(conn) = st.conn() else {
@@ -893,6 +962,7 @@ pub unsafe fn ctl_ring(
             let e = inner.conns.entry(key).or_insert_with(|| ConnEntry {
                 regs: Vec::new(),
                 waits: Vec::new(),
+                ensured: [None; 3],
                 st: st.clone(),
                 queued: false,
             });
@@ -961,8 +1031,14 @@ pub unsafe fn ctl_ring(
 }
 
 /// Creates the private set and its poke eventfd if needed, and makes sure
-/// the private set sits in the program's instance (`instance`).
-fn ensure_private(epfd: c_int, instance: &FdState, inner: &mut Inner) -> Result<(), c_int> {
+/// the private set sits in the program's instance (`instance`) under
+/// `token`.
+fn ensure_private(
+    epfd: c_int,
+    instance: &FdState,
+    inner: &mut Inner,
+    token: u64,
+) -> Result<(), c_int> {
     if inner.private < 0 {
         // SAFETY: plain syscall wrapper of libc, not ours.
         let p = unsafe { real::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -995,7 +1071,7 @@ fn ensure_private(epfd: c_int, instance: &FdState, inner: &mut Inner) -> Result<
     if !inner.in_program {
         let mut ev = epoll_event {
             events: libc::EPOLLIN as u32,
-            u64: inner.token,
+            u64: token,
         };
         // SAFETY: ev is valid for the call.
         if unsafe { real::epoll_ctl(epfd, libc::EPOLL_CTL_ADD, inner.private, &mut ev) } < 0
@@ -1075,21 +1151,25 @@ unsafe fn wait_ring(
     if let Some(a) = crate::attached::attacher() {
         a.flush_all();
     }
-    let token = set.lock().token;
+    let token = set.token;
     let mut first = true;
     loop {
         // Spin only before the first sleep: a wake-up with nothing to
         // report (a stray doorbell) is not worth a spin.
         let may_spin = first && deadline.is_none_or(|d| d > sys::monotonic_ns());
         first = false;
+        // A zero spin budget would only look once more, and the arms below
+        // re-check anyway: the registrations are armed at the first look.
+        let spinning = may_spin && spin_due();
         // 1. The ready list; registrations that may be spun on stay
-        //    unarmed.
-        let (mut n, cands) = {
+        //    unarmed. Without a spin, what has nothing to report is armed,
+        //    and the thread counts as a sleeper under the same hold.
+        let (mut n, mut cands) = {
             let mut locked = set.lock();
             let inner = &mut *locked;
             inner.check_fork();
             inner.sweep(1);
-            let keep = match may_spin {
+            let keep = match spinning {
                 false => 0,
                 true if inner.all.len() <= SPIN_MAX => usize::MAX,
                 true => SPIN_MAX,
@@ -1107,38 +1187,46 @@ unsafe fn wait_ring(
                 }
                 inner.poke_sleepers();
             }
-            let cands = if n == 0 && may_spin {
-                inner.spin_candidates()
-            } else {
-                Vec::new()
-            };
+            let mut cands = Vec::new();
+            if n == 0 && spinning {
+                cands = SPARE.take();
+                inner.spin_candidates(&mut cands);
+            } else if n == 0 {
+                inner.sleepers += 1;
+            }
             (n, cands)
         };
-        // 2. Spin.
-        // The busy looks are asked for only when there is a spin.
-        let spin_looks = || fewest_looks(cands.iter().filter_map(|c| c.st.conn()));
-        if n == 0
-            && !cands.is_empty()
-            && spin(spin_looks(), cands.len(), || {
-                cands.iter().any(Candidate::ready)
-            })
-        {
-            let mut locked = set.lock();
-            let inner = &mut *locked;
-            for c in &cands {
-                if c.ready() {
-                    inner.promote(c.id);
+        if n == 0 && may_spin && !spinning {
+            spin_skipped();
+        }
+        if n == 0 && spinning {
+            // 2. Spin.
+            // The busy looks are asked for only when there is a spin.
+            let spin_looks = || fewest_looks(cands.iter().filter_map(|c| c.st.conn()));
+            if !cands.is_empty()
+                && spin(spin_looks(), cands.len(), || {
+                    cands.iter().any(Candidate::ready)
+                })
+            {
+                let mut locked = set.lock();
+                let inner = &mut *locked;
+                for c in &cands {
+                    if c.ready() {
+                        inner.promote(c.id);
+                    }
                 }
+                let todo = inner.ready.len();
+                n = inner.walk(out, 0, todo, usize::MAX);
             }
-            let todo = inner.ready.len();
-            n = inner.walk(out, 0, todo, usize::MAX);
-        }
-        drop(cands);
-        if n > 0 {
-            return finish(set, epfd, out, n, token);
-        }
-        // 3. Arm what has nothing to report, then sleep.
-        {
+            // Their references go outside the set's lock (a last one may
+            // close a connection, which looks at the set); the buffer is
+            // kept.
+            cands.clear();
+            SPARE.set(cands);
+            if n > 0 {
+                return finish(set, epfd, out, n, token);
+            }
+            // 3. Arm what has nothing to report, then sleep.
             let mut locked = set.lock();
             let inner = &mut *locked;
             let todo = inner.ready.len();
@@ -1162,9 +1250,7 @@ unsafe fn wait_ring(
             // that is not sleeping. Bounded by HOLD_MIN; larger sets keep
             // their idle connections armed across calls, and so do watched
             // sets (their doorbells make the instance readable).
-            for id in inner.all.clone() {
-                inner.promote(id);
-            }
+            inner.promote_all();
         }
         let Ok((k, saw)) = r else {
             drop(locked);
@@ -1221,7 +1307,7 @@ pub unsafe fn after_kernel(
         let out = unsafe { std::slice::from_raw_parts_mut(events, maxevents as usize) };
         let mut locked = set.lock();
         let inner = &mut *locked;
-        let (k, saw) = strip_token(out, r as usize, inner.token);
+        let (k, saw) = strip_token(out, r as usize, set.token);
         if !saw {
             return r;
         }

@@ -98,6 +98,25 @@ pub fn spin(looks: u32, width: usize, mut ready: impl FnMut() -> bool) -> bool {
     hit
 }
 
+/// Whether this thread's next `spin` would spin: false while its budget
+/// is zero and no probe is due, when `spin` only looks once. A waiter that
+/// looks again anyway before it sleeps (an epoll set's arm re-checks) may
+/// then skip `spin` and call `spin_skipped` instead.
+pub fn spin_due() -> bool {
+    BUDGET.with(|b| b.get().is_none_or(|b| b.due()))
+}
+
+/// A wait for which `spin_due` was false goes to sleep without `spin`:
+/// counted as `spin` would count it, towards the next probe.
+pub fn spin_skipped() {
+    BUDGET.with(|b| {
+        if let Some(mut budget) = b.get() {
+            let _ = budget.limit();
+            b.set(Some(budget));
+        }
+    });
+}
+
 /// This process's spinning threads: its pid in the high half, their count
 /// in the low one. A count left by another pid is a parent's, copied by a
 /// fork without the threads that spun: zero here.

@@ -63,6 +63,12 @@ impl SpinBudget {
         Duration::ZERO
     }
 
+    /// Whether the next `limit` is more than zero (a budget, or a probe),
+    /// without counting a wait.
+    pub fn due(&self) -> bool {
+        !self.now.is_zero() || self.quiet + 1 >= PROBE_EVERY
+    }
+
     /// A spin found what it waited for, without losing its CPU.
     pub fn hit(&mut self) {
         self.now = if self.now.is_zero() {
@@ -229,6 +235,22 @@ mod tests {
         assert_eq!(b.limit(), max);
         b.hit();
         assert_eq!(b.current(), max, "a probe that hits restores the maximum");
+        assert_eq!(b.limit(), max);
+    }
+
+    #[test]
+    fn due_foretells_the_next_limit_without_counting_a_wait() {
+        let max = Duration::from_micros(64);
+        let mut b = SpinBudget::new(max);
+        assert!(b.due());
+        b.late();
+        for _ in 0..3 * PROBE_EVERY {
+            let due = b.due();
+            assert_eq!(due, b.due(), "due counts nothing");
+            assert_eq!(due, !b.limit().is_zero());
+        }
+        b.hit();
+        assert!(b.due());
         assert_eq!(b.limit(), max);
     }
 

@@ -31,15 +31,27 @@ impl<W: Wire> RingConn<W> {
             match rx.as_mut() {
                 Some(rx) => {
                     let lowat = self.rcvlowat.load(Ordering::Relaxed);
-                    let data = if lowat <= 1 {
+                    if lowat <= 1 {
                         match rx.readable() {
-                            Ok(d) => d,
-                            Err(e) => !self.note_wire_failure(&e),
+                            // The ring holds no record, so no end-of-stream
+                            // mark either: this look at the tail is the
+                            // snapshot.
+                            Ok(false) => (false, false),
+                            // IN is set either way: the mark matters only
+                            // to RDHUP, and to HUP once we shut sending.
+                            Ok(true) if !interest.intersects(Ready::RDHUP) && !snd_shut => {
+                                (true, false)
+                            }
+                            Ok(true) => (true, rx.eos_published().unwrap_or(true)),
+                            Err(e) => (
+                                !self.note_wire_failure(&e),
+                                rx.eos_published().unwrap_or(true),
+                            ),
                         }
                     } else {
-                        rx.available().map_or(true, |n| n >= lowat)
-                    };
-                    (data, rx.eos_published().unwrap_or(true))
+                        let data = rx.available().map_or(true, |n| n >= lowat);
+                        (data, rx.eos_published().unwrap_or(true))
+                    }
                 }
                 None => (false, false),
             }

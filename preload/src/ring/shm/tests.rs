@@ -210,6 +210,23 @@ fn readiness_for_an_interest_agrees_with_the_full_readiness() {
     agree(&p.server, "both sides shut, the other end");
     p.client.release(-1, ReleaseKind::Owner);
     p.server.release(-1, ReleaseKind::Owner);
+
+    // Data ahead of the peer's end of stream while this side is shut too:
+    // HUP then rests on the mark behind the data.
+    let q = pair();
+    send(&q.client, b"hello");
+    assert_eq!(q.client.settle(), MODE_RING);
+    assert_eq!(recv(&q.server, 64), Ok(b"hello".to_vec()));
+    send(&q.server, b"data");
+    let server_fd = q.server_sock.as_raw_fd();
+    let client_fd = q.client_sock.as_raw_fd();
+    assert_eq!(q.client.shutdown(client_fd, libc::SHUT_WR), Ok(()));
+    agree(&q.client, "data, this side shut");
+    assert_eq!(q.server.shutdown(server_fd, libc::SHUT_WR), Ok(()));
+    assert!(q.client.readiness().contains(Ready::HUP));
+    agree(&q.client, "data, both sides shut");
+    q.client.release(-1, ReleaseKind::Owner);
+    q.server.release(-1, ReleaseKind::Owner);
 }
 
 /// A thread that read a connection's socket number just before another
