@@ -3,6 +3,7 @@
 //! `epoll`). Nothing here runs for an fd that is not attached.
 
 pub mod epoll;
+mod few;
 pub mod io;
 pub mod poll;
 pub mod wait;

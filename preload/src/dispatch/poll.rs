@@ -12,6 +12,7 @@
 
 use libc::{c_int, pollfd};
 
+use super::few::Few;
 use super::wait::{fewest_looks, sleep, spin};
 use crate::attached::Ready;
 use crate::fdtable::{self, FdRef};
@@ -42,7 +43,11 @@ pub fn poll_mixed(
     sigmask: Option<*const libc::sigset_t>,
 ) -> c_int {
     let _g = guard::enter();
-    let rings: Vec<Option<FdRef>> = fds.iter().map(|p| fdtable::attached(p.fd)).collect();
+    let mut found = Few::<Option<FdRef>, FEW>::with_capacity(fds.len(), None);
+    for p in fds.iter() {
+        found.push(fdtable::attached(p.fd));
+    }
+    let rings = found.as_slice();
     for st in rings.iter().flatten() {
         if let Some(conn) = st.conn() {
             if let Err(e) = st.claim(conn) {
@@ -60,8 +65,8 @@ pub fn poll_mixed(
     loop {
         // 1. Rings first; if one is ready, collect the kernel side without
         //    sleeping and return.
-        if answer_rings(fds, &rings) > 0 {
-            return collect_kernel(fds, &rings);
+        if answer_rings(fds, rings) > 0 {
+            return collect_kernel(fds, rings);
         }
         // 2. One look, without sleeping or arming, at everything the sleep
         //    would watch: a ready kernel entry answers the call as it is,
@@ -69,12 +74,12 @@ pub fn poll_mixed(
         //    drain and check.
         let mut looked = false;
         if has_kernel {
-            let mut set = sleep_set(fds, &rings);
-            if let Err(e) = sleep(&mut set.set, Some(sys::monotonic_ns()), None) {
+            let mut set = sleep_set(fds, rings);
+            if let Err(e) = sleep(set.set.as_mut_slice(), Some(sys::monotonic_ns()), None) {
                 sys::set_errno(e);
                 return -1;
             }
-            let kernel_ready = scatter(fds, &rings, &set);
+            let kernel_ready = scatter(fds, rings, &set);
             let ring_woke = (0..fds.len()).any(|i| rings[i].is_some() && set.woke(i));
             if !ring_woke {
                 if kernel_ready > 0 {
@@ -89,13 +94,13 @@ pub fn poll_mixed(
         // 3. Spin on the rings while nothing else is known to be ready.
         let may_spin = !looked && deadline.is_none_or(|d| d > sys::monotonic_ns());
         let width = rings.iter().flatten().count();
-        if may_spin && spin(looks, width, || answer_rings(fds, &rings) > 0) {
-            return collect_kernel(fds, &rings);
+        if may_spin && spin(looks, width, || answer_rings(fds, rings) > 0) {
+            return collect_kernel(fds, rings);
         }
         // 4. Arm every ring; a ring that turns out ready after arming means
         //    no sleep: disarm and answer from the top.
         let mut armed_ready = false;
-        for (p, r) in fds.iter().zip(&rings) {
+        for (p, r) in fds.iter().zip(rings) {
             if let Some(conn) = r.as_ref().and_then(|s| s.conn()) {
                 let interest = Ready(p.events as u16 as u32);
                 if conn
@@ -107,7 +112,7 @@ pub fn poll_mixed(
             }
         }
         if armed_ready {
-            for (p, r) in fds.iter().zip(&rings) {
+            for (p, r) in fds.iter().zip(rings) {
                 if let Some(conn) = r.as_ref().and_then(|s| s.conn()) {
                     conn.disarm_after(Ready(p.events as u16 as u32), &[]);
                 }
@@ -116,12 +121,12 @@ pub fn poll_mixed(
         }
         // 5. Sleep on the kernel entries plus every ring's wait fds; each
         //    ring learns which of its fds woke the sleep (`disarm_after`).
-        let mut set = sleep_set(fds, &rings);
-        let slept = sleep(&mut set.set, deadline, sigmask);
+        let mut set = sleep_set(fds, rings);
+        let slept = sleep(set.set.as_mut_slice(), deadline, sigmask);
         if slept.is_ok() {
-            scatter(fds, &rings, &set);
+            scatter(fds, rings, &set);
         }
-        for (i, (p, r)) in fds.iter().zip(&rings).enumerate() {
+        for (i, (p, r)) in fds.iter().zip(rings).enumerate() {
             if let Some(conn) = r.as_ref().and_then(|s| s.conn()) {
                 let interest = Ready(p.events as u16 as u32);
                 match slept {
@@ -136,10 +141,10 @@ pub fn poll_mixed(
             sys::set_errno(e);
             return -1;
         }
-        let rings_ready = answer_rings(fds, &rings);
+        let rings_ready = answer_rings(fds, rings);
         let kernel_ready = fds
             .iter()
-            .zip(&rings)
+            .zip(rings)
             .filter(|(p, r)| r.is_none() && p.revents != 0)
             .count();
         if rings_ready + kernel_ready > 0 {
@@ -157,15 +162,25 @@ pub fn poll_mixed(
 /// as its connection's wait fds; with, for each entry, where its pollfds
 /// start (`starts[i]..starts[i + 1]`: a ring's fds change when it leaves).
 struct SleepSet {
-    set: Vec<pollfd>,
-    starts: Vec<usize>,
+    set: Few<pollfd, { 3 * FEW }>,
+    starts: Few<usize, { FEW + 1 }>,
 }
 
+/// Sets of this many entries or fewer are kept on the stack (`Few`).
+const FEW: usize = 8;
+
+const NO_POLLFD: pollfd = pollfd {
+    fd: -1,
+    events: 0,
+    revents: 0,
+};
+
 fn sleep_set(fds: &[pollfd], rings: &[Option<FdRef>]) -> SleepSet {
-    let mut set: Vec<pollfd> = Vec::with_capacity(fds.len() + 2 * rings.len());
-    let mut starts = Vec::with_capacity(fds.len() + 1);
+    let width = fds.len() + 2 * rings.iter().flatten().count();
+    let mut set = Few::with_capacity(width, NO_POLLFD);
+    let mut starts = Few::with_capacity(fds.len() + 1, 0);
     for (p, r) in fds.iter().zip(rings) {
-        starts.push(set.len());
+        starts.push(set.as_slice().len());
         match r {
             None => set.push(pollfd {
                 fd: p.fd,
@@ -189,14 +204,15 @@ fn sleep_set(fds: &[pollfd], rings: &[Option<FdRef>]) -> SleepSet {
             }
         }
     }
-    starts.push(set.len());
+    starts.push(set.as_slice().len());
     SleepSet { set, starts }
 }
 
 impl SleepSet {
     /// The pollfds that stand for entry `i`.
     fn of(&self, i: usize) -> &[pollfd] {
-        &self.set[self.starts[i]..self.starts[i + 1]]
+        let starts = self.starts.as_slice();
+        &self.set.as_slice()[starts[i]..starts[i + 1]]
     }
 
     /// Whether any pollfd of entry `i` has revents.
@@ -235,24 +251,22 @@ fn answer_rings(fds: &mut [pollfd], rings: &[Option<FdRef>]) -> usize {
 /// Polls the kernel entries with a zero timeout and returns the total count
 /// of entries (ring and kernel) with revents.
 fn collect_kernel(fds: &mut [pollfd], rings: &[Option<FdRef>]) -> c_int {
-    let mut kernel: Vec<pollfd> = fds
-        .iter()
-        .zip(rings)
-        .filter(|(_, r)| r.is_none())
-        .map(|(p, _)| pollfd {
+    let mut kernel = Few::<pollfd, FEW>::with_capacity(fds.len(), NO_POLLFD);
+    for (p, _) in fds.iter().zip(rings).filter(|(_, r)| r.is_none()) {
+        kernel.push(pollfd {
             fd: p.fd,
             events: p.events,
             revents: 0,
-        })
-        .collect();
-    if !kernel.is_empty() {
+        });
+    }
+    if !kernel.as_slice().is_empty() {
         let now = Some(sys::monotonic_ns());
-        if let Err(e) = sleep(&mut kernel, now, None) {
+        if let Err(e) = sleep(kernel.as_mut_slice(), now, None) {
             sys::set_errno(e);
             return -1;
         }
     }
-    let mut k = kernel.iter();
+    let mut k = kernel.as_slice().iter();
     let mut n = 0;
     for (p, r) in fds.iter_mut().zip(rings) {
         if r.is_none() {
@@ -281,7 +295,7 @@ pub unsafe fn select_mixed(
     // SAFETY: the caller guarantees the sets are valid or null.
     let isset =
         |set: *mut libc::fd_set, fd: c_int| !set.is_null() && unsafe { libc::FD_ISSET(fd, set) };
-    let mut pfds = Vec::new();
+    let mut pfds = Few::<pollfd, FEW>::new(NO_POLLFD);
     for fd in 0..nfds.clamp(0, libc::FD_SETSIZE as c_int) {
         let mut ev = 0i16;
         if isset(rd, fd) {
@@ -301,7 +315,7 @@ pub unsafe fn select_mixed(
             });
         }
     }
-    let r = poll_mixed(&mut pfds, deadline, sigmask);
+    let r = poll_mixed(pfds.as_mut_slice(), deadline, sigmask);
     if r < 0 {
         return r;
     }
@@ -312,7 +326,7 @@ pub unsafe fn select_mixed(
         }
     }
     let mut count = 0;
-    for p in &pfds {
+    for p in pfds.as_slice() {
         if p.revents & libc::POLLNVAL != 0 {
             sys::set_errno(libc::EBADF);
             return -1;
