@@ -16,6 +16,8 @@ use crate::fdtable::{self, FdRef, Kind};
 use crate::interpose::guard;
 use crate::{process, sockaddr};
 
+pub mod defer_accept;
+
 /// True for the sockets a ring could carry.
 pub fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
     let base = ty & !(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC);

@@ -116,6 +116,9 @@ pub struct FdState {
     memo_dest: [AtomicU64; 3],
     memo_since: AtomicU64,
     memo_report: AtomicU64,
+    /// TCP_DEFER_ACCEPT as the kernel would report it, kept here while the
+    /// kernel socket has it off (`defer_accept.rs`); 0: none kept.
+    defer_accept: AtomicI32,
 }
 
 /// Epoll fds remembered per socket; a socket added to more instances than
@@ -184,6 +187,7 @@ impl FdState {
             memo_dest: [const { AtomicU64::new(0) }; 3],
             memo_since: AtomicU64::new(0),
             memo_report: AtomicU64::new(0),
+            defer_accept: AtomicI32::new(0),
         }
     }
 
@@ -261,6 +265,7 @@ impl FdState {
         self.set_bound(None);
         self.memo_dest[0].store(0, Ordering::Relaxed);
         self.memo_report.store(0, Ordering::Relaxed);
+        self.defer_accept.store(0, Ordering::Relaxed);
         self.fds.store(0, Ordering::Relaxed);
         self.kind.store(0, Ordering::Relaxed);
         self.tcp_reason.store(0, Ordering::Relaxed);
@@ -384,6 +389,15 @@ impl FdState {
     }
 
     /// Keeps the ring layer's memo of a connection decided plain TCP.
+    /// The TCP_DEFER_ACCEPT value kept for the program (0: none).
+    pub fn defer_accept(&self) -> i32 {
+        self.defer_accept.load(Ordering::Relaxed)
+    }
+
+    pub fn set_defer_accept(&self, v: i32) {
+        self.defer_accept.store(v, Ordering::Relaxed);
+    }
+
     pub fn set_tcp_memo(&self, m: TcpMemo) {
         if let Some((_, since)) = m.skipped {
             self.memo_since.store(since, Ordering::Relaxed);

@@ -137,10 +137,15 @@ hooks! {
     }
 
     /// Ring: SO_ERROR comes from the connection, and TCP_INFO's state from
-    /// the ring's end-of-stream marks; the rest from the kernel socket
-    /// underneath.
+    /// the ring's end-of-stream marks; a listener's TCP_DEFER_ACCEPT from
+    /// the shim (lifecycle/defer_accept.rs); the rest from the kernel
+    /// socket underneath.
     fn getsockopt(fd: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int;
     |next| {
+        // SAFETY: val and len come from the program, per getsockopt's contract.
+        if let Some(r) = unsafe { lifecycle::defer_accept::get(fd, level, name, val, len) } {
+            return r;
+        }
         if level == libc::SOL_SOCKET && name == libc::SO_ERROR && !val.is_null() && !len.is_null() {
             let ring_err = ring(fd).and_then(|st| st.conn().map(|c| c.take_error()));
             if let Some(e) = ring_err.filter(|&e| e != 0) {
@@ -174,10 +179,17 @@ hooks! {
     }
 
     /// Mirrors SO_RCVTIMEO/SO_SNDTIMEO of tracked sockets (ring waits honour
-    /// them); everything also goes to the kernel socket.
+    /// them); everything also goes to the kernel socket, but a listener's
+    /// TCP_DEFER_ACCEPT stays off there (lifecycle/defer_accept.rs).
     fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
     |next| {
+        let keeper = (fdtable::is_tracked(fd) && !guard::active())
+            .then(|| lifecycle::defer_accept::keeps(fd, level, name))
+            .flatten();
         let r = next();
+        if let (0, Some(st)) = (r, keeper) {
+            lifecycle::defer_accept::set(fd, &st);
+        }
         if r == 0 && level == libc::SOL_SOCKET && name == libc::SO_RCVLOWAT {
             if let Some(c) = ring(fd).as_ref().and_then(|st| st.conn()) {
                 c.set_rcvlowat(sys::rcvlowat(fd));

@@ -140,6 +140,14 @@ impl Session {
         let mut i = 0;
         while i < self.listeners.len() {
             let (sock, addr) = (self.listeners[i].fd, self.listeners[i].addr);
+            if !still_listens(sock, addr) {
+                // The program moved the listener to another number (php-fpm
+                // dup2s it for its workers) and closed this one: sent as a
+                // proof, the number would fail the whole session (EBADF).
+                log::debug!("listener {addr}: fd {sock} no longer holds it; not registered again");
+                self.listeners.swap_remove(i);
+                continue;
+            }
             match self.raw_call(&Msg::ListenerAdd { addr }, &[sock]) {
                 Ok(Msg::Ok) => i += 1,
                 Ok(other) => {
@@ -215,6 +223,24 @@ impl Session {
             Err(e) => Err(self.lost(&e.to_string())),
         }
     }
+}
+
+/// Whether `fd` is still a listening socket bound to `addr`: a number the
+/// program closed, or reused for something else, is no proof of a listener.
+fn still_listens(fd: RawFd, addr: SocketAddr) -> bool {
+    let mut on: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: on and len are ours, an int and its size.
+    let r = unsafe {
+        crate::real::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            (&mut on as *mut libc::c_int).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    r == 0 && on != 0 && crate::sockaddr::query(fd, false) == Some(addr)
 }
 
 /// The daemon's offer table, mapped read-only (null before a session gave
