@@ -123,3 +123,96 @@ print("close", time.monotonic() - t)
     );
     assert_shim_silent("client", &err);
 }
+
+/// A client whose ring offer nobody took (the accepting process never
+/// claims it) goes on over TCP after the claim wait; its edge-triggered
+/// epoll registration, made before connect as nginx makes it, must then
+/// report every arrival on the kernel socket, as the kernel's does: bytes
+/// that come while the program is busy between two waits, after it read
+/// everything, are reported at its next wait. (nginx proxying a large
+/// response stalled here until its 60 s timeout.)
+#[test]
+fn an_edge_triggered_waiter_sees_every_arrival_after_falling_back() {
+    require!("python3");
+    const ROUNDS: usize = 6;
+    const CHUNK: usize = 200_000;
+    let ctl = Ctl::start();
+    let server = r#"
+import socket
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("0.0.0.0", 0))
+l.listen(4)
+print("listening", l.getsockname()[1], flush=True)
+c, _ = l.accept()
+req = b""
+while not req.endswith(b"\n"):
+    req += c.recv(100)
+for _ in range(ROUNDS):
+    c.sendall(b"a" * CHUNK)
+    assert c.recv(1) == b"g"
+c.close()
+"#
+    .replace("ROUNDS", &ROUNDS.to_string())
+    .replace("CHUNK", &CHUNK.to_string());
+    let client = r#"
+import errno, select, socket, sys, time
+port = int(sys.argv[1])
+s = socket.socket()
+s.setblocking(False)
+ep = select.epoll()
+ep.register(s.fileno(), select.EPOLLIN | select.EPOLLOUT | select.EPOLLET | select.EPOLLRDHUP)
+assert s.connect_ex(("127.0.0.1", port)) in (0, errno.EINPROGRESS)
+if not ep.poll(10):
+    sys.exit("never writable")
+s.send(b"request\n")
+total = 0
+while total < ROUNDS * CHUNK:
+    if not ep.poll(10):
+        print("stalled at", total, flush=True)
+        sys.exit(1)
+    while True:
+        try:
+            d = s.recv(4096)
+        except BlockingIOError:
+            break
+        if not d:
+            break
+        total += len(d)
+    if total and total % CHUNK == 0:
+        s.send(b"g")
+        # The next chunk arrives while this program is not waiting.
+        time.sleep(0.1)
+print("received", total, flush=True)
+"#
+    .replace("ROUNDS", &ROUNDS.to_string())
+    .replace("CHUNK", &CHUNK.to_string());
+    // The server's shim takes no ring for its loopback peers, so the
+    // client's offer is never claimed.
+    let mut srv = ctl
+        .shimmed("python3")
+        .env("RINGSOCK_EXCLUDE_NETS", "127.0.0.0/8")
+        .arg("-c")
+        .arg(server)
+        .spawn();
+    let port = srv
+        .wait_line("listening", std::time::Duration::from_secs(20))
+        .split_whitespace()
+        .nth(1)
+        .expect("a port")
+        .to_string();
+    let (out, err) = ctl
+        .shimmed("python3")
+        .env("RINGSOCK_CLAIM_WAIT_MS", "200")
+        .arg("-c")
+        .arg(client)
+        .arg(&port)
+        .run_ok(std::time::Duration::from_secs(60));
+    assert!(
+        out.contains(&format!("received {}", ROUNDS * CHUNK)),
+        "{out}\n{err}"
+    );
+    assert!(srv
+        .wait(std::time::Duration::from_secs(20))
+        .is_some_and(|s| s.success()));
+}

@@ -301,6 +301,32 @@ pub fn data_segments(fd: RawFd) -> Option<u64> {
         .then(|| u64::from(ti.tcpi_data_segs_in) + u64::from(ti.tcpi_data_segs_out))
 }
 
+/// Bytes the kernel socket has received in all (TCP_INFO's
+/// tcpi_bytes_received): a count that grows with every arrival.
+pub fn bytes_received(fd: RawFd) -> u64 {
+    // SAFETY: tcp_info is plain data; zeroes are a valid value.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: ti/len describe a tcp_info the kernel writes at most len
+    // bytes of.
+    let r = unsafe {
+        crate::real::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut ti as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    let end =
+        std::mem::offset_of!(libc::tcp_info, tcpi_bytes_received) + std::mem::size_of::<u64>();
+    if r == 0 && len as usize >= end {
+        ti.tcpi_bytes_received
+    } else {
+        0
+    }
+}
+
 pub fn fionread(fd: RawFd) -> usize {
     let mut n: c_int = 0;
     // SAFETY: FIONREAD writes one int.

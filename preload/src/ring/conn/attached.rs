@@ -115,8 +115,14 @@ impl<W: Wire> AttachedConn for RingConn<W> {
     }
 
     fn event_seq(&self) -> u64 {
-        let flags = u64::from(self.mode()) << 60 | u64::from(self.peer_gone()) << 62;
-        let seq = self.wire.event_seq().unwrap_or_else(|| self.ring_seq());
+        let mode = self.mode();
+        let flags = u64::from(mode) << 60 | u64::from(self.peer_gone()) << 62;
+        let seq = if mode == MODE_TCP {
+            // The ring's pointers stopped: arrivals are the socket's now.
+            self.tcp_event_seq()
+        } else {
+            self.wire.event_seq().unwrap_or_else(|| self.ring_seq())
+        };
         seq ^ flags
     }
 

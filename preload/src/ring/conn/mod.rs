@@ -160,6 +160,9 @@ pub struct RingConn<W: Wire> {
     header_early: AtomicBool,
     /// SO_RCVLOWAT.
     rcvlowat: AtomicUsize,
+    /// Sends on the kernel socket that found no room (`tcp_send`): part of
+    /// `event_seq` once the connection left its ring.
+    tcp_blocked: AtomicU64,
     /// A fork made this side shared with another process (`share`), and
     /// the shared op count at the last fork this process took part in.
     forked: AtomicBool,

@@ -45,6 +45,7 @@ impl<W: Wire> RingConn<W> {
             header_since: AtomicU64::new(0),
             header_early: AtomicBool::new(false),
             rcvlowat: AtomicUsize::new(rcvlowat),
+            tcp_blocked: AtomicU64::new(0),
             forked: AtomicBool::new(false),
             forked_ops: AtomicU64::new(0),
             counted_out: AtomicBool::new(false),

@@ -107,14 +107,26 @@ impl<W: Wire> RingConn<W> {
     }
 
     pub(super) fn tcp_send(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
-        if !self.push_tx_spill() {
-            return Err(Errno(libc::EAGAIN));
-        }
-        if self.reset.load(Ordering::Acquire) {
+        let r = if !self.push_tx_spill() {
+            Err(Errno(libc::EAGAIN))
+        } else if self.reset.load(Ordering::Acquire) {
             let e = self.error.swap(0, Ordering::AcqRel);
-            return Err(Errno(if e != 0 { e } else { libc::EPIPE }));
+            Err(Errno(if e != 0 { e } else { libc::EPIPE }))
+        } else {
+            sockio::send_vec(self.tcp_fd(), bufs)
+        };
+        if r == Err(Errno(libc::EAGAIN)) {
+            self.tcp_blocked.fetch_add(1, Ordering::Relaxed);
         }
-        sockio::send_vec(self.tcp_fd(), bufs)
+        r
+    }
+
+    /// `event_seq` on the kernel socket: it changes with every arrival of
+    /// bytes (as the kernel wakes an edge-triggered waiter for each) and
+    /// after every send that found no room (whose room coming back is the
+    /// edge a writer waits for), whatever the readiness between two looks.
+    pub(super) fn tcp_event_seq(&self) -> u64 {
+        sockio::bytes_received(self.tcp_fd()).wrapping_add(self.tcp_blocked.load(Ordering::Relaxed))
     }
 
     pub(super) fn tcp_readiness(&self) -> Ready {
