@@ -183,9 +183,9 @@ hooks! {
     /// TCP_DEFER_ACCEPT stays off there (lifecycle/defer_accept.rs).
     fn setsockopt(fd: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int;
     |next| {
-        let keeper = (fdtable::is_tracked(fd) && !guard::active())
-            .then(|| lifecycle::defer_accept::keeps(fd, level, name))
-            .flatten();
+        // `keeps` looks at level and name first: other options cost two
+        // compares.
+        let keeper = lifecycle::defer_accept::keeps(fd, level, name).filter(|_| !guard::active());
         let r = next();
         if let (0, Some(st)) = (r, keeper) {
             lifecycle::defer_accept::set(fd, &st);
