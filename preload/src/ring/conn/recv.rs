@@ -97,11 +97,7 @@ impl<W: Wire> RingConn<W> {
                 Look::Done(Err(Errno(libc::EAGAIN)))
             };
         };
-        // The look at the tail a read would make first: an empty ring is
-        // answered as the read would answer it (nothing, no end of
-        // stream), without the read's bookkeeping.
-        let empty = matches!(rx.readable(), Ok(false));
-        if quiet && empty {
+        if quiet && matches!(rx.readable(), Ok(false)) {
             // Nothing for the read: the look ends here (the spin's looks
             // are its waiter's delay in seeing the peer's bytes). A failed
             // ring is left to the read, which reports it.
@@ -118,7 +114,7 @@ impl<W: Wire> RingConn<W> {
         let mut total = 0;
         let mut outcome = None;
         let mut eof = false;
-        for b in bufs.iter_mut().filter(|b| !b.is_empty() && !empty) {
+        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
             let r = if peek { rx.peek(b) } else { rx.read(b) };
             match r {
                 Ok(0) => {
