@@ -278,10 +278,9 @@ pub fn tcp_wait_fds(tcp: RawFd, interest: Ready) -> WaitFds {
 }
 
 /// Bytes the kernel socket holds for reading (FIONREAD).
-/// Data segments the kernel socket has sent and received (TCP_INFO's
-/// tcpi_data_segs_out + tcpi_data_segs_in, Linux 4.6 on); None if it
-/// cannot say.
-pub fn data_segments(fd: RawFd) -> Option<u64> {
+/// The kernel socket's TCP_INFO, with the length the kernel wrote (an
+/// older kernel writes fewer fields); None if it cannot tell.
+fn tcp_info(fd: RawFd) -> Option<(libc::tcp_info, usize)> {
     // SAFETY: tcp_info is plain data; zeroes are a valid value.
     let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
@@ -296,35 +295,26 @@ pub fn data_segments(fd: RawFd) -> Option<u64> {
             &mut len,
         )
     };
+    (r == 0).then_some((ti, len as usize))
+}
+
+/// Data segments the kernel socket has sent and received (TCP_INFO's
+/// tcpi_data_segs_out + tcpi_data_segs_in, Linux 4.6 on); None if it
+/// cannot say.
+pub fn data_segments(fd: RawFd) -> Option<u64> {
+    let (ti, len) = tcp_info(fd)?;
     let end = std::mem::offset_of!(libc::tcp_info, tcpi_data_segs_out) + std::mem::size_of::<u32>();
-    (r == 0 && len as usize >= end)
-        .then(|| u64::from(ti.tcpi_data_segs_in) + u64::from(ti.tcpi_data_segs_out))
+    (len >= end).then(|| u64::from(ti.tcpi_data_segs_in) + u64::from(ti.tcpi_data_segs_out))
 }
 
 /// Bytes the kernel socket has received in all (TCP_INFO's
 /// tcpi_bytes_received): a count that grows with every arrival.
 pub fn bytes_received(fd: RawFd) -> u64 {
-    // SAFETY: tcp_info is plain data; zeroes are a valid value.
-    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
-    // SAFETY: ti/len describe a tcp_info the kernel writes at most len
-    // bytes of.
-    let r = unsafe {
-        crate::real::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_INFO,
-            (&mut ti as *mut libc::tcp_info).cast(),
-            &mut len,
-        )
-    };
     let end =
         std::mem::offset_of!(libc::tcp_info, tcpi_bytes_received) + std::mem::size_of::<u64>();
-    if r == 0 && len as usize >= end {
-        ti.tcpi_bytes_received
-    } else {
-        0
-    }
+    tcp_info(fd)
+        .filter(|(_, len)| *len >= end)
+        .map_or(0, |(ti, _)| ti.tcpi_bytes_received)
 }
 
 pub fn fionread(fd: RawFd) -> usize {
