@@ -157,24 +157,25 @@ pub fn close(fd: c_int) {
 
 /// The socket's SO_RCVLOWAT (a program may set it before a ring exists).
 pub fn rcvlowat(fd: c_int) -> usize {
-    let mut v: c_int = 1;
+    getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVLOWAT).map_or(1, |v| v.max(1) as usize)
+}
+
+/// An int-valued socket option of `fd`, None if the kernel refuses.
+pub fn getsockopt_int(fd: c_int, level: c_int, name: c_int) -> Option<c_int> {
+    let mut v: c_int = 0;
     let mut len = std::mem::size_of::<c_int>() as libc::socklen_t;
     // SAFETY: v and len describe an int of our own.
     let r = unsafe {
         crate::sys::sys_call!(
             libc::SYS_getsockopt,
             fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVLOWAT,
+            level,
+            name,
             &mut v as *mut c_int,
             &mut len as *mut libc::socklen_t,
         )
     };
-    if r == 0 {
-        v.max(1) as usize
-    } else {
-        1
-    }
+    (r == 0).then_some(v)
 }
 
 /// Sleeps about a millisecond (ppoll without descriptors; a signal may end

@@ -276,17 +276,22 @@ impl Config {
     /// include/exclude lists (exclusions win; an empty include list includes
     /// everything).
     pub fn allows(&self, ip: IpAddr, port: u16) -> Result<(), Excluded> {
-        if self.exclude_ports.contains(port) {
-            return Err(Excluded::Port);
-        }
-        if !self.include_ports.is_empty() && !self.include_ports.contains(port) {
-            return Err(Excluded::Port);
-        }
+        self.allows_port(port)?;
         if self.exclude_nets.iter().any(|n| n.contains(ip)) {
             return Err(Excluded::Net);
         }
         if !self.include_nets.is_empty() && !self.include_nets.iter().any(|n| n.contains(ip)) {
             return Err(Excluded::Net);
+        }
+        Ok(())
+    }
+
+    /// The port half of `allows`.
+    pub fn allows_port(&self, port: u16) -> Result<(), Excluded> {
+        if self.exclude_ports.contains(port)
+            || (!self.include_ports.is_empty() && !self.include_ports.contains(port))
+        {
+            return Err(Excluded::Port);
         }
         Ok(())
     }

@@ -42,28 +42,7 @@ fn keeper(fd: c_int) -> Option<FdRef> {
         return None;
     }
     let port = sockaddr::query(fd, false).map_or(0, |a| a.port());
-    let cfg = config::get();
-    let excluded = port != 0
-        && (cfg.exclude_ports.contains(port)
-            || (!cfg.include_ports.is_empty() && !cfg.include_ports.contains(port)));
-    (!excluded).then_some(st)
-}
-
-/// The kernel socket's TCP_DEFER_ACCEPT, as getsockopt reports it.
-fn kernel_value(fd: c_int) -> Option<c_int> {
-    let mut v: c_int = 0;
-    let mut len = INT_LEN;
-    // SAFETY: v and len are ours, an int and its size.
-    let r = unsafe {
-        crate::real::getsockopt(
-            fd,
-            libc::IPPROTO_TCP,
-            libc::TCP_DEFER_ACCEPT,
-            (&mut v as *mut c_int).cast::<c_void>(),
-            &mut len,
-        )
-    };
-    (r == 0).then_some(v)
+    (port == 0 || config::get().allows_port(port).is_ok()).then_some(st)
 }
 
 /// Sets the kernel socket's TCP_DEFER_ACCEPT to `v` seconds.
@@ -97,7 +76,8 @@ pub fn keeps(fd: c_int, level: c_int, name: c_int) -> Option<FdRef> {
 /// socket's off.
 pub fn set(fd: c_int, st: &FdRef) {
     let saved = crate::sys::errno();
-    let kept = kernel_value(fd).unwrap_or(0);
+    let kept =
+        crate::sys::getsockopt_int(fd, libc::IPPROTO_TCP, libc::TCP_DEFER_ACCEPT).unwrap_or(0);
     if kept != 0 && set_kernel(fd, 0) == 0 {
         st.set_defer_accept(kept);
     } else {

@@ -228,19 +228,8 @@ impl Session {
 /// Whether `fd` is still a listening socket bound to `addr`: a number the
 /// program closed, or reused for something else, is no proof of a listener.
 fn still_listens(fd: RawFd, addr: SocketAddr) -> bool {
-    let mut on: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: on and len are ours, an int and its size.
-    let r = unsafe {
-        crate::real::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ACCEPTCONN,
-            (&mut on as *mut libc::c_int).cast::<libc::c_void>(),
-            &mut len,
-        )
-    };
-    r == 0 && on != 0 && crate::sockaddr::query(fd, false) == Some(addr)
+    crate::sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).is_some_and(|on| on != 0)
+        && crate::sockaddr::query(fd, false) == Some(addr)
 }
 
 /// The daemon's offer table, mapped read-only (null before a session gave
