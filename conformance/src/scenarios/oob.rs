@@ -16,6 +16,7 @@ pub fn list() -> Vec<Scenario> {
         sc("oob_epollpri", "EPOLLPRI reports the urgent byte", epollpri),
         sc("oob_inline", "SO_OOBINLINE: the urgent byte stays in the stream, recv(MSG_OOB) is EINVAL", inline),
         sc("oob_sender_view", "send(MSG_OOB) returns the length and the connection carries on both ways", sender_view),
+        sc("oob_after_peek", "bytes peeked, then send(MSG_OOB): a read at once returns the peeked bytes", after_peek),
     ]
 }
 
@@ -150,5 +151,28 @@ fn sender_view(r: &mut Role) {
         r.call(ops::send(fd, b"xyz", libc::MSG_OOB));
         r.barrier("sent");
         r.call(ops::recv(fd, 100, 0));
+    }
+}
+
+/// Bytes a reader has seen stay readable: a connection that leaves its
+/// ring (urgent data) must not hide what a peek returned.
+fn after_peek(r: &mut Role) {
+    let fd = r.open();
+    let data: Vec<u8> = (0..6000u32).map(|i| (i * 7 % 251) as u8).collect();
+    if r.is_server() {
+        r.barrier("sent");
+        r.await_bytes(fd, data.len());
+        r.call(ops::recv(
+            fd,
+            data.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        ));
+        r.call(ops::send(fd, b"!", libc::MSG_OOB));
+        r.call(ops::recv(fd, 2 * data.len(), libc::MSG_DONTWAIT));
+        r.barrier("read");
+    } else {
+        r.call(ops::send(fd, &data, 0));
+        r.barrier("sent");
+        r.barrier("read");
     }
 }

@@ -24,9 +24,15 @@
 //! A wire that fails (a verbs error: the queue pair is in error, and what
 //! it carried last may not have landed) is left the same way, since kernel
 //! TCP would carry on: the side that sees the failure sends a header whose
-//! `end` is `LOST` and waits for the peer's own header; the peer reads
-//! nothing more of the ring and answers with its position. Each side then
-//! resends from the other's `consumed`, as when both leave at once.
+//! `end` is `LOST` and waits for the peer's own header; the peer takes
+//! what its ring holds readable, reads nothing more of it and answers with
+//! its position. Each side then resends from the other's `consumed`, as
+//! when both leave at once.
+//!
+//! A side that goes on reading in the same process (not a hand-over, no
+//! other process sharing the ring) first takes what its ring holds
+//! readable into `rx_spill` and counts it in `consumed`: bytes the program
+//! could see (a peek, a readiness look) stay readable across the leave.
 
 use std::sync::atomic::Ordering;
 
@@ -148,6 +154,9 @@ impl<W: Wire> RingConn<W> {
         let (Some(t), Some(r)) = (tx.as_mut(), rx.as_mut()) else {
             return;
         };
+        if !hand_over && shared.is_none() {
+            self.keep_readable(r);
+        }
         let header = Leave {
             consumed: r.bytes_consumed(),
             end: t.bytes_written(),
@@ -378,12 +387,19 @@ impl<W: Wire> RingConn<W> {
     /// closing our end of it, and send again on the socket what it did not
     /// take from ours. From here every call goes to the kernel socket.
     fn stay(&self, l: Leave, mut tx: OpGuard<'_, TxSlot<W>>, mut rx: OpGuard<'_, RxSlot<W>>) {
+        let mut alone = true;
         if let super::fork::Entered::Shared(s) = self.enter_shared(Some(&mut tx)) {
             // Every process holding a shared side follows (`share`).
             s.left.store(1, Ordering::Release);
             s.unlock();
+            alone = false;
         }
         if l.end == LOST {
+            if alone {
+                if let Some(r) = rx.as_mut() {
+                    self.keep_readable(r);
+                }
+            }
             self.answer_lost(l, tx, rx);
             return;
         }
@@ -513,8 +529,9 @@ impl<W: Wire> RingConn<W> {
     /// Our wire failed (`e`): the connection leaves the ring for the kernel
     /// socket without it (module docs). Both sides stay locked until the
     /// peer's header is here, so that no byte of ours reaches the socket
-    /// before what must be resent, and no more of the peer's ring is read;
-    /// other threads wait for that, a bounded time.
+    /// before what must be resent, and no more of the peer's ring is read
+    /// than what was readable when ours went out; other threads wait for
+    /// that, a bounded time.
     pub(super) fn wire_lost(&self, e: &ringsock_ring::RingError) {
         let fd = self.tcp_fd();
         let mut tx = self.tx.lock();
@@ -534,6 +551,16 @@ impl<W: Wire> RingConn<W> {
             }
             super::fork::Entered::Left => return,
         }
+        if self.lost_sent.swap(true, Ordering::AcqRel) {
+            // An earlier leave sent ours and ended without leaving the ring
+            // (the peer's end was gone).
+            return;
+        }
+        let kept = rx.as_mut().is_some_and(|r| {
+            let before = r.bytes_consumed();
+            self.keep_readable(r);
+            r.bytes_consumed() != before
+        });
         let Some(consumed) = rx.as_ref().map(|r| r.bytes_consumed()) else {
             self.left_broken(e, None);
             drop(rx);
@@ -544,11 +571,6 @@ impl<W: Wire> RingConn<W> {
             consumed,
             end: LOST,
         };
-        if self.lost_sent.swap(true, Ordering::AcqRel) {
-            // An earlier leave sent ours and ended without leaving the ring
-            // (the peer's end was gone).
-            return;
-        }
         if send_all_bounded(fd, &header.encode()).is_err() {
             self.left_broken(e, Some(&mut rx));
             drop(rx);
@@ -569,6 +591,19 @@ impl<W: Wire> RingConn<W> {
                 },
                 // The peer's end is gone: what it wrote is in the ring or
                 // lost with it, as its death shows (`check_tcp` below).
+                // Bytes already kept are read from `rx_spill`, so the rest
+                // joins them there and the socket's end of stream follows.
+                Ok(_) if kept => {
+                    if let Some(r) = rx.as_mut() {
+                        self.keep_readable(r);
+                    }
+                    self.mode.store(MODE_TCP, Ordering::Release);
+                    super::super::watch::unwatch(self, fd);
+                    drop(rx);
+                    drop(tx);
+                    self.wire.ring_own_bell();
+                    return;
+                }
                 Ok(_) => {
                     drop(rx);
                     drop(tx);
@@ -591,6 +626,21 @@ impl<W: Wire> RingConn<W> {
         };
         let why = format!("the ring's wire failed ({e})");
         self.resend_after(l.consumed, consumed, &why, tx, rx);
+    }
+
+    /// Takes what the ring holds readable now into `rx_spill` (the leave's
+    /// `consumed` then counts it): bytes a peek or a readiness look showed
+    /// stay readable across the leave, as the kernel keeps what arrived.
+    /// Only for a side no other process shares, whose program reads next.
+    fn keep_readable(&self, r: &mut Receiver<W::Transport>) {
+        let mut kept = Vec::new();
+        let mut chunk = [0u8; 16 * 1024];
+        while let Ok(n @ 1..) = r.read(&mut chunk) {
+            kept.extend_from_slice(&chunk[..n]);
+        }
+        if !kept.is_empty() {
+            lock(&self.rx_spill).extend(kept);
+        }
     }
 
     /// What the peer's ring holds that we have not read, kept for the

@@ -76,11 +76,8 @@ impl<W: Wire> RingConn<W> {
     }
 
     pub(super) fn tcp_recv(&self, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
-        if !self.leaving_settled() {
-            // The peer's own leave header may still come first.
-            return Err(Errno(libc::EAGAIN));
-        }
         {
+            // Bytes from the ring come first, whatever the socket holds.
             let mut spill = lock(&self.rx_spill);
             if !spill.is_empty() {
                 let mut total = 0;
@@ -99,6 +96,10 @@ impl<W: Wire> RingConn<W> {
                 }
                 return Ok(total);
             }
+        }
+        if !self.leaving_settled() {
+            // The peer's own leave header may still come first.
+            return Err(Errno(libc::EAGAIN));
         }
         if self.reset.load(Ordering::Acquire) {
             return sockio::take_recv_error(&self.error).map_or(Ok(0), |e| Err(Errno(e)));
@@ -132,9 +133,6 @@ impl<W: Wire> RingConn<W> {
     pub(super) fn tcp_readiness(&self) -> Ready {
         let fd = self.tcp_fd();
         let mut r = sockio::tcp_readiness(fd, self.error.load(Ordering::Acquire));
-        if !lock(&self.rx_spill).is_empty() {
-            r = r | Ready::IN;
-        }
         if !lock(&self.tx_spill).is_empty() {
             r = Ready(r.0 & !Ready::OUT.0);
         }
@@ -143,6 +141,9 @@ impl<W: Wire> RingConn<W> {
         }
         if !self.leaving_settled() {
             r = Ready(r.0 & !(Ready::IN.0 | Ready::RDHUP.0));
+        }
+        if !lock(&self.rx_spill).is_empty() {
+            r = r | Ready::IN;
         }
         r
     }
