@@ -42,11 +42,7 @@ impl<W: Wire> RingConn<W> {
         }
         self.check_tcp();
         if self.peer_gone() {
-            log::debug!(
-                "{what} on {} -> {}: {e} after the peer closed",
-                self.local,
-                self.peer
-            );
+            log::debug!("{what} on {}: {e} after the peer closed", self.ends());
             return Errno(libc::EPIPE);
         }
         if W::FAILURES_ARE_FATAL && matches!(e, RingError::Verbs(_)) {
@@ -65,11 +61,7 @@ impl<W: Wire> RingConn<W> {
         }
         let errno = match e {
             RingError::Config(_) | RingError::Verbs(_) => {
-                log::error!(
-                    "{what} on {} -> {}: {e}; the connection is reset",
-                    self.local,
-                    self.peer
-                );
+                log::error!("{what} on {}: {e}; the connection is reset", self.ends());
                 Errno(libc::ECONNRESET)
             }
             other => ring_errno(other, what),

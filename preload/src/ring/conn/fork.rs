@@ -163,10 +163,9 @@ impl<W: Wire> RingConn<W> {
         let sent = send_all_bounded(self.tcp_fd(), &header.encode());
         self.mode.store(MODE_TCP, Ordering::Release);
         log::info!(
-            "{} -> {}: a second process uses the connection; it leaves the ring at {} bytes in, \
+            "{}: a second process uses the connection; it leaves the ring at {} bytes in, \
              {} out",
-            self.local,
-            self.peer,
+            self.ends(),
             header.consumed,
             header.end
         );

@@ -119,11 +119,7 @@ impl<W: Wire> RingConn<W> {
         self.check_tcp();
         if self.mode() != MODE_RING || self.peer_gone() {
             if self.mode() == MODE_RING {
-                log::debug!(
-                    "{} -> {}: not leaving a ring whose peer is gone",
-                    self.local,
-                    self.peer
-                );
+                log::debug!("{}: not leaving a ring whose peer is gone", self.ends());
             }
             return;
         }
@@ -146,9 +142,8 @@ impl<W: Wire> RingConn<W> {
         self.flush_locked(&mut tx);
         if !self.settle_locked(&mut tx, &mut rx, limit_ns()) {
             log::warn!(
-                "{} -> {}: leaving the ring before its last writes were acknowledged",
-                self.local,
-                self.peer
+                "{}: leaving the ring before its last writes were acknowledged",
+                self.ends()
             );
         }
         let (Some(t), Some(r)) = (tx.as_mut(), rx.as_mut()) else {
@@ -169,9 +164,8 @@ impl<W: Wire> RingConn<W> {
         self.mode.store(MODE_TCP, Ordering::Release);
         if let Err(Errno(e)) = sent {
             log::error!(
-                "{} -> {}: cannot send the leave header (errno {e}); the connection is reset",
-                self.local,
-                self.peer
+                "{}: cannot send the leave header (errno {e}); the connection is reset",
+                self.ends()
             );
             self.leaving.store(false, Ordering::Release);
             drop(rx);
@@ -184,9 +178,8 @@ impl<W: Wire> RingConn<W> {
             unsafe { crate::sys::sys_call!(libc::SYS_shutdown, fd, libc::SHUT_WR) };
         }
         log::info!(
-            "{} -> {}: left the ring at {} bytes in, {} out",
-            self.local,
-            self.peer,
+            "{}: left the ring at {} bytes in, {} out",
+            self.ends(),
             header.consumed,
             header.end
         );
@@ -268,9 +261,8 @@ impl<W: Wire> RingConn<W> {
             }
             if sys::monotonic_ns() >= deadline {
                 log::warn!(
-                    "{} -> {}: the peer did not acknowledge our leaving in time",
-                    self.local,
-                    self.peer
+                    "{}: the peer did not acknowledge our leaving in time",
+                    self.ends()
                 );
                 return;
             }
@@ -317,9 +309,8 @@ impl<W: Wire> RingConn<W> {
             None => return,
         };
         log::info!(
-            "{} -> {}: both sides left the ring; {} bytes go again on the socket",
-            self.local,
-            self.peer,
+            "{}: both sides left the ring; {} bytes go again on the socket",
+            self.ends(),
             taken.bytes.len()
         );
         self.spill_tx(taken.bytes, taken.eos);
@@ -363,9 +354,8 @@ impl<W: Wire> RingConn<W> {
                     drop(rx);
                     drop(tx);
                     log::error!(
-                        "{} -> {}: an incomplete leave header on the socket; resetting",
-                        self.local,
-                        self.peer
+                        "{}: an incomplete leave header on the socket; resetting",
+                        self.ends()
                     );
                     self.fail_hard(libc::ECONNRESET);
                 }
@@ -374,9 +364,8 @@ impl<W: Wire> RingConn<W> {
                 drop(rx);
                 drop(tx);
                 log::error!(
-                    "{} -> {}: unexpected TCP data on a ring connection; resetting it",
-                    self.local,
-                    self.peer
+                    "{}: unexpected TCP data on a ring connection; resetting it",
+                    self.ends()
                 );
                 self.fail_hard(libc::ECONNRESET);
             }
@@ -454,9 +443,8 @@ impl<W: Wire> RingConn<W> {
         drop(rx);
         drop(tx);
         log::info!(
-            "{} -> {}: the peer left the ring (its stream ended at byte {}, ours was read to {}); {resent} bytes go again on the socket",
-            self.local,
-            self.peer,
+            "{}: the peer left the ring (its stream ended at byte {}, ours was read to {}); {resent} bytes go again on the socket",
+            self.ends(),
             l.end,
             l.consumed
         );
@@ -520,9 +508,8 @@ impl<W: Wire> RingConn<W> {
         self.push_tx_spill();
         self.wire.ring_own_bell();
         log::warn!(
-            "{} -> {}: {why}; the connection goes on over TCP from byte {ours} in, {consumed} out ({resent} bytes again)",
-            self.local,
-            self.peer
+            "{}: {why}; the connection goes on over TCP from byte {ours} in, {consumed} out ({resent} bytes again)",
+            self.ends()
         );
     }
 
@@ -669,9 +656,8 @@ impl<W: Wire> RingConn<W> {
             self.salvage(r);
         }
         log::error!(
-            "{} -> {}: the ring cannot be left exactly ({e}); the connection is reset",
-            self.local,
-            self.peer
+            "{}: the ring cannot be left exactly ({e}); the connection is reset",
+            self.ends()
         );
         self.mode.store(MODE_TCP, Ordering::Release);
         self.fail_hard(libc::ECONNRESET);

@@ -82,9 +82,8 @@ impl<W: Wire> RingConn<W> {
             policy::turned_down(self.peer);
         }
         log::info!(
-            "{} -> {}: plain TCP ({why}); {early} early bytes resent",
-            self.local,
-            self.peer,
+            "{}: plain TCP ({why}); {early} early bytes resent",
+            self.ends(),
         );
         if let Some(me) = self.this() {
             background::note_fallback(me);

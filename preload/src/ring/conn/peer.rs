@@ -65,11 +65,7 @@ impl<W: Wire> RingConn<W> {
     /// TCP would have reset the connection if the peer left bytes of ours
     /// unread; where the wire can tell, so does this.
     fn peer_closed_socket(&self) {
-        log::debug!(
-            "{} -> {}: the peer closed its socket",
-            self.local,
-            self.peer
-        );
+        log::debug!("{}: the peer closed its socket", self.ends());
         let unread = {
             let tx = self.tx.lock();
             tx.as_ref()

@@ -51,9 +51,8 @@ impl<W: Wire> RingConn<W> {
                     };
                     log::log!(
                         level,
-                        "{} -> {}: {} bytes the ring owed the socket are lost with it (errno {e})",
-                        self.local,
-                        self.peer,
+                        "{}: {} bytes the ring owed the socket are lost with it (errno {e})",
+                        self.ends(),
                         spill.len()
                     );
                     spill.clear();

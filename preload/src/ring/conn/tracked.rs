@@ -93,3 +93,35 @@ impl<W: Wire> Tracked for RingConn<W> {
         W::urgent_follow_up(self)
     }
 }
+
+/// A connection's two addresses as its log lines name them.
+pub struct Ends {
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+impl std::fmt::Display for Ends {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} -> {}", self.local, self.peer)
+    }
+}
+
+impl<W: Wire> RingConn<W> {
+    /// The addresses for a log line: a client offered from the wildcard
+    /// address, and the kernel picked the real one at connect, which the
+    /// status report learnt or the kernel socket tells (a cold path).
+    pub fn ends(&self) -> Ends {
+        let mut local = self.report.local_or(self.local);
+        if local.ip().is_unspecified() {
+            if let Some(a) = crate::sockaddr::query(self.tcp_fd(), false) {
+                if a.port() == local.port() {
+                    local = a;
+                }
+            }
+        }
+        Ends {
+            local,
+            peer: self.peer,
+        }
+    }
+}

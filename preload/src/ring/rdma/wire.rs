@@ -122,9 +122,8 @@ fn connect_to(c: &RdmaConn, payload: &[u8]) {
     match connected {
         Ok(conn) => {
             log::debug!(
-                "{} -> {}: queue pair connected, {} early bytes go first",
-                c.local,
-                c.peer,
+                "{}: queue pair connected, {} early bytes go first",
+                c.ends(),
                 early.len()
             );
             record_user(&conn.bell);
@@ -161,9 +160,8 @@ fn connect_to(c: &RdmaConn, payload: &[u8]) {
         }
         Err(e) => {
             log::error!(
-                "{} -> {}: cannot connect to the server's queue pair ({e}); the connection is reset",
-                c.local,
-                c.peer
+                "{}: cannot connect to the server's queue pair ({e}); the connection is reset",
+                c.ends()
             );
             c.enter_ring();
             drop(early);
@@ -302,9 +300,8 @@ impl Wire for RdmaWire {
         }
         if c.mode() == MODE_PENDING && !c.was_reset() {
             log::warn!(
-                "{} -> {}: closed before the server answered; {} early bytes are dropped",
-                c.local,
-                c.peer,
+                "{}: closed before the server answered; {} early bytes are dropped",
+                c.ends(),
                 lock(&c.wire.early).len()
             );
         }
@@ -331,9 +328,8 @@ impl Wire for RdmaWire {
             return Ok(());
         }
         log::error!(
-            "{} -> {}: an RDMA connection cannot be used by a forked child (pid {}); EBADFD",
-            c.local,
-            c.peer,
+            "{}: an RDMA connection cannot be used by a forked child (pid {}); EBADFD",
+            c.ends(),
             process::pid()
         );
         Err(Errno(libc::EBADFD))

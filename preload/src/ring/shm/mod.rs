@@ -271,9 +271,8 @@ impl Wire for ShmWire {
             // parent while the child that took it still lives.
             if cur != 0 && cur != parent && pid_alive(cur as i32) {
                 log::error!(
-                    "{} -> {}: in use by pid {cur}; a ring connection cannot be used by two processes (EBADFD)",
-                    c.local,
-                    c.peer
+                    "{}: in use by pid {cur}; a ring connection cannot be used by two processes (EBADFD)",
+                    c.ends()
                 );
                 return Err(Errno(libc::EBADFD));
             }
