@@ -177,7 +177,7 @@ impl<W: Wire> RingConn<W> {
             self.fail_hard(libc::ECONNRESET);
             return;
         }
-        self.await_ack(held);
+        let _ = self.await_ack(held);
         self.leaving.store(false, Ordering::Release);
     }
 

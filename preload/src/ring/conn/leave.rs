@@ -186,8 +186,9 @@ impl<W: Wire> RingConn<W> {
         drop(rx);
         drop(tx);
         super::super::watch::unwatch(self, fd);
-        if hand_over {
-            self.await_ack(None);
+        // The program's next bytes go on the socket: a header the peer
+        // sent at the same moment must be answered (`crossed`) before them.
+        if self.await_ack(None) || hand_over {
             self.leaving.store(false, Ordering::Release);
         }
         self.wire.ring_own_bell();
@@ -231,8 +232,9 @@ impl<W: Wire> RingConn<W> {
     /// own header (it left at the same moment), or for its end. `held`:
     /// the sender slot when the caller holds its lock, else the slot is
     /// only ever tried (a caller may hold the receiver's lock, which comes
-    /// after the sender's), never waited for.
-    pub(super) fn await_ack(&self, mut held: Option<&mut TxSlot<W>>) {
+    /// after the sender's), never waited for. False when the wait ended
+    /// without an answer.
+    pub(super) fn await_ack(&self, mut held: Option<&mut TxSlot<W>>) -> bool {
         let fd = self.tcp_fd();
         let deadline = sys::monotonic_ns() + limit_ns();
         loop {
@@ -240,31 +242,32 @@ impl<W: Wire> RingConn<W> {
                 tx.as_ref().is_none_or(|tx| tx.peer_closed())
             });
             if acked == Some(true) {
-                return;
+                return true;
             }
             let mut b = [0u8; HEADER_BYTES];
             match sys_recv(fd, &mut b, libc::MSG_PEEK) {
                 // The peer closed or reset: nobody will send a header.
-                Ok(0) => return,
+                Ok(0) => return true,
                 Ok(n) => match Leave::parse(&b[..n]) {
                     Parsed::Leave(l) => {
                         let _ = sys_recv(fd, &mut b, 0);
                         self.crossed(l, held, deadline);
-                        return;
+                        return true;
                     }
                     // Plain bytes: the peer stays, and they are ours.
-                    Parsed::Garbage => return,
+                    Parsed::Garbage => return true,
                     Parsed::Partial => {}
                 },
                 Err(Errno(libc::EAGAIN)) => {}
-                Err(_) => return,
+                // A reset: nobody will send a header either.
+                Err(_) => return true,
             }
             if sys::monotonic_ns() >= deadline {
                 log::warn!(
                     "{}: the peer did not acknowledge our leaving in time",
                     self.ends()
                 );
-                return;
+                return false;
             }
             poll_one_for(fd, libc::POLLIN, 1);
         }
