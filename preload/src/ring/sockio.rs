@@ -277,7 +277,6 @@ pub fn tcp_wait_fds(tcp: RawFd, interest: Ready) -> WaitFds {
     ]
 }
 
-/// Bytes the kernel socket holds for reading (FIONREAD).
 /// The kernel socket's TCP_INFO, with the length the kernel wrote (an
 /// older kernel writes fewer fields); None if it cannot tell.
 fn tcp_info(fd: RawFd) -> Option<(libc::tcp_info, usize)> {
@@ -317,6 +316,14 @@ pub fn bytes_received(fd: RawFd) -> u64 {
         .map_or(0, |(ti, _)| ti.tcpi_bytes_received)
 }
 
+/// Whether the kernel socket is in TCP_CLOSE (after a reset, on a socket
+/// that never sent its FIN); false if it cannot tell.
+pub fn reset_state(fd: RawFd) -> bool {
+    const TCP_CLOSE: u8 = 7;
+    tcp_info(fd).is_some_and(|(ti, _)| ti.tcpi_state == TCP_CLOSE)
+}
+
+/// Bytes the kernel socket holds for reading (FIONREAD).
 pub fn fionread(fd: RawFd) -> usize {
     let mut n: c_int = 0;
     // SAFETY: FIONREAD writes one int.

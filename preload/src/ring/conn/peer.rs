@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use libc::c_int;
 
 use super::leave;
-use super::{RingConn, Wire, MODE_PENDING, MODE_TCP};
+use super::{RingConn, Wire, MODE_PENDING, MODE_RING, MODE_TCP};
 use crate::attached::Errno;
-use crate::ring::sockio::{poll_one, sys_recv};
+use crate::ring::sockio::{self, poll_one, sys_recv};
 
 impl<W: Wire> RingConn<W> {
     /// Looks at the kernel socket of a connection on the ring (or pending):
@@ -52,6 +52,13 @@ impl<W: Wire> RingConn<W> {
         }
         let mut b = [0u8; leave::HEADER_BYTES];
         match sys_recv(fd, &mut b, libc::MSG_PEEK) {
+            // A reset's error goes to one reader only: a thread that looked
+            // at the same moment as another (the background thread's watch,
+            // the program's) reads EOF, and the state tells the two apart.
+            // On the ring our side never sends its FIN, so CLOSE is a reset
+            // (while pending it may be a refused connect, whose own error
+            // the other reader reports).
+            Ok(0) if mode == MODE_RING && sockio::reset_state(fd) => self.reset_as_tcp_would(),
             Ok(0) => self.peer_closed_socket(),
             Ok(n) if mode == MODE_PENDING => self.tcp_while_pending(&b[..n]),
             Ok(_) => self.header_arrived(),
