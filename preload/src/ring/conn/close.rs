@@ -212,7 +212,10 @@ impl<W: Wire> RingConn<W> {
             // What the ring owed the kernel socket goes out before the
             // program's close (bounded, as a lingering close would).
             let limit = u64::from(crate::config::get().connect_timeout_ms) * 1_000_000;
-            self.push_tx_spill_until(sys::monotonic_ns() + limit);
+            let deadline = sys::monotonic_ns() + limit;
+            // Bytes the peer's answer to our leave names go out first.
+            self.settle_leaving_until(deadline);
+            self.push_tx_spill_until(deadline);
             if self.unread_at_close() {
                 self.close_with_reset();
             }

@@ -202,29 +202,53 @@ impl<W: Wire> RingConn<W> {
             return true;
         }
         // (The sender's guard ends with this statement: `crossed` below
-        // takes the lock again.)
-        let acked = self.tx.lock().as_ref().is_none_or(|tx| tx.peer_closed());
-        let settled = acked || {
-            let fd = self.tcp_fd();
-            let mut b = [0u8; HEADER_BYTES];
-            match sys_recv(fd, &mut b, libc::MSG_PEEK) {
-                Ok(n) if n > 0 => match Leave::parse(&b[..n]) {
-                    Parsed::Leave(l) => {
-                        let _ = sys_recv(fd, &mut b, 0);
-                        self.crossed(l, None, sys::monotonic_ns() + limit_ns());
-                        true
-                    }
-                    Parsed::Garbage => true,
-                    Parsed::Partial => false,
-                },
-                Err(Errno(libc::EAGAIN)) => false,
-                _ => true,
-            }
-        };
+        // takes the lock again.) A failed wire carries no acknowledgement.
+        let acked = !self.lost_pending.load(Ordering::Acquire)
+            && self.tx.lock().as_ref().is_none_or(|tx| tx.peer_closed());
+        let settled = acked
+            || {
+                let fd = self.tcp_fd();
+                let mut b = [0u8; HEADER_BYTES];
+                match sys_recv(fd, &mut b, libc::MSG_PEEK) {
+                    Ok(n) if n > 0 => match Leave::parse(&b[..n]) {
+                        Parsed::Leave(l) => {
+                            let _ = sys_recv(fd, &mut b, 0);
+                            self.crossed(l, None, sys::monotonic_ns() + limit_ns());
+                            if self.lost_pending.load(Ordering::Acquire) {
+                                log::warn!(
+                                "{}: the peer answered our leave late; the connection goes on over TCP from byte {} out",
+                                self.ends(),
+                                l.consumed
+                            );
+                            }
+                            true
+                        }
+                        Parsed::Garbage => true,
+                        Parsed::Partial => false,
+                    },
+                    Err(Errno(libc::EAGAIN)) => false,
+                    _ => true,
+                }
+            };
         if settled {
+            self.lost_pending.store(false, Ordering::Release);
             self.leaving.store(false, Ordering::Release);
         }
         settled
+    }
+
+    /// `leaving_settled` until true or `deadline_ns`, waiting for the
+    /// peer's answer on the socket.
+    pub(super) fn settle_leaving_until(&self, deadline_ns: u64) -> bool {
+        loop {
+            if self.leaving_settled() {
+                return true;
+            }
+            if sys::monotonic_ns() >= deadline_ns {
+                return false;
+            }
+            poll_one_for(self.tcp_fd(), libc::POLLIN, 10);
+        }
     }
 
     /// After our header went out: waits for the peer to close its end of
@@ -604,7 +628,22 @@ impl<W: Wire> RingConn<W> {
                 Err(_) => break None,
             }
             if sys::monotonic_ns() >= deadline {
-                break None;
+                // The peer is slow to answer (stopped, descheduled): the
+                // connection waits for it on the socket, as TCP waits for
+                // a stalled peer, its sends and reads held back until the
+                // answer comes (`leaving_settled`).
+                self.lost_pending.store(true, Ordering::Release);
+                self.leaving.store(true, Ordering::Release);
+                self.mode.store(MODE_TCP, Ordering::Release);
+                super::super::watch::unwatch(self, fd);
+                drop(rx);
+                drop(tx);
+                log::warn!(
+                    "{}: the ring's wire failed ({e}); the peer has not answered yet, the connection waits for it on TCP",
+                    self.ends()
+                );
+                self.wire.ring_own_bell();
+                return;
             }
             poll_one_for(fd, libc::POLLIN, 1);
         };

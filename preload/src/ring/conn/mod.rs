@@ -138,6 +138,10 @@ pub struct RingConn<W: Wire> {
     /// We left and wait for the peer's acknowledgement: the kernel socket
     /// may still bring the peer's own leave header.
     leaving: AtomicBool,
+    /// Our LOST header went unanswered in time (`wire_lost`): only the
+    /// peer's header settles `leaving`, and until it comes nothing of ours
+    /// goes on the socket (what it says we must send again goes first).
+    lost_pending: AtomicBool,
     /// A flush met a failure of the wire (verbs): the connection must
     /// leave the ring (`wire_lost`) once no lock of ours is held. The
     /// failure, for the log.

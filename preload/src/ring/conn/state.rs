@@ -38,6 +38,7 @@ impl<W: Wire> RingConn<W> {
             wr_shut: AtomicBool::new(false),
             eos_owed: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
+            lost_pending: AtomicBool::new(false),
             wire_failed: AtomicBool::new(false),
             wire_error: Mutex::new(None),
             lost_sent: AtomicBool::new(false),

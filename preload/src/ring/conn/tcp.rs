@@ -107,7 +107,9 @@ impl<W: Wire> RingConn<W> {
     }
 
     pub(super) fn tcp_send(&self, bufs: &[IoSlice<'_>]) -> Result<usize, Errno> {
-        let r = if !self.push_tx_spill() {
+        // Until the peer answered our leave, what it says we must send
+        // again is not known: it goes before anything sent now.
+        let r = if !self.leaving_settled() || !self.push_tx_spill() {
             Err(Errno(libc::EAGAIN))
         } else if self.reset.load(Ordering::Acquire) {
             let e = self.error.swap(0, Ordering::AcqRel);
@@ -139,7 +141,7 @@ impl<W: Wire> RingConn<W> {
             r = r | Ready::IN | Ready::RDHUP | Ready::OUT | Ready::HUP;
         }
         if !self.leaving_settled() {
-            r = Ready(r.0 & !(Ready::IN.0 | Ready::RDHUP.0));
+            r = Ready(r.0 & !(Ready::IN.0 | Ready::RDHUP.0 | Ready::OUT.0));
         }
         if !lock(&self.rx_spill).is_empty() {
             r = r | Ready::IN;
@@ -148,6 +150,13 @@ impl<W: Wire> RingConn<W> {
     }
 
     pub(super) fn tcp_wait_fds(&self, interest: Ready) -> WaitFds {
+        // A writer that waits for the peer's answer to our leave waits
+        // for its arrival, not for room the socket has.
+        let interest = if self.leaving.load(Ordering::Acquire) {
+            Ready(interest.0 & !Ready::WRITE.0) | Ready::IN
+        } else {
+            interest
+        };
         let mut fds = sockio::tcp_wait_fds(self.tcp_fd(), interest);
         if let Some(bell) = self.wire.bell_fds()[0] {
             // The end of a leave rings our bell: a reader that waited for
@@ -165,11 +174,15 @@ impl<W: Wire> RingConn<W> {
     }
 
     pub(super) fn tcp_shutdown(&self, how: c_int) -> Result<(), Errno> {
-        if how != libc::SHUT_RD && !lock(&self.tx_spill).is_empty() {
-            // The kernel's FIN must follow the bytes the ring owed it.
+        let settled = self.leaving_settled();
+        if how != libc::SHUT_RD && (!settled || !lock(&self.tx_spill).is_empty()) {
+            // The kernel's FIN must follow the bytes the ring owed it (also
+            // those the peer's answer to our leave is still to name).
             self.wr_shut.store(true, Ordering::Release);
             self.shut_wr_owed.store(true, Ordering::Release);
-            self.push_tx_spill();
+            if settled {
+                self.push_tx_spill();
+            }
             if how == libc::SHUT_WR {
                 return Ok(());
             }
