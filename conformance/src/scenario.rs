@@ -34,6 +34,7 @@ pub fn all() -> Vec<Scenario> {
     v.extend(scenarios::death::list());
     v.extend(scenarios::fds::list());
     v.extend(scenarios::share::list());
+    v.extend(scenarios::spawn::list());
     v.extend(scenarios::python::list());
     v
 }

@@ -17,6 +17,7 @@ use crate::interpose::guard;
 use crate::{process, sockaddr};
 
 pub mod defer_accept;
+pub mod spawn;
 
 /// True for the sockets a ring could carry.
 pub fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
@@ -239,12 +240,24 @@ pub fn leave_rings(fds: &[c_int]) {
 /// kernel socket there. A vfork child leaves on its parent's behalf: the
 /// two share the connections' memory and kernel sockets.
 pub fn leave_before_exec() {
+    leave_before_spawn(None);
+}
+
+/// `leave_before_exec` for a child started by `posix_spawn` with the
+/// file-actions object at `actions`: the descriptors it dup's into the
+/// child leave too, whatever their FD_CLOEXEC.
+pub fn leave_before_spawn(actions: Option<usize>) {
     if fdtable::rings_alive() == 0 {
         return;
     }
-    let survivors: Vec<c_int> = (0..fdtable::capacity() as i32)
+    let mut survivors: Vec<c_int> = (0..fdtable::capacity() as i32)
         .filter(|&fd| fdtable::attached(fd).is_some() && !crate::sys::cloexec(fd))
         .collect();
+    if let Some(a) = actions {
+        survivors.extend(spawn::dup2_sources(a));
+        survivors.sort_unstable();
+        survivors.dedup();
+    }
     leave_rings(&survivors);
 }
 

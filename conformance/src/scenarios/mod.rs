@@ -12,6 +12,7 @@ pub mod options;
 pub mod python;
 pub mod readiness;
 pub mod share;
+pub mod spawn;
 
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;

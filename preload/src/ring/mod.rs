@@ -32,7 +32,7 @@ mod conn;
 mod ctl;
 mod local;
 mod msgstart;
-mod plock;
+pub(crate) mod plock;
 mod policy;
 #[cfg(feature = "verbs")]
 mod rdma;
