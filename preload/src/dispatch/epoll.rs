@@ -19,7 +19,9 @@
 //!   `epoll_wait` calls, until one of its connection's wait fds fires.
 //!   (EPOLLONESHOT registrations that fired are neither: disabled until
 //!   EPOLL_CTL_MOD.)
-//! * EPOLL_CTL_ADD and EPOLL_CTL_MOD put the registration on the list.
+//! * EPOLL_CTL_ADD and EPOLL_CTL_MOD put the registration on the list;
+//!   while a thread sleeps on the set, one with nothing to report is armed
+//!   instead (the kernel wakes no waiter for a quiet fd).
 //!   When the private set reports a connection's key, its registrations
 //!   are disarmed and put on the list.
 //! * `epoll_wait` looks at the ready list only. A registration with
@@ -832,6 +834,33 @@ impl Inner {
         }
     }
 
+    /// Registration `id`, just added or modified (unarmed), goes where a
+    /// wait would put it. While a thread sleeps on the set, one with nothing
+    /// to report is armed here, off the list: the kernel wakes no waiter for
+    /// an fd added quiet, and a poke would cost the sleeper a wake-up and a
+    /// sleep for each hand-over (apache event's worker adds every keep-alive
+    /// connection back to its listener's set after each response). One with
+    /// something to report, or with no thread asleep, goes on the list;
+    /// true then: the sleepers, if any, are to be woken to look at it.
+    fn enlist(&mut self, id: u64) -> bool {
+        let Some(r) = self.regs.get_mut(&id) else {
+            return false;
+        };
+        if !r.listed {
+            if self.sleepers > 0 {
+                // A report is left for the waiter: its edge is not spent.
+                let seen = (r.last, r.last_seq);
+                if let Step::Leave = examine(r, &mut self.conns, self.private, true) {
+                    return false;
+                }
+                (r.last, r.last_seq) = seen;
+            }
+            r.listed = true;
+            self.ready.push_back(id);
+        }
+        true
+    }
+
     /// Wakes the threads sleeping on this set, if any, to look at the list.
     fn poke_sleepers(&self) {
         if self.sleepers > 0 && self.poke >= 0 {
@@ -941,6 +970,7 @@ pub unsafe fn ctl_ring(
     };
     let key = key_of(&st);
     let pos = inner.find(key, fd);
+    let mut wake = false;
     let ret = match op {
         libc::EPOLL_CTL_ADD => 'add: {
             if pos.is_some() {
@@ -981,12 +1011,11 @@ pub unsafe fn ctl_ring(
                     last_seq: 0,
                     disabled: false,
                     armed: None,
-                    listed: true,
+                    listed: false,
                 },
             );
             inner.all.push(id);
-            inner.ready.push_back(id);
-            inner.poke_sleepers();
+            wake = inner.enlist(id);
             st.note_epoll_home(epfd);
             0
         }
@@ -1008,11 +1037,7 @@ pub unsafe fn ctl_ring(
             r.last = 0;
             r.last_seq = 0;
             r.disabled = false;
-            if !r.listed {
-                r.listed = true;
-                inner.ready.push_back(id);
-            }
-            inner.poke_sleepers();
+            wake = inner.enlist(id);
             0
         }
         libc::EPOLL_CTL_DEL => match pos {
@@ -1026,6 +1051,17 @@ pub unsafe fn ctl_ring(
     };
     let e = sys::errno();
     inner.expose();
+    // Sleepers are woken once the lock is free: a woken one takes it first
+    // thing, and would otherwise sleep again on it at once.
+    let poke = if wake && inner.sleepers > 0 {
+        inner.poke
+    } else {
+        -1
+    };
+    drop(locked);
+    if poke >= 0 {
+        eventfd_write(poke);
+    }
     sys::set_errno(e);
     ret
 }

@@ -775,6 +775,95 @@ fn epoll_ctl_from_another_thread_wakes_a_sleeping_wait() {
     }
 }
 
+/// This thread's voluntary context switches so far: each is a sleep.
+fn sleeps_of_this_thread() -> u64 {
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("voluntary_ctxt_switches in /proc/thread-self/status")
+}
+
+/// apache event's hand-over: a listener thread sleeps in epoll_wait while
+/// a worker, done with a keep-alive request, puts the quiet connection
+/// back into the listener's set (EPOLL_CTL_ADD, or MOD of a oneshot
+/// registration). The kernel wakes no waiter for a quiet fd, so the
+/// listener sleeps once per request; a wake-up for the hand-over cost it
+/// a second sleep each time. The hand-over itself arms the registration,
+/// so the request's doorbell reaches the sleeper.
+#[test]
+fn a_quiet_connection_handed_to_a_sleeping_set_wakes_nobody() {
+    const ROUNDS: u64 = 4;
+    let (_ia, ib) = pair(64);
+    let fi = ring_fd(ib);
+    for oneshot in [false, true] {
+        let (a, b) = pair(64);
+        let fb = ring_fd(b.clone());
+        // SAFETY: plain hook call.
+        let epfd = unsafe { ep::epoll_create1(0) };
+        // An idle ring keeps the set's waits in the shim from the start.
+        epoll_add(epfd, fi, libc::EPOLLIN, 1);
+        let events = libc::EPOLLIN | if oneshot { libc::EPOLLONESHOT } else { 0 };
+        let (done, handled) = std::sync::mpsc::channel();
+        // The listener: each request wakes it; it takes the request and
+        // the connection out of its set, and waits again.
+        let listener = std::thread::spawn(move || {
+            let before = sleeps_of_this_thread();
+            for _ in 0..ROUNDS {
+                assert_eq!(epoll_wait(epfd, 4, 5000), vec![(libc::EPOLLIN as u32, 2)]);
+                assert_eq!(read(fb, 16, 0), (3, b"GET".to_vec()));
+                if !oneshot {
+                    // SAFETY: plain hook call.
+                    let r =
+                        unsafe { ep::epoll_ctl(epfd, libc::EPOLL_CTL_DEL, fb, ptr::null_mut()) };
+                    assert_eq!(r, 0);
+                }
+                done.send(()).unwrap();
+            }
+            sleeps_of_this_thread() - before
+        });
+        for round in 0..ROUNDS {
+            if round == 0 && oneshot {
+                epoll_add(epfd, fb, events, 2);
+            } else {
+                // The worker hands the connection back while the listener
+                // sleeps.
+                std::thread::sleep(Duration::from_millis(20));
+                let mut ev = libc::epoll_event {
+                    events: events as u32,
+                    u64: 2,
+                };
+                let op = if oneshot {
+                    libc::EPOLL_CTL_MOD
+                } else {
+                    libc::EPOLL_CTL_ADD
+                };
+                // SAFETY: valid event for the call.
+                assert_eq!(unsafe { ep::epoll_ctl(epfd, op, fb, &mut ev) }, 0);
+                assert_eq!(b.arms().rx, 1, "the hand-over armed the quiet connection");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            a.try_send(&[std::io::IoSlice::new(b"GET")]).unwrap();
+            handled.recv_timeout(Duration::from_secs(5)).unwrap();
+        }
+        let sleeps = listener.join().unwrap();
+        // One sleep per request; a stray one (a page fault, a lock) is let
+        // pass, a second sleep per request is not.
+        assert!(
+            sleeps < ROUNDS + ROUNDS / 2,
+            "oneshot {oneshot}: the listener slept {sleeps} times for {ROUNDS} requests"
+        );
+        // SAFETY: closing our fds.
+        unsafe {
+            fdh::close(epfd);
+            fdh::close(fb);
+        }
+    }
+    // SAFETY: closing our fd.
+    unsafe { fdh::close(fi) };
+}
+
 #[test]
 fn epoll_edge_triggered_reports_each_arrival_and_sleeps_between() {
     let (a, b) = pair(64);
