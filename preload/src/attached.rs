@@ -174,6 +174,28 @@ pub trait AttachedConn: Send + Sync {
         self.readiness()
     }
 
+    /// Readiness for a reader that waits until `need` bytes are readable
+    /// (a peek for more than is there): as `readiness_for(READ | RDHUP)`,
+    /// but READ only from `need` bytes on, or once the stream has ended
+    /// (RDHUP), failed (ERR) or hung up (HUP).
+    fn readiness_needing(&self, need: usize) -> Ready {
+        let r = self.readiness_for(Ready::READ | Ready::RDHUP);
+        if r.intersects(Ready::RDHUP | Ready::HUP | Ready::ERR) || self.available() >= need {
+            r
+        } else {
+            Ready(r.0 & !Ready::IN.0)
+        }
+    }
+
+    /// `arm(READ | RDHUP)` for a reader that needs `need` bytes: the
+    /// peer's next bytes must wake it also while fewer than `need` are
+    /// readable (a plain arm asks for nothing while any are). Returns
+    /// `readiness_needing(need)` as seen after arming; ended as `arm` is.
+    fn arm_needing(&self, need: usize) -> Ready {
+        let _ = self.arm(Ready::READ | Ready::RDHUP);
+        self.readiness_needing(need)
+    }
+
     /// Looks at `readiness` a spinning waiter takes back to back before it
     /// yields the CPU between looks (`ringsock_ring::sleep::backoff::CompletionWait`).
     /// Fewer than `SPIN_TURNS` says the medium's own progress may need this

@@ -478,6 +478,28 @@ impl<T: Transport> Receiver<T> {
         if self.readable()? {
             return Ok(false);
         }
+        self.announce_then_look()
+    }
+
+    /// `prepare_wait` for a reader that needs `need` bytes (a peek for
+    /// more than is there, SO_RCVLOWAT): true also while fewer bytes sit
+    /// in the ring, its flag then naming the tail it saw, so that the next
+    /// tail published wakes it as a tail on an empty ring does. False once
+    /// `need` bytes or the end-of-stream mark are there.
+    pub fn prepare_wait_for(&mut self, need: usize) -> Result<bool, RingError> {
+        if need <= 1 {
+            return self.prepare_wait();
+        }
+        if self.eos_published()? || self.available()? >= need {
+            return Ok(false);
+        }
+        self.announce_then_look()
+    }
+
+    /// The sleep announcement after a look at `local_tail` found too
+    /// little: true when no tail came after it.
+    fn announce_then_look(&mut self) -> Result<bool, RingError> {
+        let seen = self.local_tail;
         // The lazy rule, not a push of every consumed slot: on verbs a
         // push is a WRITE whose completion the process waits for before
         // it sleeps, once per message in a ping-pong. Less than gamma
@@ -497,7 +519,7 @@ impl<T: Transport> Receiver<T> {
         }
         fence(Ordering::SeqCst);
         self.refresh_tail()?;
-        if self.head != self.local_tail {
+        if self.local_tail != seen {
             if self.standing.is_none() {
                 self.transport
                     .write_word(PeerWord::RxWaiting, 0, false)

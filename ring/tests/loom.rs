@@ -206,3 +206,89 @@ fn end_of_stream_follows_data() {
         writer.join().unwrap();
     });
 }
+
+/// A doorbell that counts its rings, so that a sleeper can tell a ring
+/// that came after it armed from none at all.
+#[derive(Clone, Default)]
+struct CountingBell(std::sync::Arc<loom::sync::atomic::AtomicU64>);
+
+impl ringsock_ring::Notify for CountingBell {
+    fn notify(&self) -> Result<(), RingError> {
+        self.0.fetch_add(1, loom::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// A reader that needs 4 bytes peeks (consuming nothing) while the
+/// writer sends them as two records of 2, sleeping whenever fewer are
+/// there: with `announce_beyond` through `prepare_wait_for`, without it as
+/// a plain `prepare_wait` (which announces nothing while the ring holds
+/// bytes) followed by a sleep all the same. A sleep ends at a ring that
+/// came after it armed; one still waiting once the writer is done, with
+/// no such ring, is a lost wakeup.
+fn peek_for_more_than_is_there(announce_beyond: bool) {
+    use loom::sync::atomic::{AtomicBool, Ordering};
+    model(move || {
+        let bell = CountingBell::default();
+        let (mut tx, mut rx) = heap_pair(cfg(4), Some(Box::new(bell.clone())), None).unwrap();
+        let done = std::sync::Arc::new(AtomicBool::new(false));
+        let writer = {
+            let done = done.clone();
+            thread::spawn(move || {
+                tx.write(b"ab").unwrap();
+                tx.flush().unwrap();
+                tx.write(b"cd").unwrap();
+                tx.flush().unwrap();
+                done.store(true, Ordering::SeqCst);
+            })
+        };
+        let mut out = [0u8; 4];
+        loop {
+            match rx.peek(&mut out) {
+                Ok(4) => break,
+                Ok(_) | Err(RingError::WouldBlock) => {
+                    let armed_at = bell.0.load(Ordering::SeqCst);
+                    let sleep = if announce_beyond {
+                        rx.prepare_wait_for(4).unwrap()
+                    } else {
+                        rx.prepare_wait().unwrap();
+                        true
+                    };
+                    if !sleep {
+                        continue;
+                    }
+                    loop {
+                        // The writer's last flush comes before `done`: a
+                        // ring owed to this sleep shows once `done` does.
+                        let finished = done.load(Ordering::SeqCst);
+                        if bell.0.load(Ordering::SeqCst) != armed_at {
+                            break;
+                        }
+                        assert!(!finished, "lost wakeup");
+                        thread::yield_now();
+                    }
+                    rx.finish_wait(true).unwrap();
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(&out, b"abcd");
+        assert_eq!(rx.available().unwrap(), 4, "a peek consumes nothing");
+        writer.join().unwrap();
+    });
+}
+
+/// A reader that needs more bytes than the ring holds (MSG_PEEK with
+/// MSG_WAITALL, SO_RCVLOWAT) sleeps with bytes in the ring, and the next
+/// tail wakes it: its flag names the tail it saw, not an empty ring.
+#[test]
+fn reader_needing_more_than_the_ring_holds_wakes() {
+    peek_for_more_than_is_there(true);
+}
+
+/// Without that announcement such a sleeper is never woken.
+#[test]
+#[should_panic(expected = "lost wakeup")]
+fn sleeping_on_a_nonempty_ring_without_a_flag_loses_the_wakeup() {
+    peek_for_more_than_is_there(false);
+}

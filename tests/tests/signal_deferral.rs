@@ -156,6 +156,8 @@ fn interrupted_calls_restart_as_the_kernel_restarts_them() {
             "recv, SA_RESTART: ret=5 errno=0 hits=1",
             "recv, no SA_RESTART: ret=-1 errno=EINTR hits=1",
             "recv with SO_RCVTIMEO, SA_RESTART: ret=-1 errno=EINTR hits=1",
+            "peek, SA_RESTART: ret=5 errno=0 hits=1",
+            "peek, no SA_RESTART: ret=-1 errno=EINTR hits=1",
             "send, SA_RESTART: ret=1 errno=0 hits=1",
             "send, no SA_RESTART: ret=-1 errno=EINTR hits=1",
         ],
@@ -166,9 +168,9 @@ fn interrupted_calls_restart_as_the_kernel_restarts_them() {
         calls(&plain),
         "the shim restarted differently:\n{shimmed}\n{err}"
     );
-    // Every call was on a ring: five connections, both ends attached.
+    // Every call was on a ring: seven connections, both ends attached.
     let attached = err.lines().filter(|l| l.contains("ring attached")).count();
-    assert_eq!(attached, 10, "not every connection had a ring:\n{err}");
+    assert_eq!(attached, 14, "not every connection had a ring:\n{err}");
 }
 
 /// SIGTERM while the client is in `mode`; its handler longjmps out.

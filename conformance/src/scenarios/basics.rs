@@ -23,6 +23,10 @@ pub fn list() -> Vec<Scenario> {
         sc("peek_then_read", "MSG_PEEK shorter and longer than the data, then reads consume it", peek_then_read),
         sc("waitall_blocks_for_rest", "recv(MSG_WAITALL) with half the bytes there blocks until the rest comes", waitall_blocks),
         sc("waitall_short_at_eof", "recv(MSG_WAITALL) returns what there is when the peer shuts down", waitall_eof),
+        sc("peek_waitall_blocks_for_rest", "recv(MSG_PEEK|MSG_WAITALL) with half the bytes there blocks until the rest comes in two sends, and takes nothing", peek_waitall_blocks),
+        sc("peek_waitall_short_at_eof", "recv(MSG_PEEK|MSG_WAITALL) blocks, then returns what there is when the peer shuts down", peek_waitall_eof),
+        sc("peek_iovecs", "recvmsg(MSG_PEEK) into three buffers fills them in turn; with MSG_WAITALL it blocks until all are full", peek_iovecs),
+        sc("peek_trunc_waitall", "recv(MSG_PEEK|MSG_TRUNC|MSG_WAITALL) counts without copying and blocks until the length is there", peek_trunc_waitall),
         sc("dontwait_empty_then_data", "MSG_DONTWAIT on an empty socket is EAGAIN, then returns the bytes", dontwait),
         sc("recv_blocks_until_data", "a blocking recv blocks until the peer sends", recv_blocks),
         sc("data_visible_after_send", "bytes are readable (MSG_DONTWAIT) as soon as the peer's send returned", visible_after_send),
@@ -125,6 +129,76 @@ fn waitall_eof(r: &mut Role) {
         r.send_all(fd, 300, 8, 0);
         r.call(ops::shutdown(fd, libc::SHUT_WR));
         r.barrier("shut");
+    }
+}
+
+const PEEK_WAITALL: i32 = libc::MSG_PEEK | libc::MSG_WAITALL;
+
+fn peek_waitall_blocks(r: &mut Role) {
+    let fd = r.open();
+    if r.is_server() {
+        r.barrier("half");
+        r.await_bytes(fd, 500);
+        r.blocking_until("more", move || ops::recv(fd, 1000, PEEK_WAITALL).0);
+        r.call(ops::recv(fd, 1000, libc::MSG_PEEK | libc::MSG_DONTWAIT));
+        r.recv_all(fd, 1000);
+    } else {
+        r.send_all(fd, 500, 6, 0);
+        r.barrier("half");
+        r.barrier("more");
+        // Each send alone leaves the peek short: it must sleep again with
+        // bytes it has already seen in the queue.
+        r.send_all(fd, 250, 7, 0);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        r.send_all(fd, 250, 8, 0);
+    }
+}
+
+fn peek_waitall_eof(r: &mut Role) {
+    let fd = r.open();
+    if r.is_server() {
+        r.barrier("sent");
+        r.await_bytes(fd, 300);
+        r.blocking_until("shut", move || ops::recv(fd, 1000, PEEK_WAITALL).0);
+        r.call(ops::recv(fd, 1000, libc::MSG_WAITALL));
+        r.call(ops::recv(fd, 1000, PEEK_WAITALL));
+    } else {
+        r.send_all(fd, 300, 8, 0);
+        r.barrier("sent");
+        r.barrier("shut");
+        r.call(ops::shutdown(fd, libc::SHUT_WR));
+    }
+}
+
+fn peek_iovecs(r: &mut Role) {
+    let fd = r.open();
+    if r.is_server() {
+        r.barrier("sent");
+        r.await_bytes(fd, 6);
+        r.call(ops::recvmsg(fd, &[2, 3, 100], libc::MSG_PEEK));
+        r.blocking_until("more", move || ops::recvmsg(fd, &[4, 4, 4], PEEK_WAITALL).0);
+        r.call(ops::recvmsg(fd, &[4, 4, 4], 0));
+    } else {
+        r.call(ops::send(fd, b"abcdef", 0));
+        r.barrier("sent");
+        r.barrier("more");
+        r.call(ops::send(fd, b"ghijkl", 0));
+    }
+}
+
+fn peek_trunc_waitall(r: &mut Role) {
+    let fd = r.open();
+    if r.is_server() {
+        r.barrier("sent");
+        r.await_bytes(fd, 5);
+        let flags = PEEK_WAITALL | libc::MSG_TRUNC;
+        r.blocking_until("more", move || ops::recv(fd, 10, flags).0);
+        r.call(ops::recv(fd, 100, 0));
+    } else {
+        r.call(ops::send(fd, b"12345", 0));
+        r.barrier("sent");
+        r.barrier("more");
+        r.call(ops::send(fd, b"67890", 0));
     }
 }
 

@@ -17,6 +17,10 @@ pub fn list() -> Vec<Scenario> {
         sc("so_rcvtimeo_expires", "SO_RCVTIMEO: a recv with nothing coming blocks, then fails with EAGAIN", rcvtimeo),
         sc("so_sndtimeo_full", "SO_SNDTIMEO: a send on a full connection blocks, then fails with EAGAIN", sndtimeo),
         sc("so_rcvlowat", "SO_RCVLOWAT 10 with 5 bytes there: poll, select not readable, recv blocks until 10", rcvlowat),
+        sc("so_rcvtimeo_peek_waitall", "SO_RCVTIMEO: recv(MSG_PEEK|MSG_WAITALL) blocks, then fails with EAGAIN with nothing there, or returns the 5 bytes there", rcvtimeo_peek_waitall),
+        sc("so_rcvlowat_peek", "SO_RCVLOWAT 10 with 5 bytes there: recv(MSG_PEEK) blocks until 10 and takes nothing", rcvlowat_peek),
+        sc("so_rcvlowat_poll_blocks", "SO_RCVLOWAT 10 with 5 bytes there: poll blocks through 3 more bytes until 10", |r| rcvlowat_waits(r, false)),
+        sc("so_rcvlowat_epoll_blocks", "SO_RCVLOWAT 10 with 5 bytes there: epoll_wait blocks through 3 more bytes until 10", |r| rcvlowat_waits(r, true)),
         sc("so_rcvlowat_dontwait", "SO_RCVLOWAT 10 with 5 bytes there: recv(MSG_DONTWAIT) and FIONREAD", rcvlowat_dontwait),
         sc("fionread_siocinq", "FIONREAD and SIOCINQ after the peer's 100 bytes arrived, and after reading 30", fionread),
         sc("siocoutq_idle", "SIOCOUTQ and SIOCOUTQNSD are 0 on an idle connection", siocoutq),
@@ -217,6 +221,26 @@ fn rcvtimeo(r: &mut Role) {
     }
 }
 
+fn rcvtimeo_peek_waitall(r: &mut Role) {
+    let fd = r.open();
+    let flags = libc::MSG_PEEK | libc::MSG_WAITALL;
+    if r.is_server() {
+        set_timeo(r, fd, libc::SO_RCVTIMEO, "SO_RCVTIMEO", 3);
+        r.blocking_until("empty waited", move || ops::recv(fd, 100, flags).0);
+        r.barrier("empty done");
+        r.barrier("five");
+        r.await_bytes(fd, 5);
+        r.blocking_until("five waited", move || ops::recv(fd, 100, flags).0);
+        r.call(ops::recv(fd, 100, 0));
+    } else {
+        r.barrier("empty waited");
+        r.barrier("empty done");
+        r.call(ops::send(fd, b"12345", 0));
+        r.barrier("five");
+        r.barrier("five waited");
+    }
+}
+
 /// Fills the connection from this end with non-blocking sends until
 /// EAGAIN (the peer does not read); one line, without the count (the
 /// kernel's buffer sizes are its own).
@@ -286,6 +310,55 @@ fn rcvlowat(r: &mut Role) {
     } else {
         r.barrier("more");
         r.call(ops::send(fd, b"67890", 0));
+    }
+}
+
+fn rcvlowat_peek(r: &mut Role) {
+    let fd = r.open();
+    lowat_five(r, fd);
+    if r.is_server() {
+        r.blocking_until("more", move || ops::recv(fd, 100, libc::MSG_PEEK).0);
+        r.call(ops::recv(fd, 100, 0));
+    } else {
+        r.barrier("more");
+        r.call(ops::send(fd, b"67890", 0));
+    }
+}
+
+/// A blocking poll (or epoll_wait) for the server's 10-byte low mark with
+/// 5 bytes there: 3 more leave it asleep, 2 more wake it. Its timeout is
+/// longer than the probe waits after the release: a wait that sleeps
+/// through the last bytes until it times out shows as one that never
+/// returned.
+fn rcvlowat_waits(r: &mut Role, epoll: bool) {
+    let fd = r.open();
+    lowat_five(r, fd);
+    if r.is_server() {
+        let release = |r: &Role| {
+            r.barrier("more");
+            r.barrier("eight");
+        };
+        if epoll {
+            let ep = r.call(ops::epoll_create()).v as RawFd;
+            r.call(ops::epoll_ctl(
+                ep,
+                libc::EPOLL_CTL_ADD,
+                fd,
+                libc::EPOLLIN as u32,
+            ));
+            r.blocking(move || ops::epoll_wait(ep, 8, 20_000).0, release);
+        } else {
+            let events = libc::POLLIN | libc::POLLRDNORM;
+            r.blocking(move || ops::poll(&[(fd, events)], 20_000).0, release);
+        }
+        // 8 bytes here would say the wait ended before the last send.
+        r.call(ops::recv(fd, 100, libc::MSG_DONTWAIT));
+    } else {
+        r.barrier("more");
+        r.call(ops::send(fd, b"678", 0));
+        r.barrier("eight");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        r.call(ops::send(fd, b"90", 0));
     }
 }
 

@@ -3,11 +3,12 @@
 //!
 //! Mirrors the kernel's TCP behaviour: a blocking recv returns as soon as
 //! some bytes are there (all of them with MSG_WAITALL, unless interrupted,
-//! timed out or at EOF); MSG_DONTWAIT or O_NONBLOCK give EAGAIN instead of
-//! waiting; SO_RCVTIMEO/SO_SNDTIMEO bound the wait (EAGAIN, or the partial
-//! count); a blocking send waits until every byte is queued; EPIPE raises
-//! SIGPIPE on the calling thread unless MSG_NOSIGNAL; a signal returns the
-//! partial count, or EINTR, or restarts (signals.rs).
+//! timed out or at EOF), a peek as well, leaving them there; MSG_DONTWAIT
+//! or O_NONBLOCK give EAGAIN instead of waiting; SO_RCVTIMEO/SO_SNDTIMEO
+//! bound the wait (EAGAIN, or the partial count); a blocking send waits
+//! until every byte is queued; EPIPE raises SIGPIPE on the calling thread
+//! unless MSG_NOSIGNAL; a signal returns the partial count, or EINTR, or
+//! restarts (signals.rs).
 //!
 //! Return values use the C convention: bytes (>= 0) or -1 with errno set.
 
@@ -15,7 +16,9 @@ use std::io::{IoSlice, IoSliceMut};
 
 use libc::{c_int, ssize_t};
 
-use super::wait::{deadline_after, wait_conn, wait_conn_with, wanted, Woke};
+use super::wait::{
+    deadline_after, pause, wait_conn, wait_conn_needing, wait_conn_with, wanted, Woke,
+};
 use crate::attached::{Errno, Look, Ready};
 use crate::fdtable::FdRef;
 use crate::interpose::guard;
@@ -53,19 +56,30 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
         return r.min(0);
     }
     let peek = flags & libc::MSG_PEEK != 0;
-    if flags & libc::MSG_TRUNC != 0 {
-        return discard(fd, st, conn, want, flags);
-    }
-    // The kernel ignores MSG_WAITALL together with MSG_PEEK only in the
-    // sense that a peek never consumes; a ring cannot wait for "more than
-    // is there" without consuming, so a peek returns what is available.
-    let waitall = flags & libc::MSG_WAITALL != 0 && !peek;
+    let trunc = flags & libc::MSG_TRUNC != 0;
+    let waitall = flags & libc::MSG_WAITALL != 0;
     // A blocking read returns once it has SO_RCVLOWAT bytes (or all it
     // asked for, with MSG_WAITALL), as TCP's.
     let lowat = conn.rcvlowat();
     let target = if waitall { want } else { lowat.min(want) };
     let nonblock = flags & libc::MSG_DONTWAIT != 0 || st.nonblocking();
     let timeout = st.rcvtimeo_ns();
+    if peek {
+        // TCP wakes a sleeping reader only once SO_RCVLOWAT bytes are
+        // unread, then returns when it has its target.
+        let need = target.max(lowat);
+        let mut look = || {
+            if trunc {
+                peek_count(conn, want)
+            } else {
+                conn.try_recv(bufs, true)
+            }
+        };
+        return peek_wait(fd, conn, &mut look, (target, need), nonblock, timeout);
+    }
+    if trunc {
+        return discard(fd, st, conn, want, flags);
+    }
     let deadline = deadline_after(timeout);
     let mut bufs = bufs;
     let mut got = 0usize;
@@ -79,7 +93,7 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
     // reads, `try_recv` looks. Not with SO_RCVLOWAT: readiness counts the
     // bytes a first read would have taken, and TCP's reader that took
     // them waits for the low mark to be met again by new bytes alone.
-    let plain_wait = !nonblock && !peek && lowat <= 1;
+    let plain_wait = !nonblock && lowat <= 1;
     let interest = Ready::READ | Ready::RDHUP;
     // What the wait's look read.
     let mut read: Option<Result<usize, Errno>> = None;
@@ -93,13 +107,13 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
                 Look::Empty => Err(Errno(libc::EAGAIN)),
                 Look::Unsure => conn.try_recv(bufs, false),
             },
-            None => conn.try_recv(bufs, peek),
+            None => conn.try_recv(bufs, false),
         };
         match res {
             Ok(0) => return got as ssize_t,
             Ok(n) => {
                 got += n;
-                if got >= target || peek {
+                if got >= target {
                     return got as ssize_t;
                 }
                 IoSliceMut::advance_slices(&mut bufs, n);
@@ -155,9 +169,108 @@ pub fn recv(fd: c_int, st: &FdRef, bufs: &mut [IoSliceMut<'_>], flags: c_int) ->
     }
 }
 
-/// recv with MSG_TRUNC on a stream: the bytes are taken (or, with
-/// MSG_PEEK, counted) without being copied, and the count returned, as
-/// TCP does; otherwise as `recv`.
+/// recv with MSG_PEEK: `look` copies (or, with MSG_TRUNC, counts) what
+/// is there and leaves it. A blocking peek with fewer than `target` bytes
+/// there waits (until `need` are, see `wait_conn_needing`) and looks
+/// again from the start, as TCP's goes on copying into the same buffer;
+/// it returns what it has at the end of the stream, an error or hang-up,
+/// a timeout or a signal (EAGAIN or EINTR when that is nothing).
+fn peek_wait(
+    fd: c_int,
+    conn: &dyn crate::attached::AttachedConn,
+    look: &mut dyn FnMut() -> Result<usize, Errno>,
+    (target, need): (usize, usize),
+    nonblock: bool,
+    timeout: u64,
+) -> ssize_t {
+    let deadline = deadline_after(timeout);
+    // The stream has ended (or failed, or hung up) after the bytes the
+    // last look saw: no more will come.
+    let mut ended = false;
+    // What the look before the last wait found, if that wait said ready.
+    let mut woken_at: Option<usize> = None;
+    loop {
+        let have = match look() {
+            // End of stream with nothing before it.
+            Ok(0) => return 0,
+            Ok(n) if n >= target || ended => return n as ssize_t,
+            Ok(n) => n,
+            Err(Errno(libc::EAGAIN)) => 0,
+            Err(Errno(e)) => return fail(e),
+        };
+        if nonblock {
+            return if have > 0 {
+                have as ssize_t
+            } else {
+                fail(libc::EAGAIN)
+            };
+        }
+        if have > 0 {
+            // Everything the peer sent before its end is there once the
+            // end is seen: one more look finds it all.
+            let end = Ready::RDHUP | Ready::HUP | Ready::ERR;
+            if conn
+                .readiness_for(Ready::READ | Ready::RDHUP)
+                .intersects(end)
+            {
+                ended = true;
+                continue;
+            }
+        }
+        // A wait that said ready and brought nothing the look could see
+        // would say so again at once: pause instead of spinning.
+        let stalled = woken_at.is_some_and(|was| have <= was);
+        let woke = if stalled {
+            pause(deadline)
+        } else {
+            wait_conn_needing(fd, conn, need, deadline)
+        };
+        if woke == Woke::Ready {
+            woken_at = Some(have);
+            continue;
+        }
+        // As TCP's, a wait that ends short copies what came meanwhile.
+        let last = match look() {
+            Err(Errno(libc::EAGAIN)) if have > 0 => Ok(have),
+            r => r,
+        };
+        match (woke, last) {
+            (_, Ok(n)) if n > 0 => return n as ssize_t,
+            (_, Ok(_)) => return 0,
+            (Woke::TimedOut, Err(Errno(libc::EAGAIN))) => return fail(libc::EAGAIN),
+            (Woke::Interrupted, Err(Errno(libc::EAGAIN))) => {
+                if !signals::restart_allowed(timeout != 0) {
+                    return fail(libc::EINTR);
+                }
+                woken_at = None;
+            }
+            (Woke::Failed(e), Err(Errno(libc::EAGAIN))) => return fail(e),
+            (_, Err(Errno(e))) => return fail(e),
+        }
+    }
+}
+
+/// A peek with MSG_TRUNC: the bytes there, up to `want`, counted without
+/// being copied; `try_recv` of one byte tells the end of the stream, an
+/// error or EAGAIN when there are none.
+fn peek_count(conn: &dyn crate::attached::AttachedConn, want: usize) -> Result<usize, Errno> {
+    match conn.available().min(want) {
+        0 => {
+            let mut one = [0u8; 1];
+            let n = conn.try_recv(&mut [IoSliceMut::new(&mut one)], true)?;
+            Ok(if n == 0 {
+                0
+            } else {
+                conn.available().clamp(n, want)
+            })
+        }
+        n => Ok(n),
+    }
+}
+
+/// recv with MSG_TRUNC (without MSG_PEEK) on a stream: the bytes are
+/// taken without being copied, and the count returned, as TCP does;
+/// otherwise as `recv`.
 fn discard(
     fd: c_int,
     st: &FdRef,
@@ -165,30 +278,22 @@ fn discard(
     want: usize,
     flags: c_int,
 ) -> ssize_t {
-    let peek = flags & libc::MSG_PEEK != 0;
     let mut scratch = vec![0u8; want.min(64 * 1024)];
     let mut got = 0usize;
     loop {
-        if peek {
-            let n = conn.available().min(want);
-            if n > 0 {
-                return n as ssize_t;
-            }
-        } else {
-            let chunk = (want - got).min(scratch.len());
-            match conn.try_recv(&mut [IoSliceMut::new(&mut scratch[..chunk])], false) {
-                Ok(0) => return got as ssize_t,
-                Ok(n) => {
-                    got += n;
-                    if got == want {
-                        return got as ssize_t;
-                    }
-                    continue;
+        let chunk = (want - got).min(scratch.len());
+        match conn.try_recv(&mut [IoSliceMut::new(&mut scratch[..chunk])], false) {
+            Ok(0) => return got as ssize_t,
+            Ok(n) => {
+                got += n;
+                if got == want {
+                    return got as ssize_t;
                 }
-                Err(Errno(libc::EAGAIN)) if got > 0 => return got as ssize_t,
-                Err(Errno(libc::EAGAIN)) => {}
-                Err(Errno(e)) => return if got > 0 { got as ssize_t } else { fail(e) },
+                continue;
             }
+            Err(Errno(libc::EAGAIN)) if got > 0 => return got as ssize_t,
+            Err(Errno(libc::EAGAIN)) => {}
+            Err(Errno(e)) => return if got > 0 { got as ssize_t } else { fail(e) },
         }
         let mut one = [0u8; 1];
         let r = recv(

@@ -337,8 +337,82 @@ pub fn wait_conn_with(
     if spin(conn.spin_looks(), 1, look) {
         return Woke::Ready;
     }
+    sleep_until(
+        fd,
+        conn,
+        interest,
+        deadline,
+        || conn.arm(interest).intersects(want),
+        || conn.readiness_for(interest).intersects(want),
+        false,
+    )
+}
+
+/// Waits until `need` bytes are readable on `conn` (or its stream ended,
+/// failed or hung up), the deadline passes, or a signal arrives: a peek
+/// for more than is there (`AttachedConn::arm_needing`).
+pub fn wait_conn_needing(
+    fd: i32,
+    conn: &dyn AttachedConn,
+    need: usize,
+    deadline: Option<u64>,
+) -> Woke {
+    let interest = Ready::READ | Ready::RDHUP;
+    let want = wanted(interest);
+    conn.flush();
+    if spin(conn.spin_looks(), 1, || {
+        conn.readiness_needing(need).intersects(want)
+    }) {
+        return Woke::Ready;
+    }
+    sleep_until(
+        fd,
+        conn,
+        interest,
+        deadline,
+        || conn.arm_needing(need).intersects(want),
+        || conn.readiness_needing(need).intersects(want),
+        true,
+    )
+}
+
+/// A wake that brought a reader no new byte and left it short of its need
+/// is followed by a pause this long before it arms again.
+const IDLE_WAKE_PAUSE_NS: u64 = 1_000_000;
+
+/// Sleeps `IDLE_WAKE_PAUSE_NS`, or until the deadline: `Ready` after it,
+/// `TimedOut` at the deadline, `Interrupted` by a signal.
+pub fn pause(deadline: Option<u64>) -> Woke {
+    let now = sys::monotonic_ns();
+    if deadline.is_some_and(|d| now >= d) {
+        return Woke::TimedOut;
+    }
+    let end = now.saturating_add(IDLE_WAKE_PAUSE_NS);
+    match sleep(&mut [], Some(deadline.map_or(end, |d| d.min(end))), None) {
+        Ok(_) => Woke::Ready,
+        Err(libc::EINTR) => Woke::Interrupted,
+        Err(e) => Woke::Failed(e),
+    }
+}
+
+/// The sleeping part of a wait: `arm` (true: the wait is over, no sleep),
+/// sleep on the connection's wait fds, disarm, `ready` (true: over), until
+/// the deadline. `counts_bytes`: a reader waiting for a number of bytes,
+/// whose wait fds may stay readable with fewer (the kernel socket under a
+/// connection off its ring): a wake that brought no byte pauses, so that
+/// such a wait never turns into a busy loop.
+fn sleep_until(
+    fd: i32,
+    conn: &dyn AttachedConn,
+    interest: Ready,
+    deadline: Option<u64>,
+    mut arm: impl FnMut() -> bool,
+    mut ready: impl FnMut() -> bool,
+    counts_bytes: bool,
+) -> Woke {
     loop {
-        if conn.arm(interest).intersects(want) {
+        let before = counts_bytes.then(|| conn.available());
+        if arm() {
             conn.disarm_after(interest, &[]);
             return Woke::Ready;
         }
@@ -375,12 +449,18 @@ pub fn wait_conn_with(
             Err(libc::EINTR) => return Woke::Interrupted,
             Err(e) => return Woke::Failed(e),
         }
-        if conn.readiness_for(interest).intersects(want) {
+        if ready() {
             return Woke::Ready;
         }
         if let Some(d) = deadline {
             if sys::monotonic_ns() >= d {
                 return Woke::TimedOut;
+            }
+        }
+        if matches!(r, Ok(k) if k > 0) && before.is_some_and(|b| conn.available() <= b) {
+            match pause(deadline) {
+                Woke::Ready | Woke::TimedOut => {}
+                other => return other,
             }
         }
     }

@@ -160,6 +160,15 @@ pub fn tcp_readiness(fd: RawFd, pending_error: c_int) -> Ready {
 /// far as the socket has bytes).
 pub fn recv_vec(fd: RawFd, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<usize, Errno> {
     let flags = if peek { libc::MSG_PEEK } else { 0 };
+    if peek && bufs.iter().filter(|b| !b.is_empty()).count() > 1 {
+        // Each peek starts at the head: several buffers get one gathered
+        // copy of what is queued (at least a byte's look, for EOF or the
+        // error), filled in turn.
+        let room: usize = bufs.iter().map(|b| b.len()).sum();
+        let mut whole = vec![0u8; fionread(fd).min(room).max(1)];
+        let n = sys_recv(fd, &mut whole, flags)?;
+        return Ok(scatter(&whole[..n], bufs, 0));
+    }
     let mut total = 0;
     for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
         match sys_recv(fd, b, flags) {
@@ -174,6 +183,26 @@ pub fn recv_vec(fd: RawFd, bufs: &mut [IoSliceMut<'_>], peek: bool) -> Result<us
         }
     }
     Ok(total)
+}
+
+/// Copies `data` into `bufs` in turn from byte `skip` of them on; returns
+/// the bytes copied.
+pub fn scatter(data: &[u8], bufs: &mut [IoSliceMut<'_>], mut skip: usize) -> usize {
+    let mut done = 0;
+    for b in bufs.iter_mut() {
+        if done == data.len() {
+            break;
+        }
+        if skip >= b.len() {
+            skip -= b.len();
+            continue;
+        }
+        let n = (b.len() - skip).min(data.len() - done);
+        b[skip..skip + n].copy_from_slice(&data[done..done + n]);
+        skip = 0;
+        done += n;
+    }
+    done
 }
 
 /// recv on the kernel socket of a connection that fell back to TCP or

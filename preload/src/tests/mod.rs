@@ -115,6 +115,48 @@ fn recv_send_peek_waitall_nonblock() {
 }
 
 #[test]
+fn peek_waitall_waits_for_the_length_and_takes_nothing() {
+    let (a, b) = pair(64);
+    let (fa, fb) = (ring_fd(a), ring_fd(b));
+    let peek_all = libc::MSG_PEEK | libc::MSG_WAITALL;
+    assert_eq!(write(fa, b"1234"), 4);
+    // Without waiting: what is there.
+    assert_eq!(
+        read(fb, 12, peek_all | libc::MSG_DONTWAIT),
+        (4, b"1234".to_vec())
+    );
+    // Blocking: each write leaves it short until the last.
+    let writer = std::thread::spawn(move || {
+        for part in [b"5678", b"9abc"] {
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(write(fa, part), 4);
+        }
+        fa
+    });
+    assert_eq!(read(fb, 12, peek_all), (12, b"123456789abc".to_vec()));
+    let fa = writer.join().unwrap();
+    assert_eq!(read(fb, 16, 0), (12, b"123456789abc".to_vec()));
+
+    // The end of the stream ends the wait with what there is.
+    assert_eq!(write(fa, b"xy"), 2);
+    let closer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(20));
+        // SAFETY: plain hook call on our fd.
+        assert_eq!(unsafe { sock::shutdown(fa, libc::SHUT_WR) }, 0);
+        fa
+    });
+    assert_eq!(read(fb, 12, peek_all), (2, b"xy".to_vec()));
+    let fa = closer.join().unwrap();
+    assert_eq!(read(fb, 12, 0), (2, b"xy".to_vec()));
+    assert_eq!(read(fb, 12, peek_all), (0, vec![]));
+    // SAFETY: closing our fds.
+    unsafe {
+        fdh::close(fa);
+        fdh::close(fb);
+    }
+}
+
+#[test]
 fn dup_shares_the_connection_and_close_releases_last() {
     let (a, _b) = pair(64);
     let fa = ring_fd(a.clone());

@@ -537,7 +537,7 @@ static void restart_peer(int l, int go) {
         char mode, g;
         if (recv(c, &mode, 1, MSG_WAITALL) != 1 || read(go, &g, 1) != 1)
             exit(2);
-        if (mode == 'r' && write_all(c, (const unsigned char *)"hello", 5) != 0)
+        if (mode != 's' && write_all(c, (const unsigned char *)"hello", 5) != 0)
             exit(2);
         static char sinkbuf[65536];
         while (recv(c, sinkbuf, sizeof sinkbuf, 0) > 0) {
@@ -579,7 +579,9 @@ static void restart_case(const char *name, int port, int go, char mode, int sig,
     pthread_t t;
     pthread_create(&t, NULL, kicker, &k);
     char buf[8];
-    ssize_t n = mode == 'r' ? recv(s, buf, 5, MSG_WAITALL) : send(s, "x", 1, 0);
+    ssize_t n = mode == 'r'   ? recv(s, buf, 5, MSG_WAITALL)
+                : mode == 'p' ? recv(s, buf, 5, MSG_PEEK | MSG_WAITALL)
+                              : send(s, "x", 1, 0);
     int e = n < 0 ? errno : 0;
     pthread_join(t, NULL);
     printf("%s: ret=%zd errno=%s hits=%d\n", name, n, e ? strerrorname_np(e) : "0",
@@ -615,6 +617,8 @@ static int restart(void) {
     restart_case("recv, SA_RESTART", port, p[1], 'r', SIGUSR1, 0);
     restart_case("recv, no SA_RESTART", port, p[1], 'r', SIGUSR2, 0);
     restart_case("recv with SO_RCVTIMEO, SA_RESTART", port, p[1], 'r', SIGUSR1, 1);
+    restart_case("peek, SA_RESTART", port, p[1], 'p', SIGUSR1, 0);
+    restart_case("peek, no SA_RESTART", port, p[1], 'p', SIGUSR2, 0);
     restart_case("send, SA_RESTART", port, p[1], 's', SIGUSR1, 0);
     restart_case("send, no SA_RESTART", port, p[1], 's', SIGUSR2, 0);
     kill(peer, SIGTERM);

@@ -65,12 +65,20 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         }
     }
 
+    fn readiness_needing(&self, need: usize) -> Ready {
+        self.readiness_needing_for(Ready::READ | Ready::RDHUP, need)
+    }
+
     fn spin_looks(&self) -> u32 {
         self.wire.spin_looks()
     }
 
     fn arm_waiter(&self, interest: Ready, level: bool) -> Ready {
-        self.arm_inner(interest, level)
+        self.arm_inner(interest, level, self.rcvlowat.load(Ordering::Relaxed))
+    }
+
+    fn arm_needing(&self, need: usize) -> Ready {
+        self.arm_inner(Ready::READ | Ready::RDHUP, true, need)
     }
 
     fn disarm_waiter(&self, interest: Ready, level: bool) {

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{RingConn, Wire, MODE_PENDING};
+use super::{RingConn, Wire, MODE_PENDING, MODE_TCP};
 use crate::attached::Ready;
 use crate::ring::sockio::poll_one;
 
@@ -15,6 +15,12 @@ impl<W: Wire> RingConn<W> {
     /// HUP once the sending side is shut; the sending side to writing
     /// interest, and on a wire that reaps completions on every look.
     pub(super) fn ring_readiness(&self, interest: Ready) -> Ready {
+        self.ring_readiness_needing(interest, self.rcvlowat.load(Ordering::Relaxed))
+    }
+
+    /// `ring_readiness` for a reader that needs `need` bytes (SO_RCVLOWAT,
+    /// or a peek for more than is there): readable from `need` bytes on.
+    pub(super) fn ring_readiness_needing(&self, interest: Ready, need: usize) -> Ready {
         if self.wire_failed.load(Ordering::Relaxed) {
             // The next send or receive leaves the ring (`lose_wire`).
             return Ready(interest.0 & (Ready::IN.0 | Ready::OUT.0));
@@ -30,8 +36,7 @@ impl<W: Wire> RingConn<W> {
             let mut rx = self.rx.lock();
             match rx.as_mut() {
                 Some(rx) => {
-                    let lowat = self.rcvlowat.load(Ordering::Relaxed);
-                    if lowat <= 1 {
+                    if need <= 1 {
                         match rx.readable() {
                             // The ring holds no record, so no end-of-stream
                             // mark either: this look at the tail is the
@@ -49,7 +54,7 @@ impl<W: Wire> RingConn<W> {
                             ),
                         }
                     } else {
-                        let data = rx.available().map_or(true, |n| n >= lowat);
+                        let data = rx.available().map_or(true, |n| n >= need);
                         (data, rx.eos_published().unwrap_or(true))
                     }
                 }
@@ -111,6 +116,14 @@ impl<W: Wire> RingConn<W> {
             }
         }
         r
+    }
+
+    /// `readiness_for(interest)` for a reader that needs `need` bytes.
+    pub(super) fn readiness_needing_for(&self, interest: Ready, need: usize) -> Ready {
+        match self.settle() {
+            MODE_TCP => self.tcp_readiness_needing(need),
+            _ => self.ring_readiness_needing(interest, need),
+        }
     }
 
     /// `event_seq` from the ring ends themselves, where the wire keeps no

@@ -114,7 +114,22 @@ impl<W: Wire> RingConn<W> {
         let mut total = 0;
         let mut outcome = None;
         let mut eof = false;
-        for b in bufs.iter_mut().filter(|b| !b.is_empty()) {
+        let gathered = peek && bufs.iter().filter(|b| !b.is_empty()).count() > 1;
+        if gathered {
+            // A peek looks from the head every time: into several buffers
+            // it goes through one gathered copy (no larger than the ring),
+            // which fills them in turn as TCP's peek does.
+            let room: usize = bufs.iter().map(|b| b.len()).sum();
+            let ring = rx.config().slots as usize * rx.config().slot_size as usize;
+            let mut whole = vec![0u8; room.min(ring)];
+            match rx.peek(&mut whole) {
+                Ok(0) => eof = true,
+                Ok(n) => total = sockio::scatter(&whole[..n], bufs, 0),
+                Err(RingError::WouldBlock) => {}
+                Err(e) => outcome = Some(e),
+            }
+        }
+        for b in bufs.iter_mut().filter(|b| !b.is_empty() && !gathered) {
             let r = if peek { rx.peek(b) } else { rx.read(b) };
             match r {
                 Ok(0) => {

@@ -92,6 +92,18 @@ impl<W: Wire> RingConn<W> {
                 }
                 if !peek {
                     spill.drain(..total);
+                    return Ok(total);
+                }
+                // A peek sees the socket's bytes after the ring's, as one
+                // stream: one that waits for more than the ring left must
+                // find them.
+                let room = bufs.iter().map(|b| b.len()).sum::<usize>() - total;
+                let queued = sockio::fionread(self.tcp_fd()).min(room);
+                if total == spill.len() && queued > 0 && self.leaving_settled() {
+                    let mut more = vec![0u8; queued];
+                    if let Ok(n) = sockio::sys_recv(self.tcp_fd(), &mut more, libc::MSG_PEEK) {
+                        total += sockio::scatter(&more[..n], bufs, total);
+                    }
                 }
                 return Ok(total);
             }
@@ -147,6 +159,18 @@ impl<W: Wire> RingConn<W> {
             r = r | Ready::IN;
         }
         r
+    }
+
+    /// `tcp_readiness` for a reader that needs `need` bytes, those the
+    /// ring left included: readable from that many on, or at the end.
+    pub(super) fn tcp_readiness_needing(&self, need: usize) -> Ready {
+        let r = self.tcp_readiness();
+        let end = Ready::RDHUP | Ready::HUP | Ready::ERR;
+        if need <= 1 || r.intersects(end) || self.tcp_available() >= need {
+            r
+        } else {
+            Ready(r.0 & !Ready::IN.0)
+        }
     }
 
     pub(super) fn tcp_wait_fds(&self, interest: Ready) -> WaitFds {

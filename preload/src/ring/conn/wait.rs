@@ -9,7 +9,11 @@ use crate::attached::{AttachedConn, Ready};
 use crate::ring::sockio::lock;
 
 impl<W: Wire> RingConn<W> {
-    pub(super) fn arm_inner(&self, interest: Ready, level: bool) -> Ready {
+    /// Arms a waiter for `interest`; a reader among them needs `need`
+    /// bytes (SO_RCVLOWAT, a peek for more than is there): fewer bytes in
+    /// the ring still let it sleep, and the peer's next tail wakes it.
+    /// Returns the readiness seen after arming, for that need.
+    pub(super) fn arm_inner(&self, interest: Ready, level: bool, need: usize) -> Ready {
         if !level && self.forked.load(Ordering::Acquire) {
             // An epoll set looks at the kernel socket whenever it fires in
             // its private set (`socket_fired`), so an edge arm need not.
@@ -24,7 +28,7 @@ impl<W: Wire> RingConn<W> {
             if level {
                 lock(&self.waiters).level += 1;
             }
-            return self.tcp_readiness();
+            return self.tcp_readiness_needing(need);
         }
         let mut w = lock(&self.waiters);
         W::before_arm(self, &w);
@@ -44,7 +48,7 @@ impl<W: Wire> RingConn<W> {
             w.rx += 1;
             if !gone {
                 if let Some(rx) = self.rx.lock().as_mut() {
-                    let _ = rx.prepare_wait();
+                    let _ = rx.prepare_wait_for(need);
                 }
             }
         }
@@ -58,7 +62,7 @@ impl<W: Wire> RingConn<W> {
         }
         drop(w);
         self.settle_words();
-        self.readiness_for(interest)
+        self.readiness_needing_for(interest, need)
     }
 
     /// `rung`: a doorbell may have rung (else there is nothing to drain);

@@ -272,3 +272,107 @@ fn a_late_use_of_a_released_sockets_number_reaches_no_other_socket() {
     new.client_sock.read_exact(&mut got).expect("client read");
     assert_eq!(&got, b"pong");
 }
+
+/// Polls the waiter's fds of `c` for `interest` up to `ms`; true when one
+/// of them woke.
+fn woken(c: &ShmConn, interest: Ready, ms: i32) -> (bool, Vec<libc::pollfd>) {
+    let mut pfds: Vec<libc::pollfd> = c
+        .wait_fds(c.tcp_fd(), interest)
+        .into_iter()
+        .flatten()
+        .map(|w| libc::pollfd {
+            fd: w.fd,
+            events: w.events,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: a valid pollfd array of its length; bounded timeout.
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    (n > 0, pfds)
+}
+
+/// A reader that needs more bytes than the ring holds (a peek with
+/// MSG_WAITALL, SO_RCVLOWAT) arms with bytes in the ring: the peer's next
+/// send rings its doorbell, though a plain arm would ask for nothing.
+#[test]
+fn a_reader_needing_more_than_the_ring_holds_is_rung_by_the_next_send() {
+    let p = pair();
+    send(&p.client, b"hello");
+    assert_eq!(p.client.settle(), MODE_RING);
+    assert_eq!(recv(&p.server, 64), Ok(b"hello".to_vec()));
+    let interest = Ready::READ | Ready::RDHUP;
+    send(&p.server, b"ab");
+    assert_eq!(p.client.available(), 2);
+    assert!(!p.client.readiness_needing(4).intersects(Ready::IN));
+    assert!(!p.client.arm_needing(4).intersects(Ready::IN));
+    assert!(!woken(&p.client, interest, 50).0, "rung with 2 of 4 bytes");
+    send(&p.server, b"c");
+    let (rung, pfds) = woken(&p.client, interest, 2000);
+    assert!(rung, "the third byte rang nobody");
+    p.client.disarm_after(interest, &pfds);
+    // Still short: armed again, the fourth byte rings again.
+    assert!(!p.client.arm_needing(4).intersects(Ready::IN));
+    send(&p.server, b"d");
+    let (rung, pfds) = woken(&p.client, interest, 2000);
+    assert!(rung, "the fourth byte rang nobody");
+    p.client.disarm_after(interest, &pfds);
+    assert!(p.client.readiness_needing(4).intersects(Ready::IN));
+
+    // A peek into several buffers fills them in turn; nothing is taken.
+    let (mut a, mut b, mut c) = ([0u8; 1], [0u8; 2], [0u8; 8]);
+    let mut bufs = [
+        IoSliceMut::new(&mut a),
+        IoSliceMut::new(&mut b),
+        IoSliceMut::new(&mut c),
+    ];
+    assert_eq!(p.client.try_recv(&mut bufs, true), Ok(4));
+    assert_eq!((&a, &b, &c[..1]), (b"a", b"bc", &b"d"[..]));
+    assert_eq!(recv(&p.client, 64), Ok(b"abcd".to_vec()));
+    p.client.release(-1, ReleaseKind::Owner);
+    p.server.release(-1, ReleaseKind::Owner);
+}
+
+/// After a leave, bytes the ring held stay readable ahead of the kernel
+/// socket's: a peek sees both as one stream, so that a peek that waits
+/// for more than the ring left finds the rest, and a reader that needs
+/// them is told they are there.
+#[test]
+fn a_peek_after_a_leave_sees_the_rings_bytes_then_the_sockets() {
+    let p = pair();
+    send(&p.client, b"hello");
+    assert_eq!(p.client.settle(), MODE_RING);
+    assert_eq!(recv(&p.server, 64), Ok(b"hello".to_vec()));
+    send(&p.server, b"ab");
+    assert_eq!(p.client.available(), 2);
+    let client = p.client.clone();
+    let leaver = std::thread::spawn(move || client.leave_ring(false));
+    while !leaver.is_finished() {
+        p.server.check_socket();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(leaver.join().unwrap(), "the leave did not complete");
+    send(&p.server, b"cd");
+    let mut buf = [0u8; 8];
+    for _ in 0..2000 {
+        if p.client.readiness_needing(4).intersects(Ready::IN) {
+            break;
+        }
+        // The server learns of the leave from its socket: it takes back
+        // what it wrote into the ring since and sends it there.
+        p.server.check_socket();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert!(p.client.readiness_needing(4).intersects(Ready::IN));
+    let got = p.client.try_recv(&mut [IoSliceMut::new(&mut buf)], true);
+    assert_eq!((got, &buf[..4]), (Ok(4), &b"abcd"[..]));
+    let (mut a, mut b) = ([0u8; 3], [0u8; 3]);
+    let got = p.client.try_recv(
+        &mut [IoSliceMut::new(&mut a), IoSliceMut::new(&mut b)],
+        true,
+    );
+    assert_eq!((got, &a, &b[..1]), (Ok(4), b"abc", &b"d"[..]));
+    assert_eq!(recv(&p.client, 64), Ok(b"ab".to_vec()));
+    assert_eq!(recv(&p.client, 64), Ok(b"cd".to_vec()));
+    p.client.release(-1, ReleaseKind::Owner);
+    p.server.release(-1, ReleaseKind::Owner);
+}
