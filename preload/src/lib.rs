@@ -20,7 +20,8 @@
 //!   interposed functions the shim calls itself), `interpose` (finding the
 //!   next definition, the re-entrancy guard), `config` (the knobs), `log`,
 //!   `fdspace` (the shim's descriptors at high numbers), `signals` (EINTR
-//!   restarts), `process` (pid, fork generation), `sys` (raw syscalls).
+//!   restarts), `plock` (a lock for process-wide state that survives
+//!   fork), `process` (pid, fork generation), `sys` (raw syscalls).
 
 pub mod attached;
 pub mod config;
@@ -32,6 +33,7 @@ mod interpose;
 pub mod keymap;
 pub mod lifecycle;
 pub mod log;
+mod plock;
 pub mod process;
 pub mod real;
 pub mod ring;

@@ -7,7 +7,7 @@
 use libc::c_int;
 
 use crate::fdtable;
-use crate::ring::plock::PLock;
+use crate::plock::PLock;
 
 /// (file-actions object's address, dup2 source) pairs.
 static DUP2: PLock<Vec<(usize, c_int)>> = PLock::new(Vec::new(), Vec::new);

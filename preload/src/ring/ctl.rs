@@ -22,7 +22,7 @@ use std::time::Duration;
 use ringsock_proto::offers::{self, Table};
 use ringsock_proto::{Client, Fds, Msg};
 
-use super::plock::{PGuard, PLock};
+use crate::plock::{PGuard, PLock};
 use crate::{config, process, sys};
 
 /// Pause between attempts to reach an absent daemon.

@@ -10,7 +10,7 @@
 
 use std::net::IpAddr;
 
-use super::plock::PLock;
+use crate::plock::PLock;
 use crate::sys;
 
 const REFRESH_NS: u64 = 1_000_000_000;

@@ -23,7 +23,6 @@
 //! * `policy` — which destinations' connections are short, and go over
 //!   plain TCP instead;
 //! * `msgstart` — which sends start a message and go out unbatched;
-//! * `plock` — a lock that survives fork;
 //! * `local` — which destinations are on this host (only those get
 //!   shared-memory rings).
 
@@ -32,7 +31,6 @@ mod conn;
 mod ctl;
 mod local;
 mod msgstart;
-pub(crate) mod plock;
 mod policy;
 #[cfg(feature = "verbs")]
 mod rdma;

@@ -27,9 +27,9 @@
 use std::net::SocketAddr;
 use std::os::fd::RawFd;
 
-use super::plock::PLock;
 use crate::attached::TcpReason;
 use crate::keymap::KeyMap;
+use crate::plock::PLock;
 use crate::{config, sys};
 
 /// A connection closed within this of its connect is short; 0: none is.

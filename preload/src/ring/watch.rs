@@ -15,8 +15,8 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
-use super::plock::PLock;
 use super::tracked::Tracked;
+use crate::plock::PLock;
 use crate::process;
 
 /// The epoll fd and the pid it belongs to.

@@ -35,6 +35,7 @@ const LAYERS: &[&str] = &[
     "log",
     "fdspace",
     "signals",
+    "plock",
     "process",
     "sys",
     "keymap",

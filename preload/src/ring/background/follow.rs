@@ -9,9 +9,9 @@ use std::sync::{Arc, Weak};
 use ringsock_proto::Msg;
 
 use super::{ensure_thread, wake, COLLECT_AFTER_NS};
+use crate::plock::PLock;
 use crate::process;
 use crate::ring::ctl;
-use crate::ring::plock::PLock;
 use crate::ring::tracked::Tracked;
 
 static PENDING: PLock<Vec<Weak<dyn Tracked>>> = PLock::new(Vec::new(), Vec::new);

@@ -26,9 +26,9 @@ use std::sync::Arc;
 use ringsock_ring::sleep::park::WorkerPark;
 
 use super::ctl;
-use super::plock::PLock;
 use super::tracked::Tracked;
 use crate::interpose::guard;
+use crate::plock::PLock;
 use crate::{process, sys};
 
 mod follow;

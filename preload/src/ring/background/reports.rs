@@ -15,8 +15,8 @@ use ringsock_proto::{Msg, Transport};
 use super::{ensure_thread, wake};
 use crate::attached::TcpReason;
 use crate::interpose::guard;
+use crate::plock::PLock;
 use crate::ring::ctl;
-use crate::ring::plock::PLock;
 use crate::ring::tracked::Tracked;
 use crate::{process, sockaddr, sys};
 
