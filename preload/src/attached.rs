@@ -329,6 +329,13 @@ pub trait AttachedConn: Send + Sync {
     fn leave_ring(&self, _hand_over: bool) -> bool {
         false
     }
+
+    /// Whether `fd` refers to this connection's kernel socket (asked where
+    /// the table may not follow the process's descriptors: a vfork child).
+    /// Yes unless the connection can tell otherwise.
+    fn holds_socket_at(&self, _fd: RawFd) -> bool {
+        true
+    }
 }
 
 /// Why a tracked socket stays on kernel TCP (shown by `ringsock-ctl status`).

@@ -242,10 +242,28 @@ pub fn leave_before_exec() {
     if fdtable::rings_alive() == 0 {
         return;
     }
+    let shared = !process::owns_memory();
     let survivors: Vec<c_int> = (0..fdtable::capacity() as i32)
-        .filter(|&fd| fdtable::attached(fd).is_some() && !crate::sys::cloexec(fd))
+        .filter(|&fd| {
+            fdtable::attached(fd)
+                .as_ref()
+                .and_then(|r| r.conn())
+                .is_some_and(|c| survives_exec(fd, c, shared))
+        })
         .collect();
     leave_rings(&survivors);
+}
+
+/// Whether the exec'd image finds connection `c` at `fd`: the number is
+/// open without FD_CLOEXEC and, in a child that shares our memory (whose
+/// descriptors the table does not follow: python's subprocess closes
+/// every number in a vfork child, then dup2s pipes onto 0-2), it still
+/// holds the connection's socket. A number closed there is no survivor.
+fn survives_exec(fd: c_int, c: &dyn attached::AttachedConn, shared: bool) -> bool {
+    match crate::sys::fcntl(fd, libc::F_GETFD, 0) {
+        Ok(flags) if flags & libc::FD_CLOEXEC == 0 => !shared || c.holds_socket_at(fd),
+        _ => false,
+    }
 }
 
 /// Before the process puts itself under a seccomp filter (hooks/seccomp.rs):

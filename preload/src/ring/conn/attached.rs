@@ -171,6 +171,15 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         self.release_end(kind);
     }
 
+    fn holds_socket_at(&self, fd: RawFd) -> bool {
+        // Only what surely is another socket says no: not a socket, or one
+        // bound or connected to other ports (the recorded addresses may be
+        // the wildcard or the destination the program named, never the
+        // ports; a reset socket has no peer name).
+        let port = |peer| crate::sockaddr::query(fd, peer).map(|a| a.port());
+        port(false) == Some(self.local.port()) && port(true).is_none_or(|p| p == self.peer.port())
+    }
+
     fn leave_ring(&self, hand_over: bool) -> bool {
         self.leave(hand_over);
         if self.mode() != MODE_TCP {

@@ -1,0 +1,63 @@
+"""A ring connection across python's subprocess calls. subprocess runs
+its child with vfork (sharing our memory), closes every number above 2
+there (close_fds) and dup2s pipes onto 0-2, then execs. The connection's
+number is closed (or CLOEXEC) in that child, so the exec'd image never
+gets the socket and the connection must stay on its ring; one passed
+with pass_fds does reach the image and must leave the ring, exactly.
+
+Prints, per step, the bytes the client's kernel socket received during
+that step's 64 KiB echo (0 while on the ring) and whether the echo came
+back intact.
+
+    subprocess_rings.py
+"""
+
+import os
+import socket
+import struct
+import subprocess
+
+N = 64 << 10
+
+
+def kernel_bytes(s):
+    # tcpi_bytes_received, at byte 128 of struct tcp_info (Linux >= 4.1).
+    info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+    return struct.unpack_from("Q", info, 128)[0]
+
+
+def echo(s, tag):
+    data = os.urandom(N)
+    before = kernel_bytes(s)
+    s.sendall(data)
+    back = b""
+    while len(back) < N:
+        d = s.recv(N - len(back))
+        if not d:
+            break
+        back += d
+    print(tag, "kernel", kernel_bytes(s) - before, "intact", back == data, flush=True)
+
+
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(1)
+pid = os.fork()
+if pid == 0:
+    c, _ = ls.accept()
+    while d := c.recv(65536):
+        c.sendall(d)
+    os._exit(0)
+s = socket.create_connection(ls.getsockname())
+ls.close()
+echo(s, "first")
+subprocess.run(["true"], check=True)
+echo(s, "close_fds")
+subprocess.run(["cat"], input=b"x", stdout=subprocess.PIPE, check=True)
+echo(s, "pipes")
+subprocess.run(["true"], close_fds=False, check=True)
+echo(s, "cloexec")
+subprocess.run(["true"], pass_fds=(s.fileno(),), check=True)
+echo(s, "passed")
+s.close()
+os.waitpid(pid, 0)

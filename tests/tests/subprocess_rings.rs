@@ -1,0 +1,38 @@
+//! python's subprocess runs its child with vfork, closes the numbers
+//! above 2 there and execs: the exec hook in that child must not take the
+//! parent's ring connections off their rings for numbers the new image
+//! never gets (closed or CLOEXEC there), and must for one it does get
+//! (pass_fds). Whether a step ran on the ring is read from TCP_INFO: the
+//! kernel socket carries none of the echo's bytes while it does
+//! (tests/scripts/subprocess_rings.py).
+
+use std::time::Duration;
+
+use ringsock_integration::{assert_shim_silent, require, Ctl};
+
+mod common;
+use common::{field, script};
+
+#[test]
+fn subprocess_children_leave_the_rings_they_do_not_get() {
+    require!("python3");
+    let ctl = Ctl::start();
+    let (out, err) = ctl
+        .shimmed("python3")
+        .arg(script("subprocess_rings.py"))
+        .spawn()
+        .wait_ok(Duration::from_secs(60));
+    assert_shim_silent("subprocess_rings.py", &err);
+    for step in ["first", "close_fds", "pipes", "cloexec"] {
+        assert_eq!(
+            field(&out, step),
+            ["kernel", "0", "intact", "True"],
+            "{step}:\n{out}"
+        );
+    }
+    // The passed number reached the exec'd image: the connection left its
+    // ring for the kernel socket, which then carried the echo.
+    let passed = field(&out, "passed");
+    assert_eq!(passed[2..], ["intact", "True"], "{out}");
+    assert!(passed[1].parse::<u64>().unwrap() >= 64 << 10, "{out}");
+}
