@@ -17,6 +17,7 @@ use crate::interpose::guard;
 use crate::{process, sockaddr};
 
 pub mod defer_accept;
+mod survivors;
 
 /// True for the sockets a ring could carry.
 pub fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
@@ -237,33 +238,13 @@ pub fn leave_rings(fds: &[c_int]) {
 /// Before an exec: every ring connection with a descriptor that survives
 /// it (no FD_CLOEXEC) leaves the ring, since the new image finds a plain
 /// kernel socket there. A vfork child leaves on its parent's behalf: the
-/// two share the connections' memory and kernel sockets.
+/// two share the connections' memory and kernel sockets
+/// (`survivors::at_exec` reads such a child's own descriptors).
 pub fn leave_before_exec() {
     if fdtable::rings_alive() == 0 {
         return;
     }
-    let shared = !process::owns_memory();
-    let survivors: Vec<c_int> = (0..fdtable::capacity() as i32)
-        .filter(|&fd| {
-            fdtable::attached(fd)
-                .as_ref()
-                .and_then(|r| r.conn())
-                .is_some_and(|c| survives_exec(fd, c, shared))
-        })
-        .collect();
-    leave_rings(&survivors);
-}
-
-/// Whether the exec'd image finds connection `c` at `fd`: the number is
-/// open without FD_CLOEXEC and, in a child that shares our memory (whose
-/// descriptors the table does not follow: python's subprocess closes
-/// every number in a vfork child, then dup2s pipes onto 0-2), it still
-/// holds the connection's socket. A number closed there is no survivor.
-fn survives_exec(fd: c_int, c: &dyn attached::AttachedConn, shared: bool) -> bool {
-    match crate::sys::fcntl(fd, libc::F_GETFD, 0) {
-        Ok(flags) if flags & libc::FD_CLOEXEC == 0 => !shared || c.holds_socket_at(fd),
-        _ => false,
-    }
+    leave_rings(&survivors::at_exec(!process::owns_memory()));
 }
 
 /// Before the process puts itself under a seccomp filter (hooks/seccomp.rs):

@@ -2,7 +2,7 @@
 //! above 2 there and execs: the exec hook in that child must not take the
 //! parent's ring connections off their rings for numbers the new image
 //! never gets (closed or CLOEXEC there), and must for one it does get
-//! (pass_fds). Whether a step ran on the ring is read from TCP_INFO: the
+//! (pass_fds, or dup2'd onto the child's stdin and stdout). Whether a step ran on the ring is read from TCP_INFO: the
 //! kernel socket carries none of the echo's bytes while it does
 //! (tests/scripts/subprocess_rings.py).
 
@@ -20,6 +20,9 @@ fn subprocess_children_leave_the_rings_they_do_not_get() {
     let (out, err) = ctl
         .shimmed("python3")
         .arg(script("subprocess_rings.py"))
+        // Every connection on a ring, however short (the policy is not
+        // what this tests).
+        .env("RINGSOCK_SHORT_MS", "0")
         .spawn()
         .wait_ok(Duration::from_secs(60));
     assert_shim_silent("subprocess_rings.py", &err);
@@ -35,4 +38,15 @@ fn subprocess_children_leave_the_rings_they_do_not_get() {
     let passed = field(&out, "passed");
     assert_eq!(passed[2..], ["intact", "True"], "{out}");
     assert!(passed[1].parse::<u64>().unwrap() >= 64 << 10, "{out}");
+    // Given as stdin and stdout (dup2 onto 0 and 1 in the vfork child),
+    // the connection leaves its ring and the child talks on it.
+    for step in ["stdin_close_fds", "stdin_keep_fds"] {
+        let before = format!("{step}_before");
+        assert_eq!(
+            field(&out, &before),
+            ["kernel", "0", "intact", "True"],
+            "{out}"
+        );
+        assert_eq!(field(&out, step), ["got:hello"], "{out}");
+    }
 }

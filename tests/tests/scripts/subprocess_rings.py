@@ -3,7 +3,8 @@ its child with vfork (sharing our memory), closes every number above 2
 there (close_fds) and dup2s pipes onto 0-2, then execs. The connection's
 number is closed (or CLOEXEC) in that child, so the exec'd image never
 gets the socket and the connection must stay on its ring; one passed
-with pass_fds does reach the image and must leave the ring, exactly.
+with pass_fds, or given as the child's stdin and stdout, does reach the
+image and must leave the ring, exactly.
 
 Prints, per step, the bytes the client's kernel socket received during
 that step's 64 KiB echo (0 while on the ring) and whether the echo came
@@ -39,17 +40,39 @@ def echo(s, tag):
     print(tag, "kernel", kernel_bytes(s) - before, "intact", back == data, flush=True)
 
 
+def handed(cmd, tag, **kw):
+    """A fresh connection given to a child as its stdin and stdout: the
+    child reads the echo of our line and writes its answer, whose echo we
+    read once it exited."""
+    c = socket.create_connection(ls.getsockname())
+    echo(c, tag + "_before")
+    c.sendall(b"hello\n")
+    subprocess.run(cmd, stdin=c, stdout=c, timeout=10, check=True, **kw)
+    back = b""
+    while not back.endswith(b"\n"):
+        d = c.recv(100)
+        if not d:
+            break
+        back += d
+    print(tag, back.decode().strip(), flush=True)
+    c.close()
+
+
 ls = socket.socket()
 ls.bind(("127.0.0.1", 0))
-ls.listen(1)
+ls.listen(8)
 pid = os.fork()
 if pid == 0:
-    c, _ = ls.accept()
-    while d := c.recv(65536):
-        c.sendall(d)
-    os._exit(0)
+    import threading
+
+    def serve(c):
+        while d := c.recv(65536):
+            c.sendall(d)
+
+    while True:
+        c, _ = ls.accept()
+        threading.Thread(target=serve, args=(c,), daemon=True).start()
 s = socket.create_connection(ls.getsockname())
-ls.close()
 echo(s, "first")
 subprocess.run(["true"], check=True)
 echo(s, "close_fds")
@@ -60,4 +83,10 @@ echo(s, "cloexec")
 subprocess.run(["true"], pass_fds=(s.fileno(),), check=True)
 echo(s, "passed")
 s.close()
+# The connection reaches the image through numbers 0 and 1 only: the
+# first number is closed in the child (close_fds) or CLOEXEC.
+answer = ["sh", "-c", "read x; echo got:$x"]
+handed(answer, "stdin_close_fds")
+handed(answer, "stdin_keep_fds", close_fds=False)
+os.kill(pid, 9)
 os.waitpid(pid, 0)

@@ -1,0 +1,114 @@
+//! Which ring connections an exec hands to the new image: those a
+//! descriptor without FD_CLOEXEC holds when the exec happens.
+//!
+//! In a process that owns its memory the table follows every descriptor,
+//! so its numbers say it. A child that shares our memory (vfork, as
+//! python's subprocess and posix_spawn use) has descriptors of its own
+//! that the table does not follow: it dup2s a connection onto 0 and 1
+//! (`stdin=conn`) and closes the first number, or closes every number. Its
+//! open descriptors are read from /proc/self/fd and matched to the
+//! table's connections by their sockets' ports.
+
+use libc::c_int;
+
+use crate::fdtable;
+
+/// The table's numbers whose connections the exec'd image gets.
+pub fn at_exec(shared: bool) -> Vec<c_int> {
+    let table: Vec<c_int> = (0..fdtable::capacity() as i32)
+        .filter(|&fd| fdtable::attached(fd).is_some())
+        .collect();
+    if !shared {
+        return table.into_iter().filter(|&fd| inherited(fd)).collect();
+    }
+    let mut held = vec![false; table.len()];
+    let listed = each_open_fd(|fd| {
+        if !inherited(fd) || listening(fd) {
+            return;
+        }
+        for (i, &t) in table.iter().enumerate() {
+            if !held[i] {
+                let r = fdtable::attached(t);
+                held[i] = r
+                    .as_ref()
+                    .and_then(|r| r.conn())
+                    .is_some_and(|c| c.holds_socket_at(fd));
+            }
+        }
+    });
+    if !listed {
+        // No /proc: every connection may be there.
+        return table;
+    }
+    table
+        .into_iter()
+        .zip(held)
+        .filter_map(|(fd, h)| h.then_some(fd))
+        .collect()
+}
+
+/// Whether `fd` is open without FD_CLOEXEC.
+fn inherited(fd: c_int) -> bool {
+    crate::sys::fcntl(fd, libc::F_GETFD, 0).is_ok_and(|f| f & libc::FD_CLOEXEC == 0)
+}
+
+/// Whether `fd` is a listening socket (it shares its port with the
+/// connections it accepted, and is none of them).
+fn listening(fd: c_int) -> bool {
+    crate::sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ACCEPTCONN).is_some_and(|on| on != 0)
+}
+
+/// Calls `f` with each descriptor open in this process (from
+/// /proc/self/fd, read with raw system calls into a stack buffer); false
+/// when the directory cannot be read.
+fn each_open_fd(mut f: impl FnMut(c_int)) -> bool {
+    // SAFETY: a NUL-terminated path; the result is checked.
+    let dir = unsafe {
+        crate::sys::sys_call!(
+            libc::SYS_openat,
+            libc::AT_FDCWD,
+            c"/proc/self/fd".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    } as c_int;
+    if dir < 0 {
+        return false;
+    }
+    let mut buf = [0u8; 4096];
+    let mut ok = true;
+    loop {
+        // SAFETY: buf is ours and its length is given.
+        let n = unsafe {
+            crate::sys::sys_call!(libc::SYS_getdents64, dir, buf.as_mut_ptr(), buf.len())
+        };
+        if n < 0 {
+            ok = false;
+            break;
+        }
+        if n == 0 {
+            break;
+        }
+        let mut off = 0usize;
+        while off + 19 < n as usize {
+            // struct linux_dirent64: d_ino u64, d_off i64, d_reclen u16,
+            // d_type u8, then the NUL-terminated name.
+            let reclen = u16::from_ne_bytes([buf[off + 16], buf[off + 17]]) as usize;
+            if reclen == 0 {
+                break;
+            }
+            let name = &buf[off + 19..(off + reclen).min(n as usize)];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            if let Some(fd) = std::str::from_utf8(name)
+                .ok()
+                .and_then(|s| s.parse::<c_int>().ok())
+            {
+                if fd != dir {
+                    f(fd);
+                }
+            }
+            off += reclen;
+        }
+    }
+    crate::sys::close(dir);
+    ok
+}
