@@ -247,6 +247,20 @@ pub fn leave_before_exec() {
     leave_rings(&survivors::at_exec(!process::owns_memory()));
 }
 
+/// Before posix_spawn: the connections the child gets once its file
+/// `actions` ran leave the ring, as before an exec.
+///
+/// # Safety
+/// `actions` is null or glibc's initialized file actions.
+pub unsafe fn leave_before_spawn(actions: *const libc::posix_spawn_file_actions_t) {
+    if fdtable::rings_alive() == 0 || !process::owns_memory() {
+        leave_before_exec();
+        return;
+    }
+    // SAFETY: per our caller.
+    leave_rings(&unsafe { survivors::at_spawn(actions) });
+}
+
 /// Before the process puts itself under a seccomp filter (hooks/seccomp.rs):
 /// every ring connection leaves its ring as before an exec, whatever its
 /// descriptor's FD_CLOEXEC (one that cannot, exactly, is reset: a peer

@@ -2,7 +2,8 @@
 //! above 2 there and execs: the exec hook in that child must not take the
 //! parent's ring connections off their rings for numbers the new image
 //! never gets (closed or CLOEXEC there), and must for one it does get
-//! (pass_fds, or dup2'd onto the child's stdin and stdout). Whether a step ran on the ring is read from TCP_INFO: the
+//! (pass_fds, dup2'd onto the child's stdin and stdout, or by
+//! posix_spawn's file actions). Whether a step ran on the ring is read from TCP_INFO: the
 //! kernel socket carries none of the echo's bytes while it does
 //! (tests/scripts/subprocess_rings.py).
 
@@ -49,4 +50,17 @@ fn subprocess_children_leave_the_rings_they_do_not_get() {
         );
         assert_eq!(field(&out, step), ["got:hello"], "{out}");
     }
+    // posix_spawn: a dup2 file action passes the connection, a close
+    // action of its only inherited number keeps it from the child.
+    assert_eq!(
+        field(&out, "spawn_dup2_before"),
+        ["kernel", "0", "intact", "True"],
+        "{out}"
+    );
+    assert_eq!(field(&out, "spawn_dup2"), ["got:hello"], "{out}");
+    assert_eq!(
+        field(&out, "spawn_closed"),
+        ["kernel", "0", "intact", "True"],
+        "{out}"
+    );
 }

@@ -89,7 +89,8 @@ hooks! {
     fn posix_spawn(pid: *mut pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: Argv, envp: Argv) -> c_int;
         fallback(libc::ENOSYS)
     {
-        lifecycle::leave_before_exec();
+        // SAFETY: the caller's file actions, as posix_spawn requires.
+        unsafe { lifecycle::leave_before_spawn(actions) };
         // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { posix_spawn::next(pid, path, actions, attr, argv, envp) }
     }
@@ -98,7 +99,8 @@ hooks! {
     fn posix_spawnp(pid: *mut pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: Argv, envp: Argv) -> c_int;
         fallback(libc::ENOSYS)
     {
-        lifecycle::leave_before_exec();
+        // SAFETY: the caller's file actions, as posix_spawn requires.
+        unsafe { lifecycle::leave_before_spawn(actions) };
         // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { posix_spawnp::next(pid, file, actions, attr, argv, envp) }
     }

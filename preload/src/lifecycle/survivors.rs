@@ -112,3 +112,84 @@ fn each_open_fd(mut f: impl FnMut(c_int)) -> bool {
     crate::sys::close(dir);
     ok
 }
+
+/// glibc's `posix_spawn_file_actions_t` (2.36, unchanged since 2.x).
+#[repr(C)]
+struct FileActions {
+    allocated: c_int,
+    used: c_int,
+    actions: *const SpawnAction,
+}
+
+/// glibc's `struct __spawn_action`: a tag, then a union whose first ints
+/// are the descriptors (it holds pointers, so it starts at byte 8 and the
+/// whole is 32 bytes on 64-bit targets).
+#[repr(C)]
+struct SpawnAction {
+    tag: c_int,
+    _pad: c_int,
+    args: [c_int; 6],
+}
+
+const DO_CLOSE: c_int = 0;
+const DO_DUP2: c_int = 1;
+const DO_OPEN: c_int = 2;
+const DO_CHDIR: c_int = 3;
+const DO_FCHDIR: c_int = 4;
+const DO_CLOSEFROM: c_int = 5;
+const DO_TCSETPGRP: c_int = 6;
+
+/// The table's numbers whose connections a posix_spawn child gets, its
+/// file actions run (a dup2 onto stdin of a CLOEXEC connection passes
+/// it; a close of its only inherited number does not). An action this
+/// does not know makes every connection a survivor.
+///
+/// # Safety
+/// `actions` is null or points at file actions initialized by glibc, as
+/// posix_spawn's caller guarantees.
+pub unsafe fn at_spawn(actions: *const libc::posix_spawn_file_actions_t) -> Vec<c_int> {
+    // (number in the child, the table's number of its connection, inherited)
+    let mut held: Vec<(c_int, c_int, bool)> = (0..fdtable::capacity() as i32)
+        .filter(|&fd| fdtable::attached(fd).is_some())
+        .map(|fd| (fd, fd, inherited(fd)))
+        .collect();
+    let all: Vec<c_int> = held.iter().map(|h| h.1).collect();
+    if !actions.is_null() {
+        // SAFETY: per the caller, glibc's initialized file actions; `used`
+        // entries of `actions` are valid.
+        let fa = unsafe { &*actions.cast::<FileActions>() };
+        let used = usize::try_from(fa.used).unwrap_or(0);
+        if (used > 0 && fa.actions.is_null()) || fa.used > fa.allocated {
+            return all;
+        }
+        for i in 0..used {
+            // SAFETY: i < used, within the array glibc allocated.
+            let a = unsafe { &*fa.actions.add(i) };
+            let fd = a.args[0];
+            match a.tag {
+                DO_CLOSE | DO_OPEN => held.retain(|h| h.0 != fd),
+                DO_DUP2 if a.args[1] == fd => {
+                    // glibc clears FD_CLOEXEC for a dup2 onto itself.
+                    held.iter_mut()
+                        .filter(|h| h.0 == fd)
+                        .for_each(|h| h.2 = true);
+                }
+                DO_DUP2 => {
+                    let new = a.args[1];
+                    let from = held.iter().find(|h| h.0 == fd).map(|h| h.1);
+                    held.retain(|h| h.0 != new);
+                    if let Some(t) = from {
+                        held.push((new, t, true));
+                    }
+                }
+                DO_CLOSEFROM => held.retain(|h| h.0 < fd),
+                DO_CHDIR | DO_FCHDIR | DO_TCSETPGRP => {}
+                _ => return all,
+            }
+        }
+    }
+    let mut out: Vec<c_int> = held.into_iter().filter(|h| h.2).map(|h| h.1).collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}

@@ -3,8 +3,9 @@ its child with vfork (sharing our memory), closes every number above 2
 there (close_fds) and dup2s pipes onto 0-2, then execs. The connection's
 number is closed (or CLOEXEC) in that child, so the exec'd image never
 gets the socket and the connection must stay on its ring; one passed
-with pass_fds, or given as the child's stdin and stdout, does reach the
-image and must leave the ring, exactly.
+with pass_fds, given as the child's stdin and stdout, or dup2'd there
+by posix_spawn's file actions, does reach the image and must leave the
+ring, exactly; one whose inherited number a file action closes stays.
 
 Prints, per step, the bytes the client's kernel socket received during
 that step's 64 KiB echo (0 while on the ring) and whether the echo came
@@ -63,7 +64,11 @@ ls.bind(("127.0.0.1", 0))
 ls.listen(8)
 pid = os.fork()
 if pid == 0:
+    import ctypes
     import threading
+
+    # Gone with the client, also when a failing run is killed.
+    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
 
     def serve(c):
         while d := c.recv(65536):
@@ -88,5 +93,26 @@ s.close()
 answer = ["sh", "-c", "read x; echo got:$x"]
 handed(answer, "stdin_close_fds")
 handed(answer, "stdin_keep_fds", close_fds=False)
+
+# posix_spawn: what reaches the child is what its file actions leave.
+c = socket.create_connection(ls.getsockname())
+echo(c, "spawn_dup2_before")
+c.sendall(b"hello\n")
+fd = c.fileno()
+dup2 = [(os.POSIX_SPAWN_DUP2, fd, 0), (os.POSIX_SPAWN_DUP2, fd, 1)]
+child = os.posix_spawn("/bin/sh", answer, os.environ, file_actions=dup2)
+os.waitpid(child, 0)
+print("spawn_dup2", c.recv(100).decode().strip(), flush=True)
+c.close()
+c = socket.create_connection(ls.getsockname())
+os.set_inheritable(c.fileno(), True)
+r, w = os.pipe()
+acts = [(os.POSIX_SPAWN_CLOSE, c.fileno()), (os.POSIX_SPAWN_DUP2, w, 1)]
+child = os.posix_spawn("/bin/sh", ["sh", "-c", "echo out"], os.environ, file_actions=acts)
+os.close(w)
+os.waitpid(child, 0)
+os.close(r)
+echo(c, "spawn_closed")
+c.close()
 os.kill(pid, 9)
 os.waitpid(pid, 0)
