@@ -330,10 +330,11 @@ pub trait AttachedConn: Send + Sync {
         false
     }
 
-    /// Whether `fd` refers to this connection's kernel socket (asked where
-    /// the table may not follow the process's descriptors: a vfork child).
-    /// Yes unless the connection can tell otherwise.
-    fn holds_socket_at(&self, _fd: RawFd) -> bool {
+    /// Whether a socket named `local` (and `peer`, where it has one) may
+    /// be this connection's kernel socket (asked where the table does not
+    /// follow the process's descriptors: a vfork child). Yes unless the
+    /// connection can tell otherwise.
+    fn may_be_socket(&self, _local: SocketAddr, _peer: Option<SocketAddr>) -> bool {
         true
     }
 }

@@ -26,13 +26,18 @@ pub fn at_exec(shared: bool) -> Vec<c_int> {
         if !inherited(fd) || listening(fd) {
             return;
         }
+        // Named once per descriptor: a process may hold thousands of rings.
+        let Some(local) = crate::sockaddr::query(fd, false) else {
+            return;
+        };
+        let peer = crate::sockaddr::query(fd, true);
         for (i, &t) in table.iter().enumerate() {
             if !held[i] {
                 let r = fdtable::attached(t);
                 held[i] = r
                     .as_ref()
                     .and_then(|r| r.conn())
-                    .is_some_and(|c| c.holds_socket_at(fd));
+                    .is_some_and(|c| c.may_be_socket(local, peer));
             }
         }
     });

@@ -2,6 +2,7 @@
 //! and goes to the ring's code or the kernel socket's (`tcp`).
 
 use std::io::{IoSlice, IoSliceMut};
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -171,13 +172,12 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         self.release_end(kind);
     }
 
-    fn holds_socket_at(&self, fd: RawFd) -> bool {
-        // Only what surely is another socket says no: not a socket, or one
-        // bound or connected to other ports (the recorded addresses may be
-        // the wildcard or the destination the program named, never the
+    fn may_be_socket(&self, local: SocketAddr, peer: Option<SocketAddr>) -> bool {
+        // Only what surely is another socket says no: one bound or
+        // connected to other ports (the recorded addresses may be the
+        // wildcard or the destination the program named, never the
         // ports; a reset socket has no peer name).
-        let port = |peer| crate::sockaddr::query(fd, peer).map(|a| a.port());
-        port(false) == Some(self.local.port()) && port(true).is_none_or(|p| p == self.peer.port())
+        local.port() == self.local.port() && peer.is_none_or(|p| p.port() == self.peer.port())
     }
 
     fn leave_ring(&self, hand_over: bool) -> bool {
