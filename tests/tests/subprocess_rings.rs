@@ -2,10 +2,10 @@
 //! above 2 there and execs: the exec hook in that child must not take the
 //! parent's ring connections off their rings for numbers the new image
 //! never gets (closed or CLOEXEC there), and must for one it does get
-//! (pass_fds, dup2'd onto the child's stdin and stdout, or by
-//! posix_spawn's file actions). Whether a step ran on the ring is read from TCP_INFO: the
-//! kernel socket carries none of the echo's bytes while it does
-//! (tests/scripts/subprocess_rings.py).
+//! (pass_fds, dup2'd onto the child's stdin and stdout, by posix_spawn's
+//! file actions, or inherited by system()'s shell). Whether a step ran on
+//! the ring is read from TCP_INFO: the kernel socket carries none of the
+//! echo's bytes while it does (tests/scripts/subprocess_rings.py).
 
 use std::time::Duration;
 
@@ -63,4 +63,11 @@ fn subprocess_children_leave_the_rings_they_do_not_get() {
         ["kernel", "0", "intact", "True"],
         "{out}"
     );
+    // system(3)'s shell, spawned inside glibc, inherits the connection.
+    assert_eq!(
+        field(&out, "system_before"),
+        ["kernel", "0", "intact", "True"],
+        "{out}"
+    );
+    assert_eq!(field(&out, "system"), ["got:hello"], "{out}");
 }

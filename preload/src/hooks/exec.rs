@@ -1,5 +1,6 @@
 //! exec hooks: execve, execv, execvp, execvpe, execveat, fexecve,
-//! posix_spawn, posix_spawnp, and the variadic execl, execlp and execle.
+//! posix_spawn, posix_spawnp, system, popen, and the variadic execl,
+//! execlp and execle.
 //!
 //! A ring connection whose descriptor survives the exec (no FD_CLOEXEC)
 //! leaves the ring first (`lifecycle::leave_before_exec`): the new image
@@ -103,6 +104,28 @@ hooks! {
         unsafe { lifecycle::leave_before_spawn(actions) };
         // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { posix_spawnp::next(pid, file, actions, attr, argv, envp) }
+    }
+
+    /// system(3): glibc runs the shell through its internal posix_spawn,
+    /// which no interposer sees; the shell inherits what has no
+    /// FD_CLOEXEC. A null command only asks whether a shell exists.
+    fn system(command: *const c_char) -> c_int;
+        fallback(-1)
+    {
+        if !command.is_null() {
+            lifecycle::leave_before_exec();
+        }
+        // SAFETY: our C caller's argument, unchanged, under its contract.
+        unsafe { system::next(command) }
+    }
+
+    /// popen(3): as system (its file actions only place the pipe).
+    fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE;
+        fallback(std::ptr::null_mut())
+    {
+        lifecycle::leave_before_exec();
+        // SAFETY: our C caller's arguments, unchanged, under its contract.
+        unsafe { popen::next(command, mode) }
     }
 }
 

@@ -4,8 +4,9 @@ there (close_fds) and dup2s pipes onto 0-2, then execs. The connection's
 number is closed (or CLOEXEC) in that child, so the exec'd image never
 gets the socket and the connection must stay on its ring; one passed
 with pass_fds, given as the child's stdin and stdout, or dup2'd there
-by posix_spawn's file actions, does reach the image and must leave the
-ring, exactly; one whose inherited number a file action closes stays.
+by posix_spawn's file actions, or inherited by system()'s shell, does
+reach the image and must leave the ring, exactly; one whose inherited
+number a file action closes stays.
 
 Prints, per step, the bytes the client's kernel socket received during
 that step's 64 KiB echo (0 while on the ring) and whether the echo came
@@ -113,6 +114,17 @@ os.close(w)
 os.waitpid(child, 0)
 os.close(r)
 echo(c, "spawn_closed")
+c.close()
+
+# system(3) spawns its shell inside glibc: an inheritable connection
+# reaches it.
+c = socket.create_connection(ls.getsockname())
+echo(c, "system_before")
+c.sendall(b"hello\n")
+os.set_inheritable(c.fileno(), True)
+fd = c.fileno()
+os.system(f"read x <&{fd}; echo got:$x >&{fd}")
+print("system", c.recv(100).decode().strip(), flush=True)
 c.close()
 os.kill(pid, 9)
 os.waitpid(pid, 0)
