@@ -3,9 +3,10 @@
 //! parent's ring connections off their rings for numbers the new image
 //! never gets (closed or CLOEXEC there), and must for one it does get
 //! (pass_fds, dup2'd onto the child's stdin and stdout, by posix_spawn's
-//! file actions, or inherited by system()'s shell). Whether a step ran on
-//! the ring is read from TCP_INFO: the kernel socket carries none of the
-//! echo's bytes while it does (tests/scripts/subprocess_rings.py).
+//! file actions, or inherited by system()'s or popen()'s shell). Whether
+//! a step ran on the ring is read from TCP_INFO: the kernel socket
+//! carries none of the echo's bytes while it does
+//! (tests/scripts/subprocess_rings.py).
 
 use std::time::Duration;
 
@@ -70,4 +71,10 @@ fn subprocess_children_leave_the_rings_they_do_not_get() {
         "{out}"
     );
     assert_eq!(field(&out, "system"), ["got:hello"], "{out}");
+    assert_eq!(
+        field(&out, "popen_before"),
+        ["kernel", "0", "intact", "True"],
+        "{out}"
+    );
+    assert_eq!(field(&out, "popen"), ["got:hello"], "{out}");
 }

@@ -126,5 +126,20 @@ fd = c.fileno()
 os.system(f"read x <&{fd}; echo got:$x >&{fd}")
 print("system", c.recv(100).decode().strip(), flush=True)
 c.close()
+# popen(3) likewise (through ctypes: python's os.popen is subprocess).
+import ctypes
+
+libc = ctypes.CDLL(None)
+libc.popen.restype = ctypes.c_void_p
+libc.pclose.argtypes = [ctypes.c_void_p]
+c = socket.create_connection(ls.getsockname())
+echo(c, "popen_before")
+c.sendall(b"hello\n")
+os.set_inheritable(c.fileno(), True)
+fd = c.fileno()
+f = libc.popen(f"read x <&{fd}; echo got:$x >&{fd}".encode(), b"r")
+libc.pclose(f)
+print("popen", c.recv(100).decode().strip(), flush=True)
+c.close()
 os.kill(pid, 9)
 os.waitpid(pid, 0)
