@@ -351,6 +351,14 @@ pub trait AttachedConn: Send + Sync {
     fn leave_ring(&self, _hand_over: bool) -> bool {
         false
     }
+
+    /// Whether a socket named `local` (and `peer`, where it has one) may
+    /// be this connection's kernel socket (asked where the table does not
+    /// follow the process's descriptors: a vfork child). Yes unless the
+    /// connection can tell otherwise.
+    fn may_be_socket(&self, _local: SocketAddr, _peer: Option<SocketAddr>) -> bool {
+        true
+    }
 }
 
 /// Why a tracked socket stays on kernel TCP (shown by `ringsock-ctl status`).

@@ -17,7 +17,7 @@ use crate::interpose::guard;
 use crate::{process, sockaddr};
 
 pub mod defer_accept;
-pub mod spawn;
+mod survivors;
 
 /// True for the sockets a ring could carry.
 pub fn is_tcp(domain: c_int, ty: c_int, protocol: c_int) -> bool {
@@ -238,27 +238,27 @@ pub fn leave_rings(fds: &[c_int]) {
 /// Before an exec: every ring connection with a descriptor that survives
 /// it (no FD_CLOEXEC) leaves the ring, since the new image finds a plain
 /// kernel socket there. A vfork child leaves on its parent's behalf: the
-/// two share the connections' memory and kernel sockets.
+/// two share the connections' memory and kernel sockets
+/// (`survivors::at_exec` reads such a child's own descriptors).
 pub fn leave_before_exec() {
-    leave_before_spawn(None);
-}
-
-/// `leave_before_exec` for a child started by `posix_spawn` with the
-/// file-actions object at `actions`: the descriptors it dup's into the
-/// child leave too, whatever their FD_CLOEXEC.
-pub fn leave_before_spawn(actions: Option<usize>) {
     if fdtable::rings_alive() == 0 {
         return;
     }
-    let mut survivors: Vec<c_int> = (0..fdtable::capacity() as i32)
-        .filter(|&fd| fdtable::attached(fd).is_some() && !crate::sys::cloexec(fd))
-        .collect();
-    if let Some(a) = actions {
-        survivors.extend(spawn::dup2_sources(a));
-        survivors.sort_unstable();
-        survivors.dedup();
+    leave_rings(&survivors::at_exec(!process::owns_memory()));
+}
+
+/// Before posix_spawn: the connections the child gets once its file
+/// `actions` ran leave the ring, as before an exec.
+///
+/// # Safety
+/// `actions` is null or glibc's initialized file actions.
+pub unsafe fn leave_before_spawn(actions: *const libc::posix_spawn_file_actions_t) {
+    if fdtable::rings_alive() == 0 || !process::owns_memory() {
+        leave_before_exec();
+        return;
     }
-    leave_rings(&survivors);
+    // SAFETY: per our caller.
+    leave_rings(&unsafe { survivors::at_spawn(actions) });
 }
 
 /// Before the process puts itself under a seccomp filter (hooks/seccomp.rs):

@@ -4,6 +4,8 @@
 //! among them must not break the session, or the worker never
 //! claims a ring and every client waits its whole claim wait for TCP
 //! (tests/scripts/moved_listener.py; the client is defer_accept.py's).
+//! The accepted socket takes a lower number, as in php-fpm, so the first
+//! number is still closed when the session registers it (EBADF).
 
 use std::time::Duration;
 

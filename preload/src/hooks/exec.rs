@@ -2,13 +2,11 @@
 //! posix_spawn, posix_spawnp, system, popen, and the variadic execl,
 //! execlp and execle.
 //!
-//! A ring connection whose descriptor survives the exec (no FD_CLOEXEC,
-//! or dup'd into a spawned child by its file actions) leaves the ring
-//! first (`lifecycle::leave_before_exec`): the new image finds a plain
-//! kernel socket, which then carries the stream from the exact byte on.
-//! glibc's own exec functions (and system and popen, which spawn through
-//! glibc's internals) call its internal execve, which no interposer sees,
-//! so each of them is hooked itself.
+//! A ring connection whose descriptor survives the exec (no FD_CLOEXEC)
+//! leaves the ring first (`lifecycle::leave_before_exec`): the new image
+//! finds a plain kernel socket, which then carries the stream from the
+//! exact byte on. glibc's own exec functions call its internal execve,
+//! which no interposer sees, so each of them is hooked itself.
 //!
 //! # Variadic functions
 //! `execl(path, arg, ...)` takes its arguments up to a null pointer (and
@@ -24,7 +22,7 @@ use std::ffi::c_char;
 use libc::{c_int, pid_t};
 
 use super::define::hooks;
-use crate::lifecycle::{self, spawn};
+use crate::lifecycle;
 
 type Argv = *const *const c_char;
 
@@ -88,12 +86,12 @@ hooks! {
     }
 
     /// posix_spawn(3): the child inherits what has no FD_CLOEXEC, as after
-    /// a fork and an exec, and what its file actions dup into it, and runs
-    /// no hook of ours before its exec.
+    /// a fork and an exec, and runs no hook of ours before its exec.
     fn posix_spawn(pid: *mut pid_t, path: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: Argv, envp: Argv) -> c_int;
         fallback(libc::ENOSYS)
     {
-        lifecycle::leave_before_spawn((!actions.is_null()).then_some(actions as usize));
+        // SAFETY: the caller's file actions, as posix_spawn requires.
+        unsafe { lifecycle::leave_before_spawn(actions) };
         // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { posix_spawn::next(pid, path, actions, attr, argv, envp) }
     }
@@ -102,53 +100,32 @@ hooks! {
     fn posix_spawnp(pid: *mut pid_t, file: *const c_char, actions: *const libc::posix_spawn_file_actions_t, attr: *const libc::posix_spawnattr_t, argv: Argv, envp: Argv) -> c_int;
         fallback(libc::ENOSYS)
     {
-        lifecycle::leave_before_spawn((!actions.is_null()).then_some(actions as usize));
+        // SAFETY: the caller's file actions, as posix_spawn requires.
+        unsafe { lifecycle::leave_before_spawn(actions) };
         // SAFETY: our C caller's arguments, unchanged, under its contract.
         unsafe { posix_spawnp::next(pid, file, actions, attr, argv, envp) }
     }
 
-    /// posix_spawn_file_actions_adddup2(3): a ring descriptor dup'd into
-    /// the child is noted for the spawn (`lifecycle::spawn`).
-    fn posix_spawn_file_actions_adddup2(actions: *mut libc::posix_spawn_file_actions_t, fd: c_int, newfd: c_int) -> c_int;
-        fallback(libc::ENOSYS)
-    |next| {
-        let r = next();
-        if r == 0 {
-            spawn::note_dup2(actions as usize, fd);
-        }
-        r
-    }
-
-    /// posix_spawn_file_actions_init(3): the object's old notes go.
-    fn posix_spawn_file_actions_init(actions: *mut libc::posix_spawn_file_actions_t) -> c_int;
-        fallback(libc::ENOSYS)
-    |next| {
-        spawn::forget(actions as usize);
-        next()
-    }
-
-    /// posix_spawn_file_actions_destroy(3).
-    fn posix_spawn_file_actions_destroy(actions: *mut libc::posix_spawn_file_actions_t) -> c_int;
-        fallback(libc::ENOSYS)
-    |next| {
-        spawn::forget(actions as usize);
-        next()
-    }
-
-    /// system(3): `/bin/sh` inherits what has no FD_CLOEXEC.
+    /// system(3): glibc runs the shell through its internal posix_spawn,
+    /// which no interposer sees; the shell inherits what has no
+    /// FD_CLOEXEC. A null command only asks whether a shell exists.
     fn system(command: *const c_char) -> c_int;
         fallback(-1)
-    |next| {
-        lifecycle::leave_before_exec();
-        next()
+    {
+        if !command.is_null() {
+            lifecycle::leave_before_exec();
+        }
+        // SAFETY: our C caller's argument, unchanged, under its contract.
+        unsafe { system::next(command) }
     }
 
-    /// popen(3): its shell inherits what has no FD_CLOEXEC.
+    /// popen(3): as system (its file actions only place the pipe).
     fn popen(command: *const c_char, mode: *const c_char) -> *mut libc::FILE;
         fallback(std::ptr::null_mut())
-    |next| {
+    {
         lifecycle::leave_before_exec();
-        next()
+        // SAFETY: our C caller's arguments, unchanged, under its contract.
+        unsafe { popen::next(command, mode) }
     }
 }
 

@@ -2,6 +2,7 @@
 //! and goes to the ring's code or the kernel socket's (`tcp`).
 
 use std::io::{IoSlice, IoSliceMut};
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -177,6 +178,14 @@ impl<W: Wire> AttachedConn for RingConn<W> {
 
     fn release(&self, _fd: RawFd, kind: ReleaseKind) {
         self.release_end(kind);
+    }
+
+    fn may_be_socket(&self, local: SocketAddr, peer: Option<SocketAddr>) -> bool {
+        // Only what surely is another socket says no: one bound or
+        // connected to other ports (the recorded addresses may be the
+        // wildcard or the destination the program named, never the
+        // ports; a reset socket has no peer name).
+        local.port() == self.local.port() && peer.is_none_or(|p| p.port() == self.peer.port())
     }
 
     fn leave_ring(&self, hand_over: bool) -> bool {
