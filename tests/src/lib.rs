@@ -26,6 +26,7 @@
 //!   macro, which skips a test (with a printed reason) only when a program
 //!   is not installed.
 
+pub mod args;
 pub mod ctl;
 pub mod echo;
 pub mod http;

@@ -17,18 +17,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 
-fn arg(args: &[String], name: &str) -> String {
-    match args.iter().position(|a| a == name) {
-        Some(i) if i + 1 < args.len() => args[i + 1].clone(),
-        _ => fail(&format!("missing {name}")),
-    }
-}
-
-fn num(args: &[String], name: &str) -> usize {
-    arg(args, name)
-        .parse()
-        .unwrap_or_else(|_| fail(&format!("{name} wants a number")))
-}
+use ringsock_integration::args::{fail, number, value};
 
 fn fnv(h: &mut u64, bytes: &[u8]) {
     for b in bytes {
@@ -41,7 +30,11 @@ const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let addr = format!("{}:{}", arg(&args, "--host"), arg(&args, "--port"));
+    let addr = format!(
+        "{}:{}",
+        value(&args, "--host", None),
+        value(&args, "--port", None)
+    );
     match args.get(1).map(String::as_str) {
         Some("server") => {
             let l = TcpListener::bind(&addr).unwrap_or_else(|e| fail(&format!("bind {addr}: {e}")));
@@ -62,16 +55,16 @@ fn main() {
             println!("got {n} fnv {h:016x}");
         }
         Some("client") => {
-            let total = num(&args, "--bytes");
-            let chunk = num(&args, "--chunk").max(1);
-            let how = arg(&args, "--how");
+            let total = number(&args, "--bytes", None) as usize;
+            let chunk = (number(&args, "--chunk", None) as usize).max(1);
+            let how = value(&args, "--how", None);
             let data = ringsock_integration::payload(total, 7);
             let mut h = FNV_START;
             fnv(&mut h, &data);
             let pause = args
                 .iter()
                 .position(|a| a == "--pause-ms")
-                .map_or(0, |_| num(&args, "--pause-ms"));
+                .map_or(0, |_| number(&args, "--pause-ms", None) as usize);
             let mut s =
                 TcpStream::connect(&addr).unwrap_or_else(|e| fail(&format!("connect {addr}: {e}")));
             std::thread::sleep(std::time::Duration::from_millis(pause as u64));
@@ -94,9 +87,4 @@ fn main() {
         }
         _ => fail("usage: exitsend server|client --host ADDR --port P ..."),
     }
-}
-
-fn fail(msg: &str) -> ! {
-    println!("FAIL {msg}");
-    std::process::exit(1)
 }

@@ -33,28 +33,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use ringsock_integration::args::{fail, number, value};
+
 /// Longest a side waits for the other.
 const STALL: Duration = Duration::from_secs(30);
-
-fn fail(msg: &str) -> ! {
-    println!("FAIL {msg}");
-    std::process::exit(1)
-}
-
-fn arg(args: &[String], name: &str, default: Option<&str>) -> String {
-    match args.iter().position(|a| a == name) {
-        Some(i) if i + 1 < args.len() => args[i + 1].clone(),
-        _ => default
-            .unwrap_or_else(|| fail(&format!("missing {name}")))
-            .to_string(),
-    }
-}
-
-fn number(args: &[String], name: &str, default: &str) -> usize {
-    arg(args, name, Some(default))
-        .parse()
-        .unwrap_or_else(|_| fail(&format!("{name} wants a number")))
-}
 
 /// The calling thread's voluntary context switches: each is a sleep.
 fn sleeps_of_this_thread() -> u64 {
@@ -93,12 +75,12 @@ fn ctl(epfd: i32, op: i32, fd: i32, events: i32) {
 }
 
 fn server(args: &[String]) {
-    let oneshot = match arg(args, "--mode", None).as_str() {
+    let oneshot = match value(args, "--mode", None).as_str() {
         "add" => false,
         "oneshot" => true,
         m => fail(&format!("--mode add|oneshot, not {m}")),
     };
-    let hold = Duration::from_millis(number(args, "--hold-ms", "1") as u64);
+    let hold = Duration::from_millis(number(args, "--hold-ms", Some("1")));
     let l =
         TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap_or_else(|e| fail(&format!("bind: {e}")));
     let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
@@ -202,10 +184,10 @@ fn server(args: &[String]) {
 static SLEEPS: AtomicU64 = AtomicU64::new(0);
 
 fn client(args: &[String]) {
-    let port = number(args, "--port", "0");
-    let requests = number(args, "--requests", "200");
-    let pause = Duration::from_millis(number(args, "--pause-ms", "5") as u64);
-    let size = number(args, "--size", "100").max(1);
+    let port = number(args, "--port", Some("0")) as usize;
+    let requests = number(args, "--requests", Some("200")) as usize;
+    let pause = Duration::from_millis(number(args, "--pause-ms", Some("5")));
+    let size = (number(args, "--size", Some("100")) as usize).max(1);
     let mut s = TcpStream::connect((Ipv4Addr::LOCALHOST, port as u16))
         .unwrap_or_else(|e| fail(&format!("connect: {e}")));
     if let Err(e) = s.set_read_timeout(Some(STALL)) {

@@ -22,37 +22,20 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-fn arg(args: &[String], name: &str, default: Option<&str>) -> String {
-    match args.iter().position(|a| a == name) {
-        Some(i) if i + 1 < args.len() => args[i + 1].clone(),
-        _ => default
-            .unwrap_or_else(|| {
-                eprintln!("quietsend: missing {name}");
-                std::process::exit(2)
-            })
-            .to_string(),
-    }
-}
-
-fn ms(args: &[String], name: &str, default: &str) -> u64 {
-    arg(args, name, Some(default)).parse().unwrap_or_else(|_| {
-        eprintln!("quietsend: {name} wants milliseconds");
-        std::process::exit(2)
-    })
-}
+use ringsock_integration::args::{fail, number, value};
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let role = args.get(1).map(String::as_str).unwrap_or("");
     let addr = format!(
         "{}:{}",
-        arg(&args, "--host", None),
-        arg(&args, "--port", None)
+        value(&args, "--host", None),
+        value(&args, "--port", None)
     );
     match role {
         "server" => {
-            let mark = arg(&args, "--mark", None);
-            let rounds = count(&args);
+            let mark = value(&args, "--mark", None);
+            let rounds = number(&args, "--rounds", Some("1")) as u32;
             let l = TcpListener::bind(&addr).unwrap_or_else(|e| fail(&format!("bind {addr}: {e}")));
             println!("listening");
             let (mut s, _) = l.accept().unwrap_or_else(|e| fail(&format!("accept: {e}")));
@@ -79,10 +62,10 @@ fn main() {
             println!("ok");
         }
         "client" => {
-            let mark = arg(&args, "--mark", None);
-            let rounds = count(&args);
-            let before = ms(&args, "--before-ms", "2000");
-            let after = ms(&args, "--after-ms", "3000");
+            let mark = value(&args, "--mark", None);
+            let rounds = number(&args, "--rounds", Some("1")) as u32;
+            let before = number(&args, "--before-ms", Some("2000"));
+            let after = number(&args, "--after-ms", Some("3000"));
             let mut s =
                 TcpStream::connect(&addr).unwrap_or_else(|e| fail(&format!("connect {addr}: {e}")));
             for i in 1..=rounds {
@@ -110,18 +93,4 @@ fn main() {
             std::process::exit(2)
         }
     }
-}
-
-fn count(args: &[String]) -> u32 {
-    arg(args, "--rounds", Some("1"))
-        .parse()
-        .unwrap_or_else(|_| {
-            eprintln!("quietsend: --rounds wants a count");
-            std::process::exit(2)
-        })
-}
-
-fn fail(msg: &str) -> ! {
-    println!("FAIL {msg}");
-    std::process::exit(1)
 }

@@ -22,20 +22,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 
-fn arg(args: &[String], name: &str, default: Option<&str>) -> String {
-    match args.iter().position(|a| a == name) {
-        Some(i) if i + 1 < args.len() => args[i + 1].clone(),
-        _ => default
-            .unwrap_or_else(|| fail(&format!("missing {name}")))
-            .to_string(),
-    }
-}
-
-fn number(args: &[String], name: &str, default: &str) -> usize {
-    arg(args, name, Some(default))
-        .parse()
-        .unwrap_or_else(|_| fail(&format!("{name} wants a number")))
-}
+use ringsock_integration::args::{fail, number, value};
 
 /// Voluntary context switches of this process's `ringsock` thread.
 fn bg_switches() -> Option<u64> {
@@ -87,14 +74,14 @@ fn main() {
     let role = args.get(1).map(String::as_str).unwrap_or("");
     let addr = format!(
         "{}:{}",
-        arg(&args, "--host", None),
-        arg(&args, "--port", None)
+        value(&args, "--host", None),
+        value(&args, "--port", None)
     );
-    let bursts = number(&args, "--bursts", "10");
-    let rounds = number(&args, "--rounds", "50");
-    let pause = std::time::Duration::from_millis(number(&args, "--pause-ms", "250") as u64);
+    let bursts = number(&args, "--bursts", Some("10")) as usize;
+    let rounds = number(&args, "--rounds", Some("50")) as usize;
+    let pause = std::time::Duration::from_millis(number(&args, "--pause-ms", Some("250")));
     let total = 2 + bursts * rounds;
-    let mut buf = vec![0u8; number(&args, "--size", "64").max(1)];
+    let mut buf = vec![0u8; (number(&args, "--size", Some("64")) as usize).max(1)];
     match role {
         "server" => {
             let l = TcpListener::bind(&addr).unwrap_or_else(|e| fail(&format!("bind {addr}: {e}")));
@@ -142,9 +129,4 @@ fn main() {
         _ => fail("usage: wakecount server|client --host ADDR --port P [--bursts K] [--rounds N]"),
     }
     println!("ok");
-}
-
-fn fail(msg: &str) -> ! {
-    println!("FAIL {msg}");
-    std::process::exit(1)
 }
