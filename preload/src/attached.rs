@@ -301,6 +301,10 @@ pub trait AttachedConn: Send + Sync {
     /// is closed.
     fn release(&self, fd: RawFd, kind: ReleaseKind);
 
+    /// Fd `fd` was closed while another fd of this process still refers
+    /// to the connection; `other` finds one (a scan of the fd table).
+    fn fd_closed(&self, _fd: RawFd, _other: &dyn Fn() -> Option<RawFd>) {}
+
     /// The process is exiting (`exit`, `_exit`) with the connection open:
     /// the kernel would still deliver what was written, so push out what
     /// is batched and, where the transport dies with the process (a verbs

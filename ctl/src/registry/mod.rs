@@ -758,32 +758,70 @@ impl<F, R> Registry<F, R> {
 
     // ---- reports ----
 
-    /// Adds or replaces the report for `fd` (a re-report updates it).
-    pub fn report(&mut self, id: SessionId, fd: i32, report: Report<R>) -> Result<(), RegError> {
-        let extra = usize::from(report.ring_obj.is_some());
+    /// Adds or replaces the report for `fd` (a re-report updates it). The
+    /// same ring end (ring id and addresses) reported under another fd of
+    /// the session moves here: the process closed that number and keeps
+    /// the connection under this one; its ring memfd comes along unless
+    /// the report brings one. Rows without a ring never move: one process
+    /// may hold two connections with one 4-tuple in two namespaces.
+    pub fn report(
+        &mut self,
+        id: SessionId,
+        fd: i32,
+        mut report: Report<R>,
+    ) -> Result<(), RegError> {
         let held = self.held_fds();
         let s = self.sessions.get_mut(&id).ok_or(RegError::NotFound)?;
-        if !s.reports.contains_key(&fd) && s.reports.len() >= self.limits.max_reports_per_session {
+        let moved = s
+            .reports
+            .iter()
+            .find(|(&f, r)| {
+                f != fd
+                    && report.ring.is_some()
+                    && r.ring == report.ring
+                    && canonical(r.local) == canonical(report.local)
+                    && canonical(r.peer) == canonical(report.peer)
+            })
+            .map(|(&f, _)| f);
+        let grows = !s.reports.contains_key(&fd) && moved.is_none();
+        if grows && s.reports.len() >= self.limits.max_reports_per_session {
             return Err(RegError::Limit);
         }
+        let extra = usize::from(report.ring_obj.is_some());
         if held + extra > self.limits.max_held_fds {
             return Err(RegError::Limit);
         }
+        let mut before = None;
+        if let Some(mut old) = moved.and_then(|f| s.reports.remove(&f)) {
+            before = Some(old.transport);
+            if report.ring_obj.is_none() {
+                report.ring_obj = old.ring_obj.take();
+                if report.ring_obj.is_some() {
+                    // Counted already; `extra` adds it back.
+                    self.ring_fds -= 1;
+                }
+            }
+            if old.ring_obj.is_some() {
+                self.ring_fds -= 1;
+                self.retired.push(old);
+            }
+        }
         let (local, peer, transport) = (report.local, report.peer, report.transport);
+        let ring_held = usize::from(report.ring_obj.is_some());
         if let Some(old) = s.reports.insert(fd, report) {
             // The same connection re-reported (not a reused fd number).
             let same =
                 canonical(old.local) == canonical(local) && canonical(old.peer) == canonical(peer);
             self.counters
-                .reported(same.then_some(old.transport), transport);
+                .reported(same.then_some(old.transport).or(before), transport);
             if old.ring_obj.is_some() {
                 self.ring_fds -= 1;
                 self.retired.push(old);
             }
         } else {
-            self.counters.reported(None, transport);
+            self.counters.reported(before, transport);
         }
-        self.ring_fds += extra;
+        self.ring_fds += ring_held;
         Ok(())
     }
 

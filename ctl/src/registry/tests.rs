@@ -548,6 +548,67 @@ fn reports_replace_and_close_by_tuple() {
     assert!(w.reg.status_page(None, 10, Scope::Host).0.is_empty());
 }
 
+/// A process that dup()s a ring connection's fd and closes the first
+/// number reports it again under the new one: the row moves there with
+/// its ring memfd, and the old number is free for the next connection.
+#[test]
+fn a_ring_reported_under_another_fd_moves_its_row() {
+    let mut w = World::new();
+    let rep = |local: &str, ring, obj: Option<TFd>| Report::<TFd> {
+        local: a(local),
+        peer: a("127.0.0.1:80"),
+        transport: Transport::Shm,
+        reason: String::new(),
+        ring,
+        ring_obj: obj,
+    };
+    let obj = w.fds(&[1]).pop();
+    w.reg
+        .report(A, 4, rep("127.0.0.1:1", Some(7), obj))
+        .unwrap();
+    w.check();
+    w.reg
+        .report(A, 5, rep("127.0.0.1:1", Some(7), None))
+        .unwrap();
+    w.check();
+    let (rows, _) = w.reg.status_page(None, 10, Scope::Host);
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].fd, 5);
+    assert_eq!(rows[0].report.ring_obj.as_ref().map(|o| o.tag), Some(1));
+    // The next connection on number 4 is a row of its own.
+    let obj = w.fds(&[2]).pop();
+    w.reg
+        .report(A, 4, rep("127.0.0.1:2", Some(8), obj))
+        .unwrap();
+    w.check();
+    let fds: Vec<i32> = w
+        .reg
+        .status_page(None, 10, Scope::Host)
+        .0
+        .iter()
+        .map(|r| r.fd)
+        .collect();
+    assert_eq!(fds, [4, 5]);
+    // The moved end's close names its new number.
+    w.reg
+        .report_closed(A, 5, a("127.0.0.1:1"), a("127.0.0.1:80"))
+        .unwrap();
+    w.check();
+    // Rows without a ring never merge: one 4-tuple in two namespaces.
+    w.reg.report(B, 3, rep("127.0.0.1:3", None, None)).unwrap();
+    w.reg.report(B, 6, rep("127.0.0.1:3", None, None)).unwrap();
+    // Nor do two ends of one ring with other addresses (a process
+    // connected to itself).
+    w.reg
+        .report(B, 8, rep("127.0.0.1:4", Some(9), None))
+        .unwrap();
+    w.reg
+        .report(B, 9, rep("127.0.0.1:5", Some(9), None))
+        .unwrap();
+    w.check();
+    assert_eq!(w.reg.status_page(None, 10, Scope::Host).0.len(), 5);
+}
+
 #[test]
 fn status_pages_cover_every_row_once() {
     let mut w = World::new();

@@ -39,6 +39,21 @@ pub(super) fn last_fd_gone(fd: i32, st: &FdState, stale: bool) {
     }
 }
 
+/// Fd `fd` of `st` was removed from the table while another fd still
+/// refers to it (dup, then close of the first): an attached connection
+/// reported under `fd` moves its status row to a number that holds it,
+/// before the program can reuse `fd` for another connection.
+pub(super) fn one_fd_gone(fd: i32, st: &FdState) {
+    if super::holds(fd, st) {
+        // dup2 of one of its fds onto another: the number still holds it.
+        return;
+    }
+    if let Some(conn) = st.conn() {
+        let _g = guard::enter();
+        conn.fd_closed(fd, &|| super::fd_of(st));
+    }
+}
+
 /// How an epoll instance drops a closed file (set by the epoll layer).
 static EPOLL_DROP: OnceLock<fn(i32, &FdState)> = OnceLock::new();
 

@@ -54,6 +54,9 @@ type Slot = AtomicPtr<FdState>;
 
 static BASE: AtomicPtr<Slot> = AtomicPtr::new(ptr::null_mut());
 static LEN: AtomicUsize = AtomicUsize::new(0);
+/// One more than the highest fd ever given a state: `fd_of` looks no
+/// further.
+static HIGH: AtomicUsize = AtomicUsize::new(0);
 
 #[inline]
 fn slot(fd: i32) -> Option<&'static Slot> {
@@ -245,6 +248,7 @@ pub fn track_new(fd: i32, kind: Kind, family: i32, nonblocking: bool) -> Option<
         return None;
     };
     st.init(kind, family, nonblocking);
+    note_high(fd);
     st.add_fd();
     // The allocation reference becomes the slot's; take one for the caller.
     st.retain();
@@ -261,8 +265,30 @@ pub fn install_dup(fd: i32, r: &FdRef) {
     };
     r.st.retain();
     r.st.add_fd();
+    note_high(fd);
     let old = s.swap(r.st as *const FdState as *mut FdState, Ordering::AcqRel);
     drop_slot_ref(old, fd, false);
+}
+
+/// `fd` gets a state: `HIGH` covers it (one load unless it grows).
+fn note_high(fd: i32) {
+    let next = fd as usize + 1;
+    if next > HIGH.load(Ordering::Relaxed) {
+        HIGH.fetch_max(next, Ordering::Relaxed);
+    }
+}
+
+/// Some fd of this process that refers to `st`, if one does (a scan up
+/// to the highest fd tracked: only asked when a connection's reported
+/// number closes while another number still holds it).
+fn fd_of(st: &FdState) -> Option<i32> {
+    let high = HIGH.load(Ordering::Relaxed).min(capacity());
+    (0..high as i32).find(|&fd| holds(fd, st))
+}
+
+/// Whether the slot of `fd` refers to `st`.
+fn holds(fd: i32, st: &FdState) -> bool {
+    slot(fd).is_some_and(|s| ptr::eq(s.load(Ordering::Acquire), st))
 }
 
 /// Stops tracking `fd` (it is being closed, or replaced by dup2/dup3 with an
@@ -316,6 +342,8 @@ fn drop_slot_ref(old: *mut FdState, fd: i32, stale: bool) {
     let st: &'static FdState = unsafe { &*old };
     if st.remove_fd() {
         close::last_fd_gone(fd, st, stale);
+    } else if !stale {
+        close::one_fd_gone(fd, st);
     }
     st.release();
 }

@@ -36,7 +36,8 @@ mod reports;
 
 pub use follow::{note_accepted, note_pending};
 pub use reports::{
-    note_closed, note_fallback, note_ring, note_taken_over, note_tcp, note_tcp_closed,
+    note_closed, note_fallback, note_renumbered, note_ring, note_taken_over, note_tcp,
+    note_tcp_closed,
 };
 
 /// Longest time a batched byte waits when the program does not block.

@@ -42,6 +42,11 @@ const OVERDUE_DELAYS: u64 = 4;
 enum Report {
     Ring(Arc<dyn Tracked>, RawFd, Option<OwnedFd>),
     RingClosed(Arc<dyn Tracked>),
+    /// The connection was reported under a number the program closed
+    /// while another still holds it: told again under the new one
+    /// (`ReportState::fd`), which moves its row (the daemon matches the
+    /// addresses and the ring).
+    Renumbered(Arc<dyn Tracked>),
     Fallback(Arc<dyn Tracked>),
     /// `local` is learnt when the report is sent (`tcp_local`): most
     /// plain connections close before that and never ask for it.
@@ -375,6 +380,61 @@ fn taken_over_in(
     true
 }
 
+/// Fd `old` of `conn` was closed while another fd of this process still
+/// holds it (`other` finds one): if the connection is reported under
+/// `old`, its report moves to that fd, or the program's next socket on
+/// `old` would take the row of a connection that is still open.
+pub fn note_renumbered(conn: Arc<dyn Tracked>, old: RawFd, other: &dyn Fn() -> Option<RawFd>) {
+    let st = conn.report_state();
+    if st.fd.load(Ordering::Relaxed) != old {
+        return;
+    }
+    let Some(new) = other().filter(|&n| n != old) else {
+        return;
+    };
+    if st
+        .fd
+        .compare_exchange(old, new, Ordering::Relaxed, Ordering::Relaxed)
+        .is_err()
+    {
+        return;
+    }
+    queue_with(|q, me, now| renumbered_in(q, conn, old, new, me, now));
+}
+
+/// Points the open of `conn` still queued in `q` at fd `new`, and queues
+/// a report under `new` if process `me` sent its open under `old` (under
+/// the same lock as `mark_taken`). Returns whether a report was queued.
+fn renumbered_in(
+    q: &mut VecDeque<(u64, Report)>,
+    conn: Arc<dyn Tracked>,
+    old: RawFd,
+    new: RawFd,
+    me: i32,
+    now: u64,
+) -> bool {
+    for (_, r) in q.iter_mut() {
+        if let Report::Ring(c, fd, _) = r {
+            if Arc::ptr_eq(c, &conn) {
+                *fd = new;
+            }
+        }
+    }
+    let st = conn.report_state();
+    let sent = st.reporter_pid.load(Ordering::Acquire) == me;
+    if sent {
+        if conn.transport() == Transport::Tcp {
+            // A row without a ring never moves (the daemon's `report`):
+            // the old number's goes first.
+            let old = Report::Closed(old, Some(st.local_or(conn.local())), conn.peer());
+            q.push_back((now, old));
+        }
+        q.push_back((now, Report::Renumbered(conn)));
+        set_oldest(q);
+    }
+    sent
+}
+
 /// A pending client fell back to TCP.
 pub fn note_fallback(conn: Arc<dyn Tracked>) {
     report(Report::Fallback(conn));
@@ -608,6 +668,34 @@ fn prepare(r: Report) -> Option<(Msg, Option<OwnedFd>)> {
                 memfd,
             )
         }
+        Report::Renumbered(conn) => {
+            let st = conn.report_state();
+            // Sent even if the connection closed since: its close, queued
+            // after this, names the new number.
+            if !st.reported.load(Ordering::Acquire)
+                || st.reporter_pid.load(Ordering::Acquire) != process::pid()
+            {
+                return None;
+            }
+            // As the row it moves says: the ring's, or TCP after a
+            // fallback (`Report::Fallback`).
+            let ring = conn.transport() != Transport::Tcp;
+            (
+                Msg::ConnReport {
+                    fd: st.fd.load(Ordering::Relaxed),
+                    local: st.local_or(conn.local()),
+                    peer: conn.peer(),
+                    transport: conn.transport(),
+                    reason: if ring {
+                        conn.ring_detail()
+                    } else {
+                        "server declined the ring".into()
+                    },
+                    ring: ring.then(|| conn.offer_id()),
+                },
+                None,
+            )
+        }
         Report::Fallback(conn) => {
             let st = conn.report_state();
             if !st.reported.load(Ordering::Acquire) {
@@ -656,7 +744,21 @@ fn prepare(r: Report) -> Option<(Msg, Option<OwnedFd>)> {
 fn remember(msg: Msg, session: u64) {
     let mut live = LIVE.lock();
     match msg {
-        Msg::ConnReport { fd, .. } => {
+        Msg::ConnReport {
+            fd,
+            local,
+            peer,
+            ring,
+            ..
+        } => {
+            // The same connection under another number (`Renumbered`):
+            // the daemon moved its row, and a resend must not bring the
+            // old number back.
+            live.retain(|f, (_, m)| {
+                *f == fd
+                    || !matches!(m, Msg::ConnReport { local: l, peer: p, ring: r, .. }
+                        if *l == local && *p == peer && *r == ring)
+            });
             live.insert(fd, (session, msg));
         }
         Msg::ConnClosed { fd, peer, .. } => {

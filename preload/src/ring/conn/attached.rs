@@ -180,6 +180,12 @@ impl<W: Wire> AttachedConn for RingConn<W> {
         self.release_end(kind);
     }
 
+    fn fd_closed(&self, fd: RawFd, other: &dyn Fn() -> Option<RawFd>) {
+        if let Some(me) = self.this() {
+            background::note_renumbered(me, fd, other);
+        }
+    }
+
     fn may_be_socket(&self, local: SocketAddr, peer: Option<SocketAddr>) -> bool {
         // Only what surely is another socket says no: one bound or
         // connected to other ports (the recorded addresses may be the

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use ringsock_proto::Transport;
 
 use super::{
-    cancel_open, claim_open_cell, close_queued_open, closed_in, take_due, taken_over_in,
-    tcp_ticket, Next, Report, OPEN_CELLS, REPORTS, REPORT_DELAY_NS, TCP_OPENS, TCP_REPORT_DELAY_NS,
+    cancel_open, claim_open_cell, close_queued_open, closed_in, renumbered_in, take_due,
+    taken_over_in, tcp_ticket, Next, Report, OPEN_CELLS, REPORTS, REPORT_DELAY_NS, TCP_OPENS,
+    TCP_REPORT_DELAY_NS,
 };
 use crate::process;
 use crate::ring::tracked::{ReportState, Tracked};
@@ -72,6 +73,7 @@ fn kinds(q: &VecDeque<(u64, Report)>, c: &Arc<dyn Tracked>) -> Vec<(&'static str
             Report::Ring(o, _, _) => ("open", Arc::ptr_eq(o, c)),
             Report::Fallback(o) => ("fallback", Arc::ptr_eq(o, c)),
             Report::RingClosed(o) => ("close", Arc::ptr_eq(o, c)),
+            Report::Renumbered(o) => ("renumbered", Arc::ptr_eq(o, c)),
             Report::Tcp { .. } => ("tcp", false),
             Report::Closed(..) => ("tcp close", false),
             Report::Cancelled(_) => ("cancelled", false),
@@ -85,6 +87,22 @@ fn send_front(q: &mut VecDeque<(u64, Report)>) -> Report {
         Next::Send(r) => r,
         _ => panic!("nothing due"),
     }
+}
+
+#[test]
+fn a_renumbered_connection_is_reported_under_its_new_fd() {
+    let c = conn();
+    let me = process::pid();
+    // Its open still queued: the open names the new number, nothing more.
+    let mut q = VecDeque::from([(0, open(&c))]);
+    assert!(!renumbered_in(&mut q, c.clone(), 7, 9, me, 1));
+    assert!(matches!(q[0].1, Report::Ring(_, 9, _)));
+    // Its open sent: a report under the new number follows it, and the
+    // close after it.
+    let _sent = send_front(&mut q);
+    assert!(renumbered_in(&mut q, c.clone(), 9, 11, me, 2));
+    assert!(closed_in(&mut q, c.clone(), me, 3));
+    assert_eq!(kinds(&q, &c), [("renumbered", true), ("close", true)]);
 }
 
 #[test]
