@@ -90,18 +90,28 @@ impl<W: Wire> RingConn<W> {
                         break;
                     }
                 }
+                let whole = total == spill.len();
                 if !peek {
                     spill.drain(..total);
-                    return Ok(total);
                 }
-                // A peek sees the socket's bytes after the ring's, as one
-                // stream: one that waits for more than the ring left must
-                // find them.
+                // The socket's bytes follow the ring's, as one stream: a
+                // read or peek with room past the ring's takes them too, as
+                // TCP's takes all it holds (a read after a peek gets at
+                // least what the peek saw).
                 let room = bufs.iter().map(|b| b.len()).sum::<usize>() - total;
                 let queued = sockio::fionread(self.tcp_fd()).min(room);
-                if total == spill.len() && queued > 0 && self.leaving_settled() {
+                if whole
+                    && queued > 0
+                    && !self.reset.load(Ordering::Acquire)
+                    && self.leaving_settled()
+                {
                     let mut more = vec![0u8; queued];
-                    if let Ok(n) = sockio::sys_recv(self.tcp_fd(), &mut more, libc::MSG_PEEK) {
+                    let flags = if peek {
+                        libc::MSG_PEEK
+                    } else {
+                        libc::MSG_DONTWAIT
+                    };
+                    if let Ok(n) = sockio::sys_recv(self.tcp_fd(), &mut more, flags) {
                         total += sockio::scatter(&more[..n], bufs, total);
                     }
                 }

@@ -371,8 +371,8 @@ fn a_peek_after_a_leave_sees_the_rings_bytes_then_the_sockets() {
         true,
     );
     assert_eq!((got, &a, &b[..1]), (Ok(4), b"abc", &b"d"[..]));
-    assert_eq!(recv(&p.client, 64), Ok(b"ab".to_vec()));
-    assert_eq!(recv(&p.client, 64), Ok(b"cd".to_vec()));
+    // A read after the peek takes at least what the peek saw.
+    assert_eq!(recv(&p.client, 64), Ok(b"abcd".to_vec()));
     p.client.release(-1, ReleaseKind::Owner);
     p.server.release(-1, ReleaseKind::Owner);
 }
