@@ -352,6 +352,17 @@ pub fn reset_state(fd: RawFd) -> bool {
     tcp_info(fd).is_some_and(|(ti, _)| ti.tcpi_state == TCP_CLOSE)
 }
 
+/// Whether the kernel socket's next byte is the urgent mark (SIOCATMARK):
+/// TCP's read stops there.
+pub fn at_urgent_mark(fd: RawFd) -> bool {
+    const SIOCATMARK: libc::c_ulong = 0x8905;
+    let mut at: c_int = 0;
+    // SAFETY: SIOCATMARK writes one int.
+    let r =
+        unsafe { crate::sys::sys_call!(libc::SYS_ioctl, fd, SIOCATMARK, &mut at as *mut c_int) };
+    r == 0 && at != 0
+}
+
 /// Bytes the kernel socket holds for reading (FIONREAD).
 pub fn fionread(fd: RawFd) -> usize {
     let mut n: c_int = 0;

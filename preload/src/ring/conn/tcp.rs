@@ -97,13 +97,15 @@ impl<W: Wire> RingConn<W> {
                 // The socket's bytes follow the ring's, as one stream: a
                 // read or peek with room past the ring's takes them too, as
                 // TCP's takes all it holds (a read after a peek gets at
-                // least what the peek saw).
+                // least what the peek saw), up to the urgent mark, where
+                // TCP's read stops.
                 let room = bufs.iter().map(|b| b.len()).sum::<usize>() - total;
                 let queued = sockio::fionread(self.tcp_fd()).min(room);
                 if whole
                     && queued > 0
                     && !self.reset.load(Ordering::Acquire)
                     && self.leaving_settled()
+                    && !sockio::at_urgent_mark(self.tcp_fd())
                 {
                     let mut more = vec![0u8; queued];
                     let flags = if peek {
